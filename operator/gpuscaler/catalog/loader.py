@@ -1,0 +1,215 @@
+"""Load the shipped catalog data files (GPUs, instance types, workloads) and look ids up.
+
+The files are CSV with a schema-version comment on the first line (``# schema: N``), one row per
+item, each with a ``source`` column. Lookups are case-insensitive and accept aliases; an unknown id
+raises :class:`UnknownIdError` with the closest known ids. Callers: perfmodel, planner, CLI,
+dev-cluster fake nodes.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Generic, TypeVar
+
+from gpuscaler.catalog.models import GPU, InstanceType, Workload
+
+SCHEMA_VERSION = 1
+"""The schema version these loaders read; a data file with another version is refused."""
+
+T = TypeVar("T")
+
+
+class CatalogError(ValueError):
+    """A catalog data file is malformed (wrong schema version, bad value)."""
+
+
+class UnknownIdError(KeyError):
+    """An id is not in the catalog; carries the closest known ids for the error message."""
+
+    def __init__(self, kind: str, value: str, matches: list[str]) -> None:
+        self.kind = kind
+        self.value = value
+        self.matches = matches
+        super().__init__(value)
+
+    def __str__(self) -> str:
+        hint = f"; did you mean {', '.join(self.matches)}?" if self.matches else ""
+        return f"unknown {self.kind} {self.value!r}{hint} (`gpuscaler catalog {self.kind}s` lists them)"
+
+
+def normalize(name: str) -> str:
+    """Key used for case- and punctuation-insensitive lookups: ``A100_SXM4 80GB`` -> ``a100-sxm4-80gb``."""
+    return "-".join(name.strip().lower().replace("_", " ").replace("-", " ").split())
+
+
+@dataclass
+class Index(Generic[T]):
+    """Items by normalized id and alias, with close-match suggestions."""
+
+    kind: str
+    items: dict[str, T] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    """normalized alias -> canonical id"""
+
+    def add(self, canonical: str, item: T, aliases: Iterable[str] = ()) -> None:
+        self.items[canonical] = item
+        for name in (canonical, *aliases):
+            key = normalize(name)
+            if key and key not in self.keys:
+                self.keys[key] = canonical
+
+    def get(self, name: str) -> T:
+        key = normalize(name)
+        if key in self.keys:
+            return self.items[self.keys[key]]
+        close = difflib.get_close_matches(key, list(self.keys), n=5, cutoff=0.5)
+        matches = list(dict.fromkeys(self.keys[c] for c in close))
+        raise UnknownIdError(self.kind, name, matches)
+
+    def __contains__(self, name: str) -> bool:
+        return normalize(name) in self.keys
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items.values())
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def read_rows(text: str, filename: str) -> list[dict[str, str]]:
+    """Parse a schema-versioned CSV text into rows; comment lines start with ``#``."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("# schema:"):
+        raise CatalogError(f"{filename}: first line must be '# schema: {SCHEMA_VERSION}'")
+    version = int(lines[0].split(":", 1)[1])
+    if version != SCHEMA_VERSION:
+        raise CatalogError(f"{filename}: schema {version}, this gpuscaler reads {SCHEMA_VERSION}")
+    body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    return [{k: (v or "").strip() for k, v in row.items()} for row in csv.DictReader(io.StringIO("\n".join(body)))]
+
+
+def _opt_float(value: str) -> float | None:
+    return float(value) if value not in ("", "-", "n/a") else None
+
+
+def _opt_int(value: str) -> int | None:
+    return int(value) if value not in ("", "-", "n/a") else None
+
+
+def _aliases(value: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in value.split(";") if a.strip())
+
+
+def parse_gpus(rows: list[dict[str, str]]) -> Index[GPU]:
+    index: Index[GPU] = Index("gpu")
+    for r in rows:
+        gpu = GPU(
+            id=r["id"],
+            aliases=_aliases(r["aliases"]),
+            vendor=r["vendor"],
+            arch=r["arch"],
+            memory_gb=float(r["memory_gb"]),
+            mem_bw_gbs=float(r["mem_bw_gbs"]),
+            fp32_tflops=float(r["fp32_tflops"]),
+            tf32_tflops=_opt_float(r["tf32_tflops"]),
+            fp16_tflops=float(r["fp16_tflops"]),
+            has_bf16=r["has_bf16"].lower() in ("1", "true", "yes"),
+            fp8_tflops=_opt_float(r["fp8_tflops"]),
+            intra_link=r["intra_link"],
+            intra_link_gbs=float(r["intra_link_gbs"]),
+            product_label=r["product_label"],
+            tdp_w=_opt_float(r["tdp_w"]),
+            source=r["source"],
+        )
+        index.add(gpu.id, gpu, (*gpu.aliases, gpu.product_label))
+    return index
+
+
+def parse_instances(rows: list[dict[str, str]], gpus: Index[GPU]) -> Index[InstanceType]:
+    index: Index[InstanceType] = Index("instance")
+    for r in rows:
+        gpu = gpus.get(r["gpu_id"])
+        spot = _opt_float(r["spot_usd_hr"])
+        if spot is None and r.get("spot_discount_pct"):
+            spot = round(float(r["ondemand_usd_hr"]) * (1 - float(r["spot_discount_pct"]) / 100), 4)
+        inst = InstanceType(
+            name=r["name"],
+            provider=r["provider"],
+            region=r["region"],
+            gpu_id=gpu.id,
+            gpu_count=int(r["gpu_count"]),
+            vcpu=int(r["vcpu"]),
+            memory_gib=float(r["memory_gib"]),
+            network_gbps=float(r["network_gbps"]),
+            ondemand_usd_hr=float(r["ondemand_usd_hr"]),
+            spot_usd_hr=spot,
+            interruption_bucket=_opt_int(r["interruption_bucket"]),
+            price_date=r["price_date"],
+            source=r["source"],
+            gpu=gpu,
+        )
+        index.add(inst.name, inst)
+    return index
+
+
+def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
+    index: Index[Workload] = Index("workload")
+    for r in rows:
+        w = Workload(
+            id=r["id"],
+            family=r["family"],
+            unit=r["unit"],
+            params=float(r["params"]),
+            flops_per_sample=float(r["flops_per_sample"]),
+            activation_bytes_per_sample=float(r["activation_bytes_per_sample"]),
+            seq_len=_opt_int(r["seq_len"]),
+            layers=_opt_int(r["layers"]),
+            hidden=_opt_int(r["hidden"]),
+            aliases=_aliases(r["aliases"]),
+            optimizer=r["optimizer"] or "adam",
+            default_global_batch=_opt_int(r["default_global_batch"]),
+            samples_per_epoch=_opt_int(r["samples_per_epoch"]),
+            source=r["source"],
+        )
+        index.add(w.id, w, w.aliases)
+    return index
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The GPU, instance and workload catalogs, indexed for lookup."""
+
+    gpus: Index[GPU]
+    instances: Index[InstanceType]
+    workloads: Index[Workload]
+
+    def gpu(self, name: str) -> GPU:
+        """The GPU for an id or alias. Raises UnknownIdError with close matches."""
+        return self.gpus.get(name)
+
+    def instance(self, name: str) -> InstanceType:
+        """The instance type for a name. Raises UnknownIdError with close matches."""
+        return self.instances.get(name)
+
+    def workload(self, name: str) -> Workload:
+        """The named workload profile. Raises UnknownIdError with close matches."""
+        return self.workloads.get(name)
+
+
+def _data(name: str) -> str:
+    return (resources.files("gpuscaler.catalog") / "data" / name).read_text(encoding="utf-8")
+
+
+@cache
+def load_catalog() -> Catalog:
+    """The catalog shipped with the package (cached: the files are read once per process)."""
+    gpus = parse_gpus(read_rows(_data("gpus.csv"), "gpus.csv"))
+    instances = parse_instances(read_rows(_data("instances.csv"), "instances.csv"), gpus)
+    workloads = parse_workloads(read_rows(_data("workloads.csv"), "workloads.csv"))
+    return Catalog(gpus=gpus, instances=instances, workloads=workloads)

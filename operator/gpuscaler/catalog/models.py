@@ -1,0 +1,122 @@
+"""Typed rows of the catalog: GPUs, cloud instance types and workload profiles.
+
+Loaded from the schema-versioned CSV files in ``catalog/data`` by :mod:`gpuscaler.catalog.loader`;
+used by the performance model, the planner and the fake node pools of the dev cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class CapacityType(StrEnum):
+    """How an instance is bought; the values are Karpenter's ``karpenter.sh/capacity-type``."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+class Precision(StrEnum):
+    """Numeric precision of training, as a framework user means it.
+
+    ``fp32`` is the framework default full precision: TF32 tensor cores on Ampere and newer (what
+    PyTorch's cuDNN default and NGC containers run), plain FP32 on older GPUs. ``amp`` is mixed
+    precision with fp16 or bf16 (bf16 where the GPU has it).
+    """
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    AMP = "amp"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    """One GPU model from its spec sheet (dense, non-sparse tensor numbers)."""
+
+    id: str
+    """Canonical id, e.g. ``A100-80GB``."""
+    aliases: tuple[str, ...]
+    """Other names users and clouds give it (case-insensitive), incl. ``nvidia.com/gpu.product``."""
+    vendor: str
+    arch: str
+    """Architecture: volta, turing, ampere, ada, hopper, blackwell, cdna3."""
+    memory_gb: float
+    mem_bw_gbs: float
+    """Memory bandwidth, GB/s."""
+    fp32_tflops: float
+    """Non-tensor FP32."""
+    tf32_tflops: float | None
+    """TF32 tensor-core peak; None where the GPU has no TF32 (pre-Ampere)."""
+    fp16_tflops: float
+    """FP16/BF16 tensor-core peak (dense)."""
+    has_bf16: bool
+    fp8_tflops: float | None
+    intra_link: str
+    """GPU-to-GPU link inside a node: nvlink2..nvlink5, infinity-fabric, pcie3..pcie5."""
+    intra_link_gbs: float
+    """Unidirectional per-GPU bandwidth of that link, GB/s."""
+    product_label: str
+    """The value GPU feature discovery puts in ``nvidia.com/gpu.product``."""
+    tdp_w: float | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceType:
+    """One cloud instance type with its GPUs and prices (on-demand, spot) in one region."""
+
+    name: str
+    provider: str
+    """aws, gcp or azure."""
+    region: str
+    gpu_id: str
+    gpu_count: int
+    vcpu: int
+    memory_gib: float
+    network_gbps: float
+    """Baseline network bandwidth between instances."""
+    ondemand_usd_hr: float
+    spot_usd_hr: float | None
+    """None where the provider offers no spot for it."""
+    interruption_bucket: int | None
+    """AWS Spot Advisor bucket: 0 <5%, 1 5-10%, 2 10-15%, 3 15-20%, 4 >20% per month."""
+    price_date: str
+    source: str
+    gpu: GPU = field(compare=False, repr=False)
+    """The resolved GPU row."""
+
+    def price(self, capacity: CapacityType) -> float | None:
+        """Hourly price for a capacity type, or None when that capacity does not exist."""
+        return self.ondemand_usd_hr if capacity is CapacityType.ON_DEMAND else self.spot_usd_hr
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A training workload: what the performance model needs to know about the model.
+
+    FLOPs are per sample (forward + backward, i.e. about 3x forward), in the workload's unit.
+    """
+
+    id: str
+    family: str
+    """cnn, detection, transformer-encoder, transformer-decoder, rnn, recsys."""
+    unit: str
+    """What one sample is: images, sequences, tokens."""
+    params: float
+    """Trainable parameters."""
+    flops_per_sample: float
+    """Training FLOPs per sample (fwd + bwd)."""
+    activation_bytes_per_sample: float
+    """Activation memory per sample under mixed precision, without activation checkpointing."""
+    seq_len: int | None = None
+    layers: int | None = None
+    hidden: int | None = None
+    aliases: tuple[str, ...] = ()
+    optimizer: str = "adam"
+    """adam or sgd (momentum): decides optimizer-state memory."""
+    default_global_batch: int | None = None
+    samples_per_epoch: int | None = None
+    source: str = ""
