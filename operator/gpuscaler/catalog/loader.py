@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Generic, TypeVar
 
 from gpuscaler.catalog.models import GPU, InstanceType, Workload
+from gpuscaler.catalog.workloads import TransformerShape
 
 SCHEMA_VERSION = 1
 """The schema version these loaders read; a data file with another version is refused."""
@@ -125,6 +126,7 @@ def parse_gpus(rows: list[dict[str, str]]) -> Index[GPU]:
             intra_link_gbs=float(r["intra_link_gbs"]),
             product_label=r["product_label"],
             tdp_w=_opt_float(r["tdp_w"]),
+            matmul_efficiency=_opt_float(r["matmul_efficiency"]),
             source=r["source"],
         )
         index.add(gpu.id, gpu, (*gpu.aliases, gpu.product_label))
@@ -158,25 +160,50 @@ def parse_instances(rows: list[dict[str, str]], gpus: Index[GPU]) -> Index[Insta
     return index
 
 
+def _bool(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes")
+
+
 def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
+    """Workload rows; transformer rows that give a shape and no FLOPs are derived from the shape."""
     index: Index[Workload] = Index("workload")
     for r in rows:
+        shape = None
+        if not r["flops_per_sample"]:
+            shape = TransformerShape(
+                layers=int(r["layers"]),
+                hidden=int(r["hidden"]),
+                heads=int(r["heads"]),
+                seq_len=int(r["seq_len"]),
+                vocab=int(r["vocab"]),
+                ffn=_opt_int(r["ffn"]),
+                gated=_bool(r["gated"]),
+                head=r["head"] or "lm",
+                flash_attention=_bool(r["flash"]),
+            )
         w = Workload(
             id=r["id"],
             family=r["family"],
             unit=r["unit"],
-            params=float(r["params"]),
-            flops_per_sample=float(r["flops_per_sample"]),
-            activation_bytes_per_sample=float(r["activation_bytes_per_sample"]),
+            params=float(r["params"]) if r["params"] else shape.params if shape else 0.0,
+            flops_per_sample=float(r["flops_per_sample"]) if shape is None else shape.train_flops_per_sequence(),
+            activation_bytes_per_sample=float(r["activation_bytes_per_sample"])
+            if shape is None
+            else shape.activation_bytes_per_sequence(),
             seq_len=_opt_int(r["seq_len"]),
             layers=_opt_int(r["layers"]),
             hidden=_opt_int(r["hidden"]),
+            heads=_opt_int(r["heads"]),
+            vocab=_opt_int(r["vocab"]),
             aliases=_aliases(r["aliases"]),
             optimizer=r["optimizer"] or "adam",
             default_global_batch=_opt_int(r["default_global_batch"]),
             samples_per_epoch=_opt_int(r["samples_per_epoch"]),
             source=r["source"],
+            shape=shape,
         )
+        if w.params <= 0 or w.flops_per_sample <= 0:
+            raise CatalogError(f"workloads.csv: {w.id}: params and flops_per_sample must be positive")
         index.add(w.id, w, w.aliases)
     return index
 

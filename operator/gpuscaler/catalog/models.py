@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpuscaler.catalog.workloads import TransformerShape
+
 
 class CapacityType(StrEnum):
     """How an instance is bought; the values are Karpenter's ``karpenter.sh/capacity-type``."""
@@ -61,6 +63,8 @@ class GPU:
     product_label: str
     """The value GPU feature discovery puts in ``nvidia.com/gpu.product``."""
     tdp_w: float | None
+    matmul_efficiency: float | None
+    """Measured max achievable BF16 matmul FLOPS / peak (MAMF), where published."""
     source: str
 
 
@@ -114,9 +118,13 @@ class Workload:
     seq_len: int | None = None
     layers: int | None = None
     hidden: int | None = None
+    heads: int | None = None
+    vocab: int | None = None
     aliases: tuple[str, ...] = ()
     optimizer: str = "adam"
     """adam or sgd (momentum): decides optimizer-state memory."""
     default_global_batch: int | None = None
     samples_per_epoch: int | None = None
     source: str = ""
+    shape: TransformerShape | None = field(default=None, compare=False, repr=False)
+    """The transformer shape it was derived from, when it was (enables activation checkpointing maths)."""

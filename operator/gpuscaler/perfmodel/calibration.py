@@ -1,0 +1,230 @@
+"""The calibration data set and the fit-error report behind ``gpuscaler validate``.
+
+``data/published_throughput.jsonl`` is a copy of the measured training throughputs from NVIDIA's
+DeepLearningExamples READMEs (every row carries its source URL pinned to a commit). This module maps
+each row onto a catalog workload and a parallel configuration (the DGX system it ran on), predicts
+it with the model, and summarises the error: MAPE and median by GPU, precision, family and GPU
+count, plus the three relative errors the planner's choices hinge on (speed ratio between GPU
+types, mixed-precision speedup per GPU, multi-GPU scaling efficiency).
+
+Used by ``scripts/calibrate.py`` (which fits the parameters) and by the CLI's ``validate``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import resources
+
+from gpuscaler.catalog import Catalog, Precision, Workload, load_catalog
+from gpuscaler.catalog.models import GPU
+from gpuscaler.perfmodel.model import ParallelConfig, estimate
+from gpuscaler.perfmodel.parameters import FittedParams
+
+# Source row name -> catalog workload; first match wins; None = not modelled (speech, recsys, sparsity).
+ROW_WORKLOADS: list[tuple[str, str | None]] = [
+    (r"ASP|sparsity", None),
+    (r"^BERT-large.*SQuAD", "bert-large-squad"),
+    (r"^BERT-large.*seq128", "bert-large-seq128"),
+    (r"^BERT-large.*seq512", "bert-large-seq512"),
+    (r"^ELECTRA-base \[Fine-tuning", "electra-base-squad"),
+    (r"widese-b0", "efficientnet-widese-b0"),
+    (r"widese-b4", "efficientnet-widese-b4"),
+    (r"v1-B0|^efficientnet-b0", "efficientnet-b0"),
+    (r"v1-B4|^efficientnet-b4", "efficientnet-b4"),
+    (r"v2-S", "efficientnet-v2-s"),
+    (r"^GNMT", "gnmt"),
+    (r"^Transformer-XL \[Base", "transformerxl-base"),
+    (r"^Transformer-XL \[Large", "transformerxl-large"),
+    (r"^ResNet-50 v1\.5", "resnet50"),
+    (r"^ResNeXt-101", "resnext101-32x4d"),
+    (r"^SE-ResNeXt-101", "se-resnext101-32x4d"),
+    (r"^SSD300", "ssd300"),
+    (r"^Mask R-CNN", "maskrcnn"),
+]
+
+
+@dataclass(frozen=True)
+class System:
+    """A DGX system of the source tables: GPUs per node and the network between nodes."""
+
+    gpus_per_node: int
+    network_gbps: float
+    """InfiniBand per node: DGX-1 4x100 Gb/s EDR, DGX-2(H) 8x100 Gb/s EDR, DGX A100 8x200 Gb/s HDR
+    (NVIDIA DGX system user guides)."""
+
+
+SYSTEMS = {
+    "DGX-1": System(8, 400.0),
+    "DGX-2": System(16, 800.0),
+    "DGX-2H": System(16, 800.0),
+    "DGX-A100": System(8, 1600.0),
+}
+
+PRECISIONS = {"FP32": Precision.FP32, "TF32": Precision.FP32, "AMP": Precision.AMP}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured row, mapped onto the model's inputs."""
+
+    workload: Workload
+    gpu: GPU
+    cfg: ParallelConfig
+    measured: float
+    precision: str
+    source: str
+
+    @property
+    def key(self) -> tuple[str, str, str, int, int]:
+        """Identifies the run apart from GPU type and precision (for ratio comparisons)."""
+        return (self.workload.id, self.cfg.framework, self.gpu.arch, self.cfg.gpus, self.cfg.micro_batch)
+
+
+def _workload_for(name: str) -> str | None:
+    for pattern, workload in ROW_WORKLOADS:
+        if re.search(pattern, name):
+            return workload
+    return None
+
+
+def _accumulation(notes: str | None) -> int:
+    m = re.search(r"accumulation steps\s*=\s*(\d+)", notes or "")
+    return int(m.group(1)) if m else 1
+
+
+def raw_rows() -> list[dict[str, object]]:
+    text = (resources.files("gpuscaler.perfmodel") / "data" / "published_throughput.jsonl").read_text("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def load_rows(catalog: Catalog | None = None) -> tuple[list[Row], dict[str, int]]:
+    """The rows the model can predict, and counts of the rows skipped, by reason."""
+    cat = catalog or load_catalog()
+    rows: list[Row] = []
+    skipped: dict[str, int] = defaultdict(int)
+    for r in raw_rows():
+        wid = _workload_for(str(r["model"]))
+        if wid is None:
+            skipped["workload not modelled (speech, recsys, sparsity, ELECTRA pre-training)"] += 1
+            continue
+        if r["batch_per_gpu"] is None:
+            skipped["no per-GPU batch in the source"] += 1
+            continue
+        system = SYSTEMS[str(r["system"])]
+        gpus = int(str(r["gpus"]))
+        nodes = int(str(r["nodes"])) if r["nodes"] else max(1, math.ceil(gpus / system.gpus_per_node))
+        wl = cat.workload(wid)
+        # Token-unit tables give the batch in sequences (or sentence pairs); the model counts tokens.
+        items_to_samples = wl.seq_len if wl.unit == "tokens" and wl.seq_len else 1
+        cfg = ParallelConfig(
+            micro_batch=int(str(r["batch_per_gpu"])) * items_to_samples,
+            precision=PRECISIONS[str(r["precision"])],
+            gpus_per_node=gpus // nodes,
+            nodes=nodes,
+            accumulation=_accumulation(r.get("notes")),  # type: ignore[arg-type]
+            network_gbps=system.network_gbps,
+            framework=str(r["framework"]).lower(),
+        )
+        rows.append(
+            Row(wl, cat.gpu(str(r["gpu"])), cfg, float(str(r["throughput"])), str(r["precision"]),
+                str(r["source"]))
+        )
+    return rows, dict(skipped)
+
+
+def predict(rows: Iterable[Row], params: FittedParams | None = None) -> list[float]:
+    return [estimate(r.workload, r.gpu, r.cfg, params).throughput for r in rows]
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    n: int
+    mape: float
+    """Mean absolute percentage error, %."""
+    median: float
+    """Median absolute percentage error, %."""
+
+
+def stats(errors: list[float]) -> ErrorStats:
+    absolute = [abs(e) * 100 for e in errors]
+    return ErrorStats(len(absolute), statistics.fmean(absolute) if absolute else math.nan,
+                      statistics.median(absolute) if absolute else math.nan)
+
+
+def _ratio_errors(
+    rows: list[Row], preds: list[float], group: Callable[[Row], tuple[object, ...] | None],
+    pair: Callable[[Row, Row], bool],
+) -> list[float]:
+    """Relative error of predicted vs measured ratio over pairs of rows in the same group."""
+    groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        g = group(r)
+        if g is not None:
+            groups[g].append(i)
+    errors = []
+    for idx in groups.values():
+        for i in idx:
+            for j in idx:
+                if i != j and pair(rows[i], rows[j]):
+                    measured = rows[i].measured / rows[j].measured
+                    predicted = preds[i] / preds[j]
+                    errors.append(predicted / measured - 1)
+    return errors
+
+
+@dataclass(frozen=True)
+class Report:
+    """The fit error of the model on the calibration rows."""
+
+    overall: ErrorStats
+    by: dict[str, dict[str, ErrorStats]]
+    gpu_ratio: ErrorStats
+    """A100 vs V100 speed ratio, same workload, framework, precision mode, GPU count and batch."""
+    amp_speedup: ErrorStats
+    """AMP vs full-precision speedup on the same GPU, workload, framework and GPU count."""
+    scaling: ErrorStats
+    """Throughput at n GPUs vs 1 GPU, same everything else."""
+    skipped: dict[str, int]
+
+
+def report(params: FittedParams | None = None, catalog: Catalog | None = None) -> Report:
+    rows, skipped = load_rows(catalog)
+    preds = predict(rows, params)
+    errors = [p / r.measured - 1 for p, r in zip(preds, rows, strict=True)]
+    dims: dict[str, Callable[[Row], str]] = {
+        "gpu": lambda r: r.gpu.id,
+        "precision": lambda r: r.precision,
+        "family": lambda r: r.workload.family,
+        "workload": lambda r: r.workload.id,
+        "gpus": lambda r: f"{r.cfg.gpus:>4d}",
+        "framework": lambda r: r.cfg.framework,
+    }
+    by: dict[str, dict[str, ErrorStats]] = {}
+    for dim, fn in dims.items():
+        buckets: dict[str, list[float]] = defaultdict(list)
+        for r, e in zip(rows, errors, strict=True):
+            buckets[fn(r)].append(e)
+        by[dim] = {k: stats(v) for k, v in sorted(buckets.items())}
+
+    gpu_ratio = _ratio_errors(
+        rows, preds,
+        lambda r: (r.workload.id, r.cfg.framework, r.precision == "AMP", r.cfg.gpus, r.cfg.accumulation),
+        lambda a, b: a.gpu.arch == "ampere" and b.gpu.arch == "volta",
+    )
+    amp = _ratio_errors(
+        rows, preds,
+        lambda r: (r.workload.id, r.cfg.framework, r.gpu.id, r.cfg.gpus),
+        lambda a, b: a.precision == "AMP" and b.precision != "AMP",
+    )
+    scaling = _ratio_errors(
+        rows, preds,
+        lambda r: (r.workload.id, r.cfg.framework, r.gpu.id, r.precision, r.cfg.micro_batch, r.cfg.accumulation),
+        lambda a, b: a.cfg.gpus > 1 and b.cfg.gpus == 1,
+    )
+    return Report(stats(errors), by, stats(gpu_ratio), stats(amp), stats(scaling), skipped)

@@ -1,0 +1,100 @@
+"""The performance model's numbers: fixed constants (``data/constants.yaml``) and fitted values.
+
+The fitted values (``data/fitted.json``) are written by ``scripts/calibrate.py`` from
+``published_throughput.jsonl`` (NVIDIA DeepLearningExamples tables); nothing else writes them.
+Loaded once per process; the planner, CLI and operator all read the same values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class FamilyParams:
+    """Fitted efficiency of one workload family (cnn, transformer, ...)."""
+
+    tensor_efficiency: float
+    """Fraction of the tensor-core peak (TF32/FP16/BF16) that the family's compute reaches."""
+    simt_efficiency: float
+    """Fraction of the non-tensor FP32 peak reached (FP32 on pre-Ampere GPUs)."""
+    memory_traffic: float
+    """DRAM bytes moved per byte of stored activation (elementwise, normalisation, pooling layers)."""
+    step_overhead_s: float
+    """Fixed time per micro-batch: kernel launches, Python, data hand-off."""
+
+
+@dataclass(frozen=True)
+class FittedParams:
+    """Everything ``scripts/calibrate.py`` fits."""
+
+    families: dict[str, FamilyParams]
+    workload_scale: dict[str, float]
+    """Per named workload throughput correction (regularised towards 1); custom workloads use 1."""
+    framework_scale: dict[str, float]
+    """Per framework throughput factor relative to PyTorch (predictions are for PyTorch)."""
+    overlap: float
+    """Fraction of the last micro-batch's backward pass that hides gradient communication."""
+    sync_overhead_s: float
+    """Per-step straggler/synchronisation cost per doubling of the GPU count."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """How the fit was made: data file hash, rows used, date, residual summary."""
+
+    def family(self, name: str) -> FamilyParams:
+        if name in self.families:
+            return self.families[name]
+        return self.families["default"]
+
+
+def _read(name: str) -> str:
+    return (resources.files("gpuscaler.perfmodel") / "data" / name).read_text(encoding="utf-8")
+
+
+@cache
+def constants() -> dict[str, Any]:
+    """The fixed constants (facts and stated assumptions) from constants.yaml."""
+    data: dict[str, Any] = yaml.safe_load(_read("constants.yaml"))
+    return data
+
+
+def fitted_from_dict(raw: dict[str, Any]) -> FittedParams:
+    families = {name: FamilyParams(**vals) for name, vals in raw["families"].items()}
+    return FittedParams(
+        families=families,
+        workload_scale=dict(raw.get("workload_scale", {})),
+        framework_scale=dict(raw.get("framework_scale", {})),
+        overlap=float(raw["overlap"]),
+        sync_overhead_s=float(raw["sync_overhead_s"]),
+        meta=dict(raw.get("meta", {})),
+    )
+
+
+def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
+    return {
+        "families": {
+            name: {
+                "tensor_efficiency": f.tensor_efficiency,
+                "simt_efficiency": f.simt_efficiency,
+                "memory_traffic": f.memory_traffic,
+                "step_overhead_s": f.step_overhead_s,
+            }
+            for name, f in sorted(p.families.items())
+        },
+        "workload_scale": dict(sorted(p.workload_scale.items())),
+        "framework_scale": dict(sorted(p.framework_scale.items())),
+        "overlap": p.overlap,
+        "sync_overhead_s": p.sync_overhead_s,
+        "meta": p.meta,
+    }
+
+
+@cache
+def fitted() -> FittedParams:
+    """The committed fitted parameters."""
+    return fitted_from_dict(json.loads(_read("fitted.json")))
