@@ -1,0 +1,116 @@
+"""gpuscaler.runtime: the library inside the training container (checkpoint, resume, notice, progress).
+
+No framework and no Kubernetes client is imported; only the standard library (``prometheus_client``
+lazily, when a metrics port is set and it is installed). Typical use::
+
+    from gpuscaler.runtime import TrainingGuard
+
+    guard = TrainingGuard.from_env(
+        save=lambda state, path: torch.save(state, path),
+        load=lambda path: torch.load(path),
+    )
+    state, start = guard.resume(initial_state)
+    for step in guard.steps(start, total_steps):
+        state = train_step(state, step)
+        guard.completed(step, state, samples=batch_size)
+
+See :mod:`gpuscaler.runtime.guard` for the step-boundary protocol, :mod:`.checkpoint` for the
+on-disk format, :mod:`.constants` for the env variables, annotations and exit codes shared with
+the operator.
+"""
+
+from gpuscaler.runtime.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
+from gpuscaler.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointStore,
+    CorruptCheckpointError,
+    LoadFn,
+    SaveFn,
+    bytes_callbacks,
+    pickle_load,
+    pickle_save,
+)
+from gpuscaler.runtime.config import GuardConfig, PlanEnv, RuntimeConfigError
+from gpuscaler.runtime.constants import (
+    ANNOTATION_CHECKPOINT_ACK,
+    ANNOTATION_CHECKPOINT_REQUESTED,
+    ANNOTATION_CHECKPOINT_STEP,
+    ANNOTATION_CHECKPOINT_TIME,
+    ANNOTATION_PROGRESS_SAMPLES,
+    ANNOTATION_PROGRESS_STEP,
+    ENV_ACCUMULATION_STEPS,
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_STEPS,
+    ENV_CHECKPOINT_INTERVAL_S,
+    ENV_CHECKPOINT_KEEP,
+    ENV_METRICS_PORT,
+    ENV_MICRO_BATCH,
+    ENV_PODINFO_DIR,
+    ENV_PRECISION,
+    ENV_PROGRESS_FILE,
+    EXIT_DONE,
+    EXIT_PREEMPTED,
+)
+from gpuscaler.runtime.guard import GuardUsageError, TrainingGuard
+from gpuscaler.runtime.metrics import RuntimeMetrics, serve_metrics
+from gpuscaler.runtime.notice import AnnotationWatcher, StopSignal, parse_downward_annotations
+from gpuscaler.runtime.progress import (
+    CheckpointEvent,
+    FanoutReporter,
+    FileReporter,
+    NullReporter,
+    Progress,
+    ProgressReporter,
+)
+from gpuscaler.runtime.schedule import CheckpointSchedule
+
+__all__ = [
+    "ANNOTATION_CHECKPOINT_ACK",
+    "ANNOTATION_CHECKPOINT_REQUESTED",
+    "ANNOTATION_CHECKPOINT_STEP",
+    "ANNOTATION_CHECKPOINT_TIME",
+    "ANNOTATION_PROGRESS_SAMPLES",
+    "ANNOTATION_PROGRESS_STEP",
+    "ENV_ACCUMULATION_STEPS",
+    "ENV_CHECKPOINT_DIR",
+    "ENV_CHECKPOINT_EVERY_STEPS",
+    "ENV_CHECKPOINT_INTERVAL_S",
+    "ENV_CHECKPOINT_KEEP",
+    "ENV_METRICS_PORT",
+    "ENV_MICRO_BATCH",
+    "ENV_PODINFO_DIR",
+    "ENV_PRECISION",
+    "ENV_PROGRESS_FILE",
+    "EXIT_DONE",
+    "EXIT_PREEMPTED",
+    "AnnotationWatcher",
+    "CheckpointError",
+    "CheckpointEvent",
+    "CheckpointInfo",
+    "CheckpointSchedule",
+    "CheckpointStore",
+    "CorruptCheckpointError",
+    "FanoutReporter",
+    "FileReporter",
+    "GuardConfig",
+    "GuardUsageError",
+    "LoadFn",
+    "NullReporter",
+    "PlanEnv",
+    "Progress",
+    "ProgressReporter",
+    "RuntimeConfigError",
+    "RuntimeMetrics",
+    "SaveFn",
+    "StopSignal",
+    "TrainingGuard",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "bytes_callbacks",
+    "fsync_dir",
+    "parse_downward_annotations",
+    "pickle_load",
+    "pickle_save",
+    "serve_metrics",
+]

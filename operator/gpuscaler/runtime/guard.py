@@ -1,0 +1,596 @@
+"""TrainingGuard: resume, checkpoint on schedule and on notice, stop cleanly on SIGTERM, report progress.
+
+The one object a training script uses::
+
+    guard = TrainingGuard.from_env(save=save_fn, load=load_fn)
+    state, start = guard.resume(initial_state)
+    for step in guard.steps(start, total_steps):
+        state = train_step(state, step)
+        guard.completed(step, state, samples=batch_size)
+
+At every step boundary (:meth:`TrainingGuard.completed`) the guard, in this order:
+
+1. if SIGTERM arrived: checkpoints (unless the newest checkpoint already holds this step), reports
+   phase ``preempted`` and exits with :data:`~gpuscaler.runtime.constants.EXIT_PREEMPTED` (or, with
+   ``exit_on_stop=False``, makes ``completed`` return True and ``steps`` end);
+2. if the operator asked for a checkpoint (a new ``gpuscaler.io/checkpoint-requested`` value in the
+   downward API file, or :meth:`TrainingGuard.request_checkpoint`): checkpoints and reports the
+   request id as acknowledged, then carries on;
+3. if the planned interval (seconds and/or steps) has passed: checkpoints;
+4. reports progress when ``report_interval_s`` has passed.
+
+When ``steps`` runs to the end, a final checkpoint is written and the signal handler removed.
+Steps are counted as *steps completed*: the checkpoint taken after step index ``i`` is named
+``i + 1`` and a resume from it starts the loop at index ``i + 1``, so no step runs twice.
+
+Nothing here imports a framework or a Kubernetes client; PyTorch & co. plug in through the save
+and load callbacks, which receive a path inside a staging directory the guard commits atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from gpuscaler.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointStore,
+    CorruptCheckpointError,
+    LoadFn,
+    SaveFn,
+    pickle_load,
+    pickle_save,
+)
+from gpuscaler.runtime.config import GuardConfig
+from gpuscaler.runtime.constants import (
+    DEFAULT_CHECKPOINT_INTERVAL_S,
+    DEFAULT_CHECKPOINT_KEEP,
+    DEFAULT_REPORT_INTERVAL_S,
+    DOWNWARD_ANNOTATIONS_FILE,
+    EXIT_PREEMPTED,
+)
+from gpuscaler.runtime.metrics import MetricsServer, RuntimeMetrics, serve_metrics
+from gpuscaler.runtime.notice import AnnotationWatcher, StopSignal
+from gpuscaler.runtime.progress import (
+    PHASE_FINISHED,
+    PHASE_PREEMPTED,
+    PHASE_RUNNING,
+    CheckpointEvent,
+    FanoutReporter,
+    FileReporter,
+    NullReporter,
+    Progress,
+    ProgressReporter,
+)
+from gpuscaler.runtime.schedule import CheckpointSchedule
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+
+class GuardUsageError(RuntimeError):
+    """The guard is used out of order (e.g. a step yielded by ``steps`` was not reported done)."""
+
+
+class TrainingGuard(Generic[S]):
+    """Checkpoint/resume/notice handling around a training loop.
+
+    Args:
+        checkpoint_dir: Directory of checkpoints (created if missing).
+        save: ``save(state, path)`` writes the state to the file or new directory ``path``;
+            default: pickle. Atomicity, fsync and checksums are the guard's job, not the callback's.
+        load: ``load(path) -> state`` reads it back; default: unpickle.
+        interval_s: Seconds between planned checkpoints; None disables the time limit.
+        every_steps: Steps between planned checkpoints; None disables the step limit.
+        keep: Complete checkpoints to keep.
+        podinfo_dir: Downward API volume directory with the ``annotations`` file; None: only
+            SIGTERM and :meth:`request_checkpoint` trigger notice checkpoints.
+        reporter: Progress reporter; default: none.
+        metrics: Metric values to update (one is created when None).
+        metrics_port: Serve Prometheus metrics on this port (None: do not serve).
+        report_interval_s: Minimum seconds between periodic progress reports.
+        exit_on_stop: After the SIGTERM checkpoint, raise ``SystemExit(EXIT_PREEMPTED)``. When
+            False, :meth:`completed` returns True, :meth:`steps` ends, :attr:`preempted` is True,
+            and the caller must exit (with :data:`EXIT_PREEMPTED`).
+        writer: Whether this process writes checkpoints. In a data-parallel job only rank 0
+            should; the others load, and must stop at the same step (all-reduce
+            :attr:`stop_requested` yourself).
+        handle_signals: Install the SIGTERM handler (main thread only).
+        clock: Monotonic seconds (injectable for tests).
+        wall_clock: Unix seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        checkpoint_dir: str | os.PathLike[str],
+        *,
+        save: SaveFn[S] | None = None,
+        load: LoadFn[S] | None = None,
+        interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S,
+        every_steps: int | None = None,
+        keep: int = DEFAULT_CHECKPOINT_KEEP,
+        podinfo_dir: str | os.PathLike[str] | None = None,
+        reporter: ProgressReporter | None = None,
+        metrics: RuntimeMetrics | None = None,
+        metrics_port: int | None = None,
+        report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
+        exit_on_stop: bool = True,
+        writer: bool = True,
+        handle_signals: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = CheckpointStore(checkpoint_dir, keep, writer=writer, wall_clock=wall_clock)
+        self._save: SaveFn[S] = save if save is not None else pickle_save
+        self._load: LoadFn[S] = load if load is not None else pickle_load
+        self.schedule = CheckpointSchedule(interval_s, every_steps, clock=clock)
+        self.watcher = (
+            AnnotationWatcher(Path(podinfo_dir) / DOWNWARD_ANNOTATIONS_FILE, clock=clock)
+            if podinfo_dir is not None
+            else None
+        )
+        self.reporter: ProgressReporter = reporter if reporter is not None else NullReporter()
+        self.metrics = metrics if metrics is not None else RuntimeMetrics()
+        self.metrics_port = metrics_port
+        self.metrics_server: MetricsServer | None = None
+        self.report_interval_s = report_interval_s
+        self.exit_on_stop = exit_on_stop
+        self.stop_signal = StopSignal(clock=clock)
+        self._handle_signals = handle_signals
+        self._clock = clock
+        self._wall_clock = wall_clock
+
+        self._started = False
+        self._closed = False
+        self._step = 0
+        self._samples = 0
+        self._state: S | None = None
+        self._has_state = False
+        self._expected: int | None = None
+        self._last: CheckpointInfo | None = None
+        self._ack: str | None = None
+        self._manual_request: tuple[str, float] | None = None
+        self._last_report: float | None = None
+        self._phase = PHASE_RUNNING
+        self._stop_handled = False
+
+    @classmethod
+    def from_env(
+        cls,
+        save: SaveFn[S] | None = None,
+        load: LoadFn[S] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        reporter: ProgressReporter | None = None,
+        **kwargs: Any,
+    ) -> TrainingGuard[S]:
+        """Build a guard from the ``GPUSCALER_*`` variables the operator sets.
+
+        Reads ``GPUSCALER_CHECKPOINT_DIR``, ``_CHECKPOINT_INTERVAL_S``, ``_CHECKPOINT_EVERY_STEPS``,
+        ``_CHECKPOINT_KEEP``, ``_PODINFO_DIR``, ``_METRICS_PORT`` and ``_PROGRESS_FILE``. A progress
+        file adds a :class:`~gpuscaler.runtime.progress.FileReporter` next to ``reporter``.
+
+        Args:
+            save: Save callback (default: pickle).
+            load: Load callback (default: unpickle).
+            env: The environment; ``os.environ`` when None.
+            reporter: An extra progress reporter.
+            **kwargs: :class:`~gpuscaler.runtime.config.GuardConfig` fields (``checkpoint_dir``,
+                ``interval_s``...) override the env; other :class:`TrainingGuard` arguments
+                (``exit_on_stop``, ``clock``...) are passed through.
+
+        Returns:
+            The guard; the metrics server (if any) starts on first use.
+
+        Raises:
+            RuntimeConfigError: A variable is missing or does not parse.
+        """
+        fields = set(GuardConfig.__dataclass_fields__)
+        config = GuardConfig.from_env(env, **{k: v for k, v in kwargs.items() if k in fields})
+        passthrough = {k: v for k, v in kwargs.items() if k not in fields}
+        reporters: list[ProgressReporter] = []
+        if config.progress_file is not None:
+            reporters.append(FileReporter(config.progress_file))
+        if reporter is not None:
+            reporters.append(reporter)
+        combined: ProgressReporter | None = (
+            reporters[0] if len(reporters) == 1 else FanoutReporter(*reporters) if reporters else None
+        )
+        return cls(
+            config.checkpoint_dir,
+            save=save,
+            load=load,
+            interval_s=config.interval_s,
+            every_steps=config.every_steps,
+            keep=config.keep,
+            podinfo_dir=config.podinfo_dir,
+            reporter=combined,
+            metrics_port=config.metrics_port,
+            **passthrough,
+        )
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """Steps completed (the index of the next step to run)."""
+        return self._step
+
+    @property
+    def samples(self) -> int:
+        """Samples processed, cumulative over restarts."""
+        return self._samples
+
+    @property
+    def last_checkpoint(self) -> CheckpointInfo | None:
+        """The newest checkpoint written or resumed from."""
+        return self._last
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether SIGTERM (or :meth:`request_stop`) arrived."""
+        return self.stop_signal.received
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the guard stopped training after a stop request (with ``exit_on_stop=False``)."""
+        return self._phase == PHASE_PREEMPTED
+
+    def progress(self) -> Progress:
+        """A snapshot of progress for reporters.
+
+        Returns:
+            The current :class:`~gpuscaler.runtime.progress.Progress`.
+        """
+        return Progress(
+            step=self._step,
+            samples=self._samples,
+            last_checkpoint_step=self._last.step if self._last else None,
+            last_checkpoint_time=self._last.created_at if self._last else None,
+            checkpoint_ack=self._ack,
+            phase=self._phase,
+            updated_at=self._wall_clock(),
+        )
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Install the SIGTERM handler, start the metrics server, remove torn leftovers.
+
+        Called by :meth:`resume`, :meth:`steps` and ``with``; calling it again does nothing.
+        """
+        if self._started:
+            return
+        self._started = True
+        if self._handle_signals:
+            self.stop_signal.install()
+        if self.metrics_port is not None and self.metrics_server is None:
+            try:
+                self.metrics_server = serve_metrics(self.metrics, self.metrics_port)
+            except OSError as err:
+                log.warning(
+                    "cannot serve metrics on port %s: %s; training continues without", self.metrics_port, err
+                )
+        removed = self.store.cleanup_leftovers()
+        if removed:
+            log.info("removed %d torn checkpoint leftover(s): %s", len(removed), [p.name for p in removed])
+
+    def close(self) -> None:
+        """Restore the signal handler and stop the metrics server.
+
+        A SIGTERM that arrived and was not acted on (e.g. after the loop ended) is re-delivered
+        with the previous handler, so the process still terminates as the kubelet expects.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.stop_signal.restore()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        if self.stop_signal.received and not self._stop_handled and self.stop_signal.signum is not None:
+            self._stop_handled = True
+            signal.raise_signal(self.stop_signal.signum)
+
+    def __enter__(self) -> TrainingGuard[S]:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- resume -------------------------------------------------------------------------------
+
+    def resume(self, initial_state: S) -> tuple[S, int]:
+        """Load the newest complete, verified checkpoint; skip (and set aside) corrupt ones.
+
+        Args:
+            initial_state: Returned when there is no usable checkpoint.
+
+        Returns:
+            ``(state, start_step)``: the loaded state and the steps it has completed, or
+            ``(initial_state, 0)``.
+
+        Raises:
+            CheckpointError: Loading a verified checkpoint failed in the load callback (a code or
+                format problem, not corruption: falling back would hide it).
+        """
+        self.start()
+        state = initial_state
+        info: CheckpointInfo | None = None
+        for step, path in self.store.list_steps():
+            try:
+                info = self.store.verify(path)
+                break
+            except CorruptCheckpointError as err:
+                log.warning("skipping checkpoint at step %d: %s", step, err)
+                self.metrics.corrupt_checkpoints += 1
+                self.store.quarantine(path)
+        if info is not None:
+            try:
+                state = self._load(info.payload_path)
+            except Exception as err:
+                raise CheckpointError(
+                    f"loading verified checkpoint {info.path}: load callback failed: {err}"
+                ) from err
+            self._step, self._samples, self._last = info.step, info.samples, info
+            if info.request_id is not None:
+                self._ack = info.request_id
+                if self.watcher is not None:
+                    self.watcher.acknowledge(info.request_id)
+            self.metrics.last_checkpoint_step = info.step
+            self.metrics.last_checkpoint_time = info.created_at
+            log.info("resumed from %s (step %d, %d samples)", info.path, info.step, info.samples)
+        else:
+            self._step, self._samples = 0, 0
+            log.info("no checkpoint in %s: starting at step 0", self.store.directory)
+        self._state, self._has_state = state, True
+        self.metrics.resumed_step = self._step
+        self.metrics.set_progress(self._step, self._samples)
+        self.schedule.mark(self._step)
+        self._report(force=True)
+        return state, self._step
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def steps(self, start: int, stop: int) -> Iterator[int]:
+        """Yield step indices ``start .. stop-1``, stopping early after a SIGTERM checkpoint.
+
+        Call :meth:`completed` for each yielded step before the next one. When the range is
+        exhausted a final checkpoint is written (if the newest is older) and the guard closes.
+
+        Args:
+            start: First step index (usually what :meth:`resume` returned).
+            stop: One past the last step index (the total number of steps).
+
+        Yields:
+            Step indices.
+
+        Raises:
+            GuardUsageError: A yielded step was not reported with :meth:`completed`.
+            SystemExit: With :data:`EXIT_PREEMPTED`, after the SIGTERM checkpoint
+                (``exit_on_stop=True``).
+        """
+        self.start()
+        if not self._has_state:
+            self._step = start
+        step = start
+        try:
+            while step < stop:
+                if self._phase == PHASE_PREEMPTED:
+                    return
+                if self.stop_signal.received:
+                    # Signal before the first step (e.g. while loading), or between completed()
+                    # and here: stop at this boundary; _stop saves only if the step is new.
+                    self._stop(self._state if self._has_state else None)
+                    return
+                self._expected = step
+                yield step
+                if self._step != step + 1:
+                    raise GuardUsageError(
+                        f"step {step} was yielded but not reported: call guard.completed({step}, state) "
+                        "inside the loop body"
+                    )
+                if self._phase == PHASE_PREEMPTED:
+                    return
+                step += 1
+        finally:
+            self._expected = None
+        self.finish()
+
+    def completed(self, step: int, state: S, samples: int = 0) -> bool:
+        """Report step ``step`` done with the resulting ``state``; checkpoint and stop if needed.
+
+        Args:
+            step: The step index just completed (the value :meth:`steps` yielded).
+            state: The state after the step (kept by reference until the next call; it is passed
+                to the save callback only when a checkpoint is taken).
+            samples: Samples processed in this step.
+
+        Returns:
+            True when training must stop (only with ``exit_on_stop=False``); else False.
+
+        Raises:
+            GuardUsageError: ``step`` is not the step :meth:`steps` yielded.
+            CheckpointError: A checkpoint was due and could not be written.
+            SystemExit: With :data:`EXIT_PREEMPTED` after the SIGTERM checkpoint
+                (``exit_on_stop=True``).
+        """
+        if self._expected is not None and step != self._expected:
+            raise GuardUsageError(f"guard.completed({step}) inside the loop at step {self._expected}")
+        self._step = step + 1
+        self._samples += samples
+        self._state, self._has_state = state, True
+        self.metrics.set_progress(self._step, self._samples)
+        if self.stop_signal.received:
+            self._stop(state)
+            return True
+        request = self._pending_request()
+        if request is not None:
+            request_id, seen_at = request
+            self.checkpoint(state, reason="notice", request_id=request_id, notice_at=seen_at)
+            self._manual_request = None
+        elif self.schedule.due(self._step):
+            self.checkpoint(state, reason="interval")
+        self._report()
+        return False
+
+    step_done = completed
+    """Alias of :meth:`completed`."""
+
+    def _pending_request(self) -> tuple[str, float] | None:
+        if self._manual_request is not None:
+            return self._manual_request
+        if self.watcher is None:
+            return None
+        request_id = self.watcher.poll()
+        return (request_id, self._clock()) if request_id is not None else None
+
+    def request_checkpoint(self, request_id: str | None = None) -> None:
+        """Ask for a checkpoint at the next step boundary (as the annotation does).
+
+        Args:
+            request_id: Reported back as the acknowledgement; default: a timestamp.
+        """
+        self._manual_request = (request_id or f"manual-{int(self._wall_clock())}", self._clock())
+
+    def request_stop(self) -> None:
+        """Checkpoint and stop at the next step boundary, as on SIGTERM."""
+        self.stop_signal.trigger(signal.SIGTERM)
+
+    def checkpoint(
+        self,
+        state: S,
+        *,
+        reason: str = "manual",
+        request_id: str | None = None,
+        notice_at: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CheckpointInfo | None:
+        """Checkpoint ``state`` as of :attr:`step` now, unless the newest checkpoint is at this step.
+
+        Args:
+            state: The state after :attr:`step` steps.
+            reason: Stored in the manifest and the ``checkpoints_total`` metric.
+            request_id: The checkpoint request this answers; acknowledged once committed.
+            notice_at: Monotonic time the notice arrived, for the latency metric.
+            extra: JSON-serialisable metadata for the manifest.
+
+        Returns:
+            The committed (or already current) checkpoint; for a non-writer (which saves
+            nothing) the checkpoint it resumed from.
+
+        Raises:
+            CheckpointError: Writing failed; nothing was committed.
+        """
+        info = self._last
+        if not self.store.writer:
+            # Readers (ranks > 0) neither write nor acknowledge: rank 0 answers for the job.
+            self.schedule.mark(self._step)
+            return info
+        saved = False
+        if info is None or info.step != self._step:
+            saved = True
+            info = self.store.save(
+                self._step,
+                lambda path: self._save(state, path),
+                samples=self._samples,
+                reason=reason,
+                request_id=request_id,
+                extra=extra,
+            )
+            self._last = info
+            self.metrics.observe_checkpoint(
+                info.step, info.created_at, info.write_seconds, info.payload_bytes, reason
+            )
+            log.info(
+                "checkpoint at step %d (%s) in %.3fs: %s", info.step, reason, info.write_seconds, info.path
+            )
+        self.schedule.mark(self._step)
+        latency = self._clock() - notice_at if notice_at is not None else None
+        if latency is not None:
+            self.metrics.notice_to_checkpoint_seconds = latency
+        if request_id is not None:
+            self._ack = request_id
+            if self.watcher is not None:
+                self.watcher.acknowledge(request_id)
+        if info is not None:
+            event = CheckpointEvent(
+                step=info.step,
+                samples=info.samples,
+                reason=reason if saved else info.reason,
+                request_id=request_id,
+                path=str(info.path),
+                created_at=info.created_at,
+                write_seconds=info.write_seconds,
+                payload_bytes=info.payload_bytes,
+                notice_latency_s=latency,
+            )
+            self._call_reporter(lambda r: r.checkpointed(event, self.progress()))
+            self._last_report = self._clock()
+        return info
+
+    def finish(self) -> CheckpointInfo | None:
+        """Write the final checkpoint (if the newest is older), report ``finished`` and close.
+
+        Called by :meth:`steps` when the range is exhausted; call it yourself when not using
+        :meth:`steps`.
+
+        Returns:
+            The final checkpoint, or None when no state is known.
+
+        Raises:
+            SystemExit: With :data:`EXIT_PREEMPTED` when SIGTERM arrived after the last step
+                (``exit_on_stop=True``): the final checkpoint is complete, the kubelet wants the
+                process gone, and a restart resumes at the end and carries on after the loop.
+        """
+        info = None
+        if self._has_state:
+            info = self.checkpoint(self._state, reason="final")  # type: ignore[arg-type]
+        self._phase = PHASE_FINISHED
+        self._report(force=True)
+        stopping = self.stop_signal.received and not self._stop_handled
+        self._stop_handled = self._stop_handled or (stopping and self.exit_on_stop)
+        self.close()
+        if stopping and self.exit_on_stop:
+            raise SystemExit(EXIT_PREEMPTED)
+        return info
+
+    def _stop(self, state: S | None) -> None:
+        self.metrics.stop_requested = True
+        signum = self.stop_signal.signum
+        log.info("stop requested (signal %s) at step %d: checkpointing and stopping", signum, self._step)
+        if state is not None:
+            self.checkpoint(state, reason="sigterm", notice_at=self.stop_signal.received_at)
+        self._phase = PHASE_PREEMPTED
+        self._stop_handled = True
+        self._report(force=True)
+        self.close()
+        if self.exit_on_stop:
+            raise SystemExit(EXIT_PREEMPTED)
+
+    # --- reporting ----------------------------------------------------------------------------
+
+    def _report(self, *, force: bool = False) -> None:
+        now = self._clock()
+        if not force and self._last_report is not None and now - self._last_report < self.report_interval_s:
+            return
+        self._last_report = now
+        snapshot = self.progress()
+        self._call_reporter(lambda r: r.report(snapshot))
+
+    def _call_reporter(self, call: Callable[[ProgressReporter], None]) -> None:
+        try:
+            call(self.reporter)
+        except Exception:
+            log.exception("progress reporter %r failed; training continues", self.reporter)
