@@ -1,0 +1,207 @@
+"""The TrainingJob API: the pydantic models that are the source of truth for the CRD.
+
+A TrainingJob says what to train (a named workload, or a custom one from parameters and FLOPs or a
+transformer shape), how much (samples, epochs or steps at a global batch), by when (deadline) and
+for how much (budget), what to optimise, the user's constraints, and the worker pod template. The
+planner (``gpuscaler plan``) and the operator read exactly these models; ``gpuscaler crd`` turns
+them into ``crds/``. Python names are snake_case; the wire format is camelCase.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "gpuscaler.io"
+API_VERSION = "v1alpha1"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+
+
+class Model(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Objective(StrEnum):
+    CHEAPEST = "cheapest"
+    """Cheapest plan that meets the deadline (and budget)."""
+    FASTEST = "fastest"
+    """Fastest plan within the budget."""
+
+
+class SpotPolicy(StrEnum):
+    NEVER = "never"
+    ALLOWED = "allowed"
+    PREFERRED = "preferred"
+
+
+class PrecisionName(StrEnum):
+    FP32 = "fp32"
+    TF32 = "tf32"
+    AMP = "amp"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class TransformerSpec(Model):
+    """A dense transformer's shape; gpuscaler derives parameters, FLOPs and activation memory."""
+
+    layers: int = Field(ge=1, le=1000, description="Number of transformer layers.")
+    hidden: int = Field(ge=8, le=131072, description="Hidden (model) dimension.")
+    heads: int = Field(ge=1, le=1024, description="Attention heads.")
+    seq_len: int = Field(ge=1, le=1_048_576, description="Tokens per sequence (one sample).")
+    vocab: int = Field(ge=1, le=10_000_000, description="Vocabulary size.")
+    ffn: int | None = Field(default=None, ge=1, description="Feed-forward inner size; 4 x hidden when omitted.")
+    gated: bool = Field(default=False, description="SwiGLU-style gated feed-forward (3 matrices).")
+    head: Literal["lm", "mlm", "none"] = Field(default="lm", description="Output head: causal LM, masked LM, none.")
+    flash_attention: bool = Field(default=True, description="Memory-efficient attention (no s^2 activations).")
+
+
+class WorkloadSpec(Model):
+    """What is trained: a named profile (``gpuscaler catalog workloads``) or a custom workload."""
+
+    model: str | None = Field(default=None, description="Named workload, e.g. resnet50, bert-large-squad, llama-7b.")
+    transformer: TransformerSpec | None = Field(default=None, description="Custom transformer by shape.")
+    params: float | None = Field(default=None, gt=0, description="Custom: trainable parameters.")
+    flops_per_sample: float | None = Field(default=None, gt=0, description="Custom: training FLOPs per sample.")
+    activation_bytes_per_sample: float | None = Field(
+        default=None, gt=0, description="Custom: 16-bit activation bytes kept per sample; estimated when omitted."
+    )
+    family: Literal["cnn", "cnn-light", "detection", "transformer", "rnn"] = Field(
+        default="transformer", description="Custom: workload family (selects the fitted efficiencies)."
+    )
+    unit: str = Field(default="samples", max_length=32, description="Custom: what one sample is (images, sequences).")
+    optimizer: Literal["adam", "sgd"] | None = Field(default=None, description="Optimizer (memory for its state).")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> WorkloadSpec:
+        kinds = [self.model is not None, self.transformer is not None, self.params is not None]
+        if sum(kinds) != 1:
+            raise ValueError("workload: give exactly one of model, transformer, or params + flopsPerSample")
+        if self.params is not None and self.flops_per_sample is None:
+            raise ValueError("workload: a custom workload with params also needs flopsPerSample")
+        return self
+
+
+class TrainingAmount(Model):
+    """How much training: exactly one of samples, epochs (with samplesPerEpoch for custom data) or steps."""
+
+    samples: float | None = Field(default=None, gt=0, description="Total training samples.")
+    epochs: float | None = Field(default=None, gt=0, description="Epochs over the dataset.")
+    samples_per_epoch: int | None = Field(default=None, gt=0, description="Dataset size; named workloads know theirs.")
+    steps: int | None = Field(default=None, gt=0, description="Optimizer steps at the global batch.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TrainingAmount:
+        if sum(x is not None for x in (self.samples, self.epochs, self.steps)) != 1:
+            raise ValueError("training: give exactly one of samples, epochs or steps")
+        return self
+
+
+class Constraints(Model):
+    """The user's own limits on how the job may run (policies can narrow them further)."""
+
+    gpu_types: list[str] = Field(default_factory=list, description="Allowed GPU types (ids or aliases); empty = any.")
+    instance_types: list[str] = Field(default_factory=list, description="Allowed instance types; empty = any.")
+    providers: list[Literal["aws", "gcp", "azure"]] = Field(default_factory=list, description="Allowed clouds.")
+    regions: list[str] = Field(default_factory=list, description="Allowed regions; empty = any.")
+    min_gpus: int = Field(default=1, ge=1, le=4096, description="Fewest GPUs to use.")
+    max_gpus: int | None = Field(default=None, ge=1, le=4096, description="Most GPUs to use.")
+    max_nodes: int | None = Field(default=None, ge=1, le=1024, description="Most nodes to use.")
+    precisions: list[PrecisionName] = Field(
+        default_factory=list, description="Precisions to consider; empty = fp32 and amp (and fp8 where supported)."
+    )
+    spot: SpotPolicy = Field(default=SpotPolicy.ALLOWED, description="Use spot capacity: never, allowed, preferred.")
+    max_deadline_risk: float = Field(
+        default=0.05, ge=0, le=1, description="Highest acceptable probability of missing the deadline."
+    )
+
+
+class CheckpointSpec(Model):
+    """Checkpointing: where, how often (Young/Daly optimum when omitted), how long it takes."""
+
+    dir: str = Field(default="/checkpoints", description="Checkpoint directory inside the workers.")
+    interval_seconds: int | None = Field(default=None, ge=10, le=86400, description="Fixed interval; auto if omitted.")
+    write_seconds: float | None = Field(default=None, gt=0, description="Time to write one; estimated if omitted.")
+    restart_seconds: float = Field(default=300, ge=0, description="Time to get replacement capacity and restart.")
+    keep: int = Field(default=3, ge=1, le=100, description="Checkpoints kept.")
+
+
+def parse_duration(text: str) -> timedelta:
+    """'36h', '2d', '90m', '1d12h' -> timedelta.
+
+    Raises:
+        ValueError: not of that form.
+    """
+    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*", text)
+    if not parts or not any(parts.groups()):
+        raise ValueError(f"duration {text!r}: use days/hours/minutes like '36h', '2d', '1d12h', '90m'")
+    d, h, m = (float(g) if g else 0.0 for g in parts.groups())
+    return timedelta(days=d, hours=h, minutes=m)
+
+
+class TrainingJobSpec(Model):
+    """The desired state of a TrainingJob."""
+
+    workload: WorkloadSpec = Field(description="What is trained.")
+    global_batch: int = Field(ge=1, le=100_000_000, description="Global batch in samples; kept exactly.")
+    training: TrainingAmount = Field(description="How much training.")
+    deadline: datetime | None = Field(default=None, description="Finish by this time (RFC 3339).")
+    max_duration: str | None = Field(
+        default=None, pattern=r"^\s*(\d+(\.\d+)?d)?\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*$",
+        description="Finish within this long of submission, e.g. 36h, 2d.",
+    )
+    budget_usd: float | None = Field(default=None, gt=0, description="Spend at most this many US dollars.")
+    objective: Objective = Field(default=Objective.CHEAPEST, description="cheapest (within deadline) or fastest (within budget).")
+    constraints: Constraints = Field(default_factory=Constraints, description="Limits on how it may run.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint settings.")
+    suspend: bool = Field(default=False, description="Plan only; provision nothing until set to false.")
+    template: dict[str, Any] | None = Field(
+        default=None, description="Worker pod template (a core/v1 PodTemplateSpec): image, command, env, volumes."
+    )
+
+    @field_validator("max_duration")
+    @classmethod
+    def _duration(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    @model_validator(mode="after")
+    def _objective_needs(self) -> TrainingJobSpec:
+        if self.objective is Objective.FASTEST and self.budget_usd is None:
+            raise ValueError("objective fastest needs budgetUsd (the fastest plan within what budget?)")
+        return self
+
+    def deadline_hours(self, now: datetime | None = None) -> float | None:
+        """Hours from ``now`` to the effective deadline (the earlier of deadline and maxDuration)."""
+        now = now or datetime.now(UTC)
+        limits = []
+        if self.deadline is not None:
+            dl = self.deadline if self.deadline.tzinfo else self.deadline.replace(tzinfo=UTC)
+            limits.append((dl - now).total_seconds() / 3600)
+        if self.max_duration is not None:
+            limits.append(parse_duration(self.max_duration).total_seconds() / 3600)
+        return min(limits) if limits else None
+
+
+class ObjectMeta(Model):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+    name: str = "trainingjob"
+    namespace: str | None = None
+
+
+class TrainingJob(Model):
+    """A whole TrainingJob document, as in ``examples/trainingjob.yaml``."""
+
+    api_version: Literal["gpuscaler.io/v1alpha1"] = "gpuscaler.io/v1alpha1"
+    kind: Literal["TrainingJob"] = "TrainingJob"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: TrainingJobSpec

@@ -1,0 +1,109 @@
+"""Turn a TrainingJob spec into what the planner computes with: a workload profile and an amount.
+
+Named workloads come from the catalog; custom ones are built from a transformer shape or from
+parameters and FLOPs per sample (activations estimated when not given).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpuscaler.api import TrainingJobSpec, WorkloadSpec
+from gpuscaler.catalog import Catalog, Workload
+from gpuscaler.catalog.workloads import TransformerShape
+
+CUSTOM_ACTIVATION_BYTES_PER_PARAM = 0.5
+"""Custom workloads without activation bytes: 16-bit activations per sample of about 0.5 byte per
+parameter (assumption; ResNet-50's 45 MB/image over 25.6M parameters is 1.8, BERT-large seq128's
+142 MB/sequence over 333M is 0.43), stated so a user can override it."""
+
+
+class JobError(ValueError):
+    """The job spec cannot be planned as written (the message says what to change)."""
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    """The job in the planner's terms."""
+
+    name: str
+    workload: Workload
+    global_batch: int
+    total_samples: float
+    steps: int
+    deadline_h: float | None
+    budget_usd: float | None
+
+
+def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
+    """The workload profile a spec describes.
+
+    Raises:
+        UnknownIdError: a named workload is not in the catalog (with close matches).
+    """
+    if spec.model is not None:
+        w = catalog.workload(spec.model)
+        if spec.optimizer and spec.optimizer != w.optimizer:
+            from dataclasses import replace
+
+            w = replace(w, optimizer=spec.optimizer)
+        return w
+    if spec.transformer is not None:
+        t = spec.transformer
+        shape = TransformerShape(t.layers, t.hidden, t.heads, t.seq_len, t.vocab, t.ffn, t.gated, t.head, t.flash_attention)
+        return Workload(
+            id=f"custom-transformer-{t.layers}x{t.hidden}",
+            family="transformer",
+            unit="sequences",
+            params=shape.params,
+            flops_per_sample=shape.train_flops_per_sequence(),
+            activation_bytes_per_sample=shape.activation_bytes_per_sequence(),
+            seq_len=t.seq_len,
+            layers=t.layers,
+            hidden=t.hidden,
+            heads=t.heads,
+            vocab=t.vocab,
+            optimizer=spec.optimizer or "adam",
+            source="custom transformer shape",
+            shape=shape,
+        )
+    assert spec.params is not None and spec.flops_per_sample is not None
+    return Workload(
+        id="custom",
+        family=spec.family,
+        unit=spec.unit,
+        params=spec.params,
+        flops_per_sample=spec.flops_per_sample,
+        activation_bytes_per_sample=spec.activation_bytes_per_sample or spec.params * CUSTOM_ACTIVATION_BYTES_PER_PARAM,
+        optimizer=spec.optimizer or "adam",
+        source="custom parameters and FLOPs",
+    )
+
+
+def resolve(spec: TrainingJobSpec, catalog: Catalog, name: str = "trainingjob", deadline_h: float | None = None) -> ResolvedJob:
+    """Workload, samples, steps, deadline and budget of a spec.
+
+    Raises:
+        JobError: epochs without a dataset size, or a deadline already past.
+        UnknownIdError: unknown named workload.
+    """
+    workload = resolve_workload(spec.workload, catalog)
+    t = spec.training
+    if t.samples is not None:
+        samples = t.samples
+    elif t.steps is not None:
+        samples = float(t.steps * spec.global_batch)
+    else:
+        per_epoch = t.samples_per_epoch or workload.samples_per_epoch
+        if per_epoch is None:
+            raise JobError(
+                f"training.epochs: workload {workload.id} has no known dataset size; "
+                "add training.samplesPerEpoch or give training.samples"
+            )
+        samples = (t.epochs or 0) * per_epoch
+    steps = max(1, math.ceil(samples / spec.global_batch))
+    dl = deadline_h if deadline_h is not None else spec.deadline_hours()
+    if dl is not None and dl <= 0:
+        raise JobError(f"deadline is {-dl:.1f} h in the past; move spec.deadline or use spec.maxDuration")
+    return ResolvedJob(name, workload, spec.global_batch, samples, steps, dl, spec.budget_usd)
