@@ -106,10 +106,14 @@ class Binaries:
     extra_path: tuple[Path, ...] = field(default=())
 
     def path_env(self, base: str | None = None) -> str:
-        """A ``PATH`` value with helm/kubectl/kwok directories in front of ``base``."""
+        """A ``PATH`` value with the helm/kubectl/kwok directories in front of ``base``.
+
+        Directories already on the current ``PATH`` (e.g. ``/usr/bin`` for kubectl) are not added.
+        """
+        on_path = set(os.environ.get("PATH", "").split(os.pathsep))
         dirs: list[str] = []
         for p in (self.helm, self.kubectl, self.kwok, *self.extra_path):
-            if p is not None and str(p.parent) not in dirs:
+            if p is not None and str(p.parent) not in dirs and str(p.parent) not in on_path:
                 dirs.append(str(p.parent))
         rest = base if base is not None else os.environ.get("PATH", "")
         return os.pathsep.join([*dirs, rest]) if rest else os.pathsep.join(dirs)

@@ -60,19 +60,28 @@ def _path_prefix(b: buildmod.Binaries) -> str:
     return b.path_env(base="")
 
 
+def _make_pools(c: clustermod.Cluster, pools: list[tuple[str, str, int]], capacity_type: str) -> None:
+    if not pools:
+        return
+    from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
+
+    api = c.api_client()
+    for pool, itype, count in pools:
+        made = create_node_pool(api, pool, itype, count, capacity_type=capacity_type)
+        wait_nodes_ready(api, made.node_names)
+        _log(f"node pool {pool}: {count} x {itype} ({capacity_type}) Ready")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """Start a cluster; in the foreground until Ctrl-C, or ``--detach``ed."""
     b = _binaries(args)
     c = clustermod.Cluster(b, name=args.name, detach=args.detach, log=_log)
     c.start(timeout=args.timeout)
-    if args.pool:
-        from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
-
-        api = c.api_client()
-        for pool, itype, count in args.pool:
-            made = create_node_pool(api, pool, itype, count, capacity_type=args.capacity_type)
-            wait_nodes_ready(api, made.node_names)
-            _log(f"node pool {pool}: {count} x {itype} ({args.capacity_type}) Ready")
+    try:
+        _make_pools(c, args.pool, args.capacity_type)
+    except BaseException:
+        c.stop()
+        raise
     for line in _env_lines(str(c.kubeconfig), _path_prefix(b)):
         print(line, flush=True)
     if args.detach:

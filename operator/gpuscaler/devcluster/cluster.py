@@ -346,6 +346,8 @@ class Cluster:
                 self.state_file.unlink()
                 with contextlib.suppress(FileNotFoundError):
                     self.kubeconfig.unlink()
+        with contextlib.suppress(OSError):
+            self.state_dir.rmdir()  # only if empty
         if self.data_dir is not None and not self.keep_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -551,7 +553,7 @@ class Cluster:
             ],
         )
         kwok_cfg = d / "kwok.yaml"
-        kwok_cfg.write_text(stages.kwok_config(server_address=f"127.0.0.1:{p['kwok']}", cidr=POD_CIDR))
+        kwok_cfg.write_text(stages.kwok_config())
         self._spawn(
             "kwok",
             [
@@ -562,6 +564,7 @@ class Cluster:
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
                 f"--server-address=127.0.0.1:{p['kwok']}",
                 f"--cidr={POD_CIDR}",
+                "--node-lease-duration-seconds=40",
             ],
         )
         insecure = _insecure_ctx()
@@ -607,6 +610,8 @@ def down(name: str = "default", root: Path | None = None, log: Log = _stderr) ->
     terminate(st.pids, st.executables)
     state_file.unlink(missing_ok=True)
     Path(st.kubeconfig).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        state_file.parent.rmdir()  # only if empty
     if st.data_dir and Path(st.data_dir).name.startswith("gpuscaler-devcluster-"):
         shutil.rmtree(st.data_dir, ignore_errors=True)
     return True

@@ -172,12 +172,9 @@ def node_manifest(
             "annotations": ann,
         },
         "spec": {"providerID": f"kwok://{name}", "taints": node_taints},
-        # Nodes may carry status on create (kubelets register that way); kwok keeps these values.
-        "status": {
-            "capacity": capacity,
-            "allocatable": allocatable,
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
-        },
+        # Nodes may carry status on create (kubelets register that way); kwok keeps these values
+        # and fills in conditions, addresses and nodeInfo.
+        "status": {"capacity": capacity, "allocatable": allocatable},
     }
 
 

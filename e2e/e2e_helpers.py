@@ -1,0 +1,90 @@
+"""Small helpers shared by the e2e tests: polling and pod/Job manifests for fake GPU nodes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gpuscaler.devcluster.build import Binaries
+from gpuscaler.devcluster.cluster import Cluster
+from gpuscaler.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, INSTANCE_TYPE_LABEL
+
+T = TypeVar("T")
+
+
+@dataclass
+class E2ECluster:
+    """What tests get: a kubeconfig, an API client, and env for kubectl/helm subprocesses."""
+
+    kubeconfig: Path
+    api: Any
+    env: dict[str, str]
+    binaries: Binaries | None
+    cluster: Cluster | None = None
+    """The cluster this session started, None when reusing ``GPUSCALER_E2E_KUBECONFIG``."""
+    startup_seconds: dict[str, float] = field(default_factory=dict)
+
+
+GPU_TOLERATION: dict[str, str] = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.2, what: str = "condition"
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; return that, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def gpu_pod_spec(
+    gpus: int,
+    *,
+    instance_type: str | None = None,
+    tolerate_gpu_taint: bool = True,
+    restart_policy: str = "Never",
+    node_selector: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod spec with one container asking for ``gpus`` GPUs (kwok never runs the image)."""
+    selector = dict(node_selector or {})
+    if instance_type:
+        selector[INSTANCE_TYPE_LABEL] = instance_type
+    spec: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "containers": [
+            {
+                "name": "train",
+                "image": "registry.invalid/gpuscaler/trainer:e2e",
+                "resources": {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {"cpu": "1", "memory": "1Gi"}},
+            }
+        ],
+    }
+    if selector:
+        spec["nodeSelector"] = selector
+    if tolerate_gpu_taint:
+        spec["tolerations"] = [GPU_TOLERATION]
+    return spec
+
+
+def gpu_pod(name: str, gpus: int, **kwargs: Any) -> dict[str, Any]:
+    """A bare Pod manifest (see :func:`gpu_pod_spec`)."""
+    spec = gpu_pod_spec(gpus, **kwargs)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def condition(obj: Any, ctype: str) -> Any:
+    """The condition of type ``ctype`` in ``obj.status.conditions``, or None."""
+    for c in (obj.status.conditions or []) if obj.status else []:
+        if c.type == ctype:
+            return c
+    return None
