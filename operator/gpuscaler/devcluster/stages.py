@@ -1,4 +1,3 @@
-# ruff: noqa: E501
 """Stages for kwok: how fake nodes and pods change state (kwok 0.8 needs them given explicitly).
 
 Copied from kwok's ``kustomize/stage`` (v0.8.0): ``node/fast`` (node-initialize),
