@@ -53,8 +53,10 @@ def unpack(x: np.ndarray, families: list[str], frameworks: list[str], workloads:
     overlap = float(1 / (1 + math.exp(-x[i])))
     sync = float(math.exp(x[i + 1]))
     fams["default"] = FamilyParams(
-        *(float(np.exp(np.mean([math.log(getattr(fams[f], a)) for f in families])))
-          for a in ("tensor_efficiency", "simt_efficiency", "memory_traffic", "step_overhead_s"))
+        *(
+            float(np.exp(np.mean([math.log(getattr(fams[f], a)) for f in families])))
+            for a in ("tensor_efficiency", "simt_efficiency", "memory_traffic", "step_overhead_s")
+        )
     )
     return FittedParams(fams, ws, fw, overlap, sync)
 
@@ -82,7 +84,10 @@ def main() -> int:
         prior = math.sqrt(REG) * x[w_offset : w_offset + len(workloads)]
         return np.concatenate([data, prior])
 
-    print(f"fitting {len(x0)} parameters on {len(rows)} rows ({sum(skipped.values())} skipped)...", file=sys.stderr)
+    print(
+        f"fitting {len(x0)} parameters on {len(rows)} rows ({sum(skipped.values())} skipped)...",
+        file=sys.stderr,
+    )
     lo, hi = [], []
     for _ in families:  # efficiencies in (0, 1], DRAM traffic 0.1-50 x, overhead 10 us - 0.5 s
         lo += [math.log(0.01), math.log(0.01), math.log(0.1), math.log(1e-5)]
@@ -108,15 +113,16 @@ def main() -> int:
         old = OUT.read_text() if OUT.exists() else ""
         same = json.loads(old) if old else None
         if same is None or any(
-            not math.isclose(a, b, rel_tol=1e-3)
-            for a, b in zip(_numbers(same), _numbers(out), strict=False)
+            not math.isclose(a, b, rel_tol=1e-3) for a, b in zip(_numbers(same), _numbers(out), strict=False)
         ):
             print("fitted.json is out of date: run scripts/calibrate.py", file=sys.stderr)
             return 1
         print("fitted.json is up to date")
         return 0
     OUT.write_text(text)
-    print(f"wrote {OUT}: MAPE {rep.overall.mape:.1f}%, median {rep.overall.median:.1f}% over {len(rows)} rows")
+    print(
+        f"wrote {OUT}: MAPE {rep.overall.mape:.1f}%, median {rep.overall.median:.1f}% over {len(rows)} rows"
+    )
     return 0
 
 

@@ -112,7 +112,12 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
         "why": result.why,
         "pareto": [c.to_dict() for c in result.pareto],
         "rejected": [
-            {"instanceType": r.instance, "capacityType": r.capacity, "category": r.category, "reason": r.reason}
+            {
+                "instanceType": r.instance,
+                "capacityType": r.capacity,
+                "category": r.category,
+                "reason": r.reason,
+            }
             for r in result.rejected
         ],
         "hints": result.hints,
@@ -165,7 +170,11 @@ def render_plan(result: PlanResult) -> str:
         for h in result.hints:
             out.append(f"  - {h}")
     out.append("")
-    title = "Cost vs time (Pareto front of feasible plans)" if result.feasible else "Cost vs time (all plans that fit)"
+    title = (
+        "Cost vs time (Pareto front of feasible plans)"
+        if result.feasible
+        else "Cost vs time (all plans that fit)"
+    )
     out.append(title + ":")
     rows = []
     for p in result.pareto[:15]:
@@ -182,7 +191,9 @@ def render_plan(result: PlanResult) -> str:
             ]
         )
     out.append(
-        _table(["", "plan", "micro x K", f"{job.workload.unit}/s", "GB/GPU", "hours", "cost", "P(miss)"], rows)
+        _table(
+            ["", "plan", "micro x K", f"{job.workload.unit}/s", "GB/GPU", "hours", "cost", "P(miss)"], rows
+        )
     )
     if result.rejected:
         out.append("")
@@ -194,7 +205,9 @@ def render_plan(result: PlanResult) -> str:
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             out.append(f"  [{category}] {shown}: {reason}")
     out.append("")
-    out.append(f"{result.candidates_evaluated} configurations evaluated in {result.planning_seconds * 1000:.0f} ms")
+    out.append(
+        f"{result.candidates_evaluated} configurations evaluated in {result.planning_seconds * 1000:.0f} ms"
+    )
     return "\n".join(out)
 
 
@@ -209,13 +222,29 @@ def plot_plan(result: PlanResult, path: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for cap, marker in (("on-demand", "o"), ("spot", "^")):
         sel = [p for p in pts if p.capacity.value == cap]
-        ax.scatter([p.expected_hours for p in sel], [p.expected_cost_usd for p in sel], marker=marker, alpha=0.4,
-                   label=cap)
-    ax.plot([p.expected_hours for p in result.pareto], [p.expected_cost_usd for p in result.pareto], "k--",
-            label="Pareto front")
+        ax.scatter(
+            [p.expected_hours for p in sel],
+            [p.expected_cost_usd for p in sel],
+            marker=marker,
+            alpha=0.4,
+            label=cap,
+        )
+    ax.plot(
+        [p.expected_hours for p in result.pareto],
+        [p.expected_cost_usd for p in result.pareto],
+        "k--",
+        label="Pareto front",
+    )
     if result.chosen:
-        ax.scatter([result.chosen.expected_hours], [result.chosen.expected_cost_usd], s=200, facecolors="none",
-                   edgecolors="red", linewidths=2, label=f"chosen: {result.chosen.label}")
+        ax.scatter(
+            [result.chosen.expected_hours],
+            [result.chosen.expected_cost_usd],
+            s=200,
+            facecolors="none",
+            edgecolors="red",
+            linewidths=2,
+            label=f"chosen: {result.chosen.label}",
+        )
     if result.job.deadline_h:
         ax.axvline(result.job.deadline_h, color="grey", linestyle=":", label="deadline")
     if result.job.budget_usd:
@@ -259,10 +288,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.nodes > 1 and network is None:
         same = [i for i in cat.instances if i.gpu_id == gpu.id and i.gpu_count == per_node]
         if not same:
-            raise UsageError(f"--nodes {args.nodes}: give --network-gbps (no catalog instance has {per_node} x {gpu.id})")
+            raise UsageError(
+                f"--nodes {args.nodes}: give --network-gbps (no catalog instance has {per_node} x {gpu.id})"
+            )
         network = max(i.network_gbps for i in same)
-    batch = args.batch_per_gpu or _default_batch(workload, gpu, Precision(args.precision), args.accumulation,
-                                                 per_node, args.nodes)
+    batch = args.batch_per_gpu or _default_batch(
+        workload, gpu, Precision(args.precision), args.accumulation, per_node, args.nodes
+    )
     cfg = ParallelConfig(
         micro_batch=batch,
         precision=Precision(args.precision),
@@ -321,15 +353,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_batch(workload: Any, gpu: Any, precision: Precision, accumulation: int, per_node: int, nodes: int) -> int:
+def _default_batch(
+    workload: Any, gpu: Any, precision: Precision, accumulation: int, per_node: int, nodes: int
+) -> int:
     """Largest power-of-two micro-batch up to 256 that fits, for estimates without --batch-per-gpu."""
     from gpuscaler.perfmodel import memory_per_gpu
 
     best = 1
     b = 1
     while b <= 256:
-        cfg = ParallelConfig(micro_batch=b, precision=precision, gpus_per_node=per_node, nodes=nodes,
-                             accumulation=accumulation)
+        cfg = ParallelConfig(
+            micro_batch=b, precision=precision, gpus_per_node=per_node, nodes=nodes, accumulation=accumulation
+        )
         if memory_per_gpu(workload, gpu, cfg).fits:
             best = b
         b *= 2
@@ -345,33 +380,66 @@ def cmd_validate(args: argparse.Namespace) -> int:
     rep = calibration.report()
     meta = fitted().meta
     if args.json:
+
         def s(x: calibration.ErrorStats) -> dict[str, float]:
             return {"n": x.n, "mape_pct": round(x.mape, 2), "median_ape_pct": round(x.median, 2)}
 
-        print(json.dumps({
-            "overall": s(rep.overall),
-            "by": {d: {k: s(v) for k, v in g.items()} for d, g in rep.by.items()},
-            "relative": {"gpu_speed_ratio": s(rep.gpu_ratio), "amp_speedup": s(rep.amp_speedup),
-                         "scaling_efficiency": s(rep.scaling)},
-            "skipped": rep.skipped,
-            "calibration": meta,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "overall": s(rep.overall),
+                    "by": {d: {k: s(v) for k, v in g.items()} for d, g in rep.by.items()},
+                    "relative": {
+                        "gpu_speed_ratio": s(rep.gpu_ratio),
+                        "amp_speedup": s(rep.amp_speedup),
+                        "scaling_efficiency": s(rep.scaling),
+                    },
+                    "skipped": rep.skipped,
+                    "calibration": meta,
+                },
+                indent=2,
+            )
+        )
         return 0
     print("Fit error of the performance model on the rows it was calibrated on")
     print("(NVIDIA DeepLearningExamples tables; in-sample, so an optimistic bound on accuracy).")
-    print(f"\nOverall: {rep.overall.n} rows, MAPE {rep.overall.mape:.1f}%, median error {rep.overall.median:.1f}%\n")
+    print(
+        f"\nOverall: {rep.overall.n} rows, MAPE {rep.overall.mape:.1f}%, median error {rep.overall.median:.1f}%\n"
+    )
     print("Relative errors (what the planner's choices hinge on):")
-    print(_table(["quantity", "pairs", "MAPE %", "median %"], [
-        ["GPU speed ratio (A100 vs V100, same run)", rep.gpu_ratio.n, f"{rep.gpu_ratio.mape:.1f}",
-         f"{rep.gpu_ratio.median:.1f}"],
-        ["mixed-precision speedup (same GPU)", rep.amp_speedup.n, f"{rep.amp_speedup.mape:.1f}",
-         f"{rep.amp_speedup.median:.1f}"],
-        ["multi-GPU scaling (n GPUs vs 1)", rep.scaling.n, f"{rep.scaling.mape:.1f}", f"{rep.scaling.median:.1f}"],
-    ]))
+    print(
+        _table(
+            ["quantity", "pairs", "MAPE %", "median %"],
+            [
+                [
+                    "GPU speed ratio (A100 vs V100, same run)",
+                    rep.gpu_ratio.n,
+                    f"{rep.gpu_ratio.mape:.1f}",
+                    f"{rep.gpu_ratio.median:.1f}",
+                ],
+                [
+                    "mixed-precision speedup (same GPU)",
+                    rep.amp_speedup.n,
+                    f"{rep.amp_speedup.mape:.1f}",
+                    f"{rep.amp_speedup.median:.1f}",
+                ],
+                [
+                    "multi-GPU scaling (n GPUs vs 1)",
+                    rep.scaling.n,
+                    f"{rep.scaling.mape:.1f}",
+                    f"{rep.scaling.median:.1f}",
+                ],
+            ],
+        )
+    )
     for dim in ("gpu", "precision", "family", "gpus", "workload", "framework"):
         print(f"\nBy {dim}:")
-        print(_table([dim, "rows", "MAPE %", "median %"],
-                     [[k.strip(), v.n, f"{v.mape:.1f}", f"{v.median:.1f}"] for k, v in rep.by[dim].items()]))
+        print(
+            _table(
+                [dim, "rows", "MAPE %", "median %"],
+                [[k.strip(), v.n, f"{v.mape:.1f}", f"{v.median:.1f}"] for k, v in rep.by[dim].items()],
+            )
+        )
     if rep.skipped:
         print("\nSkipped rows: " + "; ".join(f"{n} {why}" for why, n in rep.skipped.items()))
     return 0
@@ -383,21 +451,74 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_catalog(args: argparse.Namespace) -> int:
     cat = load_catalog()
     if args.what == "gpus":
-        rows: list[list[object]] = [[g.id, g.arch, f"{g.memory_gb:g}", f"{g.mem_bw_gbs:g}", f"{g.fp32_tflops:g}",
-                 f"{g.tf32_tflops or '-'}", f"{g.fp16_tflops:g}", f"{g.fp8_tflops or '-'}", g.intra_link]
-                for g in cat.gpus]
+        rows: list[list[object]] = [
+            [
+                g.id,
+                g.arch,
+                f"{g.memory_gb:g}",
+                f"{g.mem_bw_gbs:g}",
+                f"{g.fp32_tflops:g}",
+                f"{g.tf32_tflops or '-'}",
+                f"{g.fp16_tflops:g}",
+                f"{g.fp8_tflops or '-'}",
+                g.intra_link,
+            ]
+            for g in cat.gpus
+        ]
         print(_table(["gpu", "arch", "GB", "GB/s", "fp32", "tf32", "fp16/bf16", "fp8", "link"], rows))
     elif args.what == "instances":
-        rows = [[i.name, i.provider, i.region, f"{i.gpu_count} x {i.gpu_id}", i.vcpu, f"{i.memory_gib:g}",
-                 f"{i.network_gbps:g}", f"{i.ondemand_usd_hr:.3f}",
-                 f"{i.spot_usd_hr:.3f}" if i.spot_usd_hr else "-", i.interruption_bucket
-                 if i.interruption_bucket is not None else "-", i.price_date] for i in cat.instances]
-        print(_table(["instance", "cloud", "region", "GPUs", "vCPU", "GiB", "Gbps", "$/h", "spot $/h", "bucket",
-                      "prices of"], rows))
+        rows = [
+            [
+                i.name,
+                i.provider,
+                i.region,
+                f"{i.gpu_count} x {i.gpu_id}",
+                i.vcpu,
+                f"{i.memory_gib:g}",
+                f"{i.network_gbps:g}",
+                f"{i.ondemand_usd_hr:.3f}",
+                f"{i.spot_usd_hr:.3f}" if i.spot_usd_hr else "-",
+                i.interruption_bucket if i.interruption_bucket is not None else "-",
+                i.price_date,
+            ]
+            for i in cat.instances
+        ]
+        print(
+            _table(
+                [
+                    "instance",
+                    "cloud",
+                    "region",
+                    "GPUs",
+                    "vCPU",
+                    "GiB",
+                    "Gbps",
+                    "$/h",
+                    "spot $/h",
+                    "bucket",
+                    "prices of",
+                ],
+                rows,
+            )
+        )
     else:
-        rows = [[w.id, w.family, w.unit, f"{w.params / 1e6:,.1f}M", f"{w.flops_per_sample / 1e9:,.2f}",
-                 f"{w.activation_bytes_per_sample / 1e6:,.1f}", w.optimizer] for w in cat.workloads]
-        print(_table(["workload", "family", "unit", "params", "GFLOPs/sample", "act MB/sample", "optimizer"], rows))
+        rows = [
+            [
+                w.id,
+                w.family,
+                w.unit,
+                f"{w.params / 1e6:,.1f}M",
+                f"{w.flops_per_sample / 1e9:,.2f}",
+                f"{w.activation_bytes_per_sample / 1e6:,.1f}",
+                w.optimizer,
+            ]
+            for w in cat.workloads
+        ]
+        print(
+            _table(
+                ["workload", "family", "unit", "params", "GFLOPs/sample", "act MB/sample", "optimizer"], rows
+            )
+        )
     return 0
 
 
@@ -405,7 +526,9 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuscaler", description="Cost-aware GPU autoscaling for deep-learning training.")
+    p = argparse.ArgumentParser(
+        prog="gpuscaler", description="Cost-aware GPU autoscaling for deep-learning training."
+    )
     p.add_argument("--version", action="version", version=f"gpuscaler {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -422,7 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--gpus", type=int, default=1, help="total GPUs (default 1)")
     se.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are spread over (default 1)")
     se.add_argument("--precision", choices=[x.value for x in Precision], default="amp")
-    se.add_argument("--batch-per-gpu", type=int, help="micro-batch per GPU (default: largest power of 2 that fits)")
+    se.add_argument(
+        "--batch-per-gpu", type=int, help="micro-batch per GPU (default: largest power of 2 that fits)"
+    )
     se.add_argument("--accumulation", type=int, default=1, help="gradient accumulation steps")
     se.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=0)
     se.add_argument("--activation-checkpointing", action="store_true")

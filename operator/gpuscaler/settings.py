@@ -16,25 +16,56 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUSCALER_", extra="ignore")
 
     # --- Node pools
-    provider_name: str = Field(default="kwok", description="Node-pool provider: kwok, static (later eks, gke, karpenter, clusterapi).")
-    kwok_provisioning_delay_s: float = Field(default=2.0, ge=0, description="Seconds the kwok provider waits before a fake node appears.")
-    gang_timeout_s: float = Field(default=600.0, gt=0, description="Seconds to wait for all planned nodes before releasing them and re-planning.")
-    capacity_backoff_s: float = Field(default=900.0, ge=0, description="Seconds an offering that ran short of capacity is left out of plans.")
-    gpu_toleration_key: str = Field(default="nvidia.com/gpu", description="Taint key of GPU nodes that workers tolerate.")
+    provider_name: str = Field(
+        default="kwok",
+        description="Node-pool provider: kwok, static (later eks, gke, karpenter, clusterapi).",
+    )
+    kwok_provisioning_delay_s: float = Field(
+        default=2.0, ge=0, description="Seconds the kwok provider waits before a fake node appears."
+    )
+    gang_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds to wait for all planned nodes before releasing them and re-planning.",
+    )
+    capacity_backoff_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="Seconds an offering that ran short of capacity is left out of plans.",
+    )
+    gpu_toleration_key: str = Field(
+        default="nvidia.com/gpu", description="Taint key of GPU nodes that workers tolerate."
+    )
 
     # --- Policies and prices
-    policy_file: str | None = Field(default=None, description="Cluster-wide policy YAML (a mounted ConfigMap); none = no restrictions.")
-    watch_policies: bool = Field(default=True, description="Also apply GPUScalingPolicy resources (cluster-wide and per namespace).")
+    policy_file: str | None = Field(
+        default=None, description="Cluster-wide policy YAML (a mounted ConfigMap); none = no restrictions."
+    )
+    watch_policies: bool = Field(
+        default=True, description="Also apply GPUScalingPolicy resources (cluster-wide and per namespace)."
+    )
 
     # --- Workers
-    backoff_limit: int = Field(default=3, ge=0, description="Worker failures retried before the job is Failed.")
-    default_image: str = Field(default="python:3.11-slim", description="Worker image when the job's template gives none.")
+    backoff_limit: int = Field(
+        default=3, ge=0, description="Worker failures retried before the job is Failed."
+    )
+    default_image: str = Field(
+        default="python:3.11-slim", description="Worker image when the job's template gives none."
+    )
 
     # --- Observability
-    metrics_port: int = Field(default=9090, ge=0, le=65535, description="Port of the operator's Prometheus metrics (0 = off).")
+    metrics_port: int = Field(
+        default=9090, ge=0, le=65535, description="Port of the operator's Prometheus metrics (0 = off)."
+    )
     health_port: int = Field(default=8080, ge=0, le=65535, description="Port of kopf's liveness endpoint.")
-    prometheus_url: str | None = Field(default=None, description="Cluster Prometheus for observed GPU metrics (none = off).")
+    prometheus_url: str | None = Field(
+        default=None, description="Cluster Prometheus for observed GPU metrics (none = off)."
+    )
 
     # --- Scope
-    namespace: str | None = Field(default=None, description="Watch only this namespace (namespaced mode); all when unset.")
-    peering: str = Field(default="gpuscaler", description="kopf peering object name, for safe failover between replicas.")
+    namespace: str | None = Field(
+        default=None, description="Watch only this namespace (namespaced mode); all when unset."
+    )
+    peering: str = Field(
+        default="gpuscaler", description="kopf peering object name, for safe failover between replicas."
+    )

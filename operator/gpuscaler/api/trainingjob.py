@@ -58,27 +58,43 @@ class TransformerSpec(Model):
     heads: int = Field(ge=1, le=1024, description="Attention heads.")
     seq_len: int = Field(ge=1, le=1_048_576, description="Tokens per sequence (one sample).")
     vocab: int = Field(ge=1, le=10_000_000, description="Vocabulary size.")
-    ffn: int | None = Field(default=None, ge=1, description="Feed-forward inner size; 4 x hidden when omitted.")
+    ffn: int | None = Field(
+        default=None, ge=1, description="Feed-forward inner size; 4 x hidden when omitted."
+    )
     gated: bool = Field(default=False, description="SwiGLU-style gated feed-forward (3 matrices).")
-    head: Literal["lm", "mlm", "none"] = Field(default="lm", description="Output head: causal LM, masked LM, none.")
-    flash_attention: bool = Field(default=True, description="Memory-efficient attention (no s^2 activations).")
+    head: Literal["lm", "mlm", "none"] = Field(
+        default="lm", description="Output head: causal LM, masked LM, none."
+    )
+    flash_attention: bool = Field(
+        default=True, description="Memory-efficient attention (no s^2 activations)."
+    )
 
 
 class WorkloadSpec(Model):
     """What is trained: a named profile (``gpuscaler catalog workloads``) or a custom workload."""
 
-    model: str | None = Field(default=None, description="Named workload, e.g. resnet50, bert-large-squad, llama-7b.")
+    model: str | None = Field(
+        default=None, description="Named workload, e.g. resnet50, bert-large-squad, llama-7b."
+    )
     transformer: TransformerSpec | None = Field(default=None, description="Custom transformer by shape.")
     params: float | None = Field(default=None, gt=0, description="Custom: trainable parameters.")
-    flops_per_sample: float | None = Field(default=None, gt=0, description="Custom: training FLOPs per sample.")
+    flops_per_sample: float | None = Field(
+        default=None, gt=0, description="Custom: training FLOPs per sample."
+    )
     activation_bytes_per_sample: float | None = Field(
-        default=None, gt=0, description="Custom: 16-bit activation bytes kept per sample; estimated when omitted."
+        default=None,
+        gt=0,
+        description="Custom: 16-bit activation bytes kept per sample; estimated when omitted.",
     )
     family: Literal["cnn", "cnn-light", "detection", "transformer", "rnn"] = Field(
         default="transformer", description="Custom: workload family (selects the fitted efficiencies)."
     )
-    unit: str = Field(default="samples", max_length=32, description="Custom: what one sample is (images, sequences).")
-    optimizer: Literal["adam", "sgd"] | None = Field(default=None, description="Optimizer (memory for its state).")
+    unit: str = Field(
+        default="samples", max_length=32, description="Custom: what one sample is (images, sequences)."
+    )
+    optimizer: Literal["adam", "sgd"] | None = Field(
+        default=None, description="Optimizer (memory for its state)."
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadSpec:
@@ -95,7 +111,9 @@ class TrainingAmount(Model):
 
     samples: float | None = Field(default=None, gt=0, description="Total training samples.")
     epochs: float | None = Field(default=None, gt=0, description="Epochs over the dataset.")
-    samples_per_epoch: int | None = Field(default=None, gt=0, description="Dataset size; named workloads know theirs.")
+    samples_per_epoch: int | None = Field(
+        default=None, gt=0, description="Dataset size; named workloads know theirs."
+    )
     steps: int | None = Field(default=None, gt=0, description="Optimizer steps at the global batch.")
 
     @model_validator(mode="after")
@@ -108,17 +126,26 @@ class TrainingAmount(Model):
 class Constraints(Model):
     """The user's own limits on how the job may run (policies can narrow them further)."""
 
-    gpu_types: list[str] = Field(default_factory=list, description="Allowed GPU types (ids or aliases); empty = any.")
-    instance_types: list[str] = Field(default_factory=list, description="Allowed instance types; empty = any.")
-    providers: list[Literal["aws", "gcp", "azure"]] = Field(default_factory=list, description="Allowed clouds.")
+    gpu_types: list[str] = Field(
+        default_factory=list, description="Allowed GPU types (ids or aliases); empty = any."
+    )
+    instance_types: list[str] = Field(
+        default_factory=list, description="Allowed instance types; empty = any."
+    )
+    providers: list[Literal["aws", "gcp", "azure"]] = Field(
+        default_factory=list, description="Allowed clouds."
+    )
     regions: list[str] = Field(default_factory=list, description="Allowed regions; empty = any.")
     min_gpus: int = Field(default=1, ge=1, le=4096, description="Fewest GPUs to use.")
     max_gpus: int | None = Field(default=None, ge=1, le=4096, description="Most GPUs to use.")
     max_nodes: int | None = Field(default=None, ge=1, le=1024, description="Most nodes to use.")
     precisions: list[PrecisionName] = Field(
-        default_factory=list, description="Precisions to consider; empty = fp32 and amp (and fp8 where supported)."
+        default_factory=list,
+        description="Precisions to consider; empty = fp32 and amp (and fp8 where supported).",
     )
-    spot: SpotPolicy = Field(default=SpotPolicy.ALLOWED, description="Use spot capacity: never, allowed, preferred.")
+    spot: SpotPolicy = Field(
+        default=SpotPolicy.ALLOWED, description="Use spot capacity: never, allowed, preferred."
+    )
     max_deadline_risk: float = Field(
         default=0.05, ge=0, le=1, description="Highest acceptable probability of missing the deadline."
     )
@@ -128,9 +155,15 @@ class CheckpointSpec(Model):
     """Checkpointing: where, how often (Young/Daly optimum when omitted), how long it takes."""
 
     dir: str = Field(default="/checkpoints", description="Checkpoint directory inside the workers.")
-    interval_seconds: int | None = Field(default=None, ge=10, le=86400, description="Fixed interval; auto if omitted.")
-    write_seconds: float | None = Field(default=None, gt=0, description="Time to write one; estimated if omitted.")
-    restart_seconds: float = Field(default=300, ge=0, description="Time to get replacement capacity and restart.")
+    interval_seconds: int | None = Field(
+        default=None, ge=10, le=86400, description="Fixed interval; auto if omitted."
+    )
+    write_seconds: float | None = Field(
+        default=None, gt=0, description="Time to write one; estimated if omitted."
+    )
+    restart_seconds: float = Field(
+        default=300, ge=0, description="Time to get replacement capacity and restart."
+    )
     keep: int = Field(default=3, ge=1, le=100, description="Checkpoints kept.")
 
 
@@ -155,16 +188,20 @@ class TrainingJobSpec(Model):
     training: TrainingAmount = Field(description="How much training.")
     deadline: datetime | None = Field(default=None, description="Finish by this time (RFC 3339).")
     max_duration: str | None = Field(
-        default=None, pattern=r"^\s*(\d+(\.\d+)?d)?\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*$",
+        default=None,
+        pattern=r"^\s*(\d+(\.\d+)?d)?\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*$",
         description="Finish within this long of submission, e.g. 36h, 2d.",
     )
     budget_usd: float | None = Field(default=None, gt=0, description="Spend at most this many US dollars.")
-    objective: Objective = Field(default=Objective.CHEAPEST, description="cheapest (within deadline) or fastest (within budget).")
+    objective: Objective = Field(
+        default=Objective.CHEAPEST, description="cheapest (within deadline) or fastest (within budget)."
+    )
     constraints: Constraints = Field(default_factory=Constraints, description="Limits on how it may run.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint settings.")
     suspend: bool = Field(default=False, description="Plan only; provision nothing until set to false.")
     template: dict[str, Any] | None = Field(
-        default=None, description="Worker pod template (a core/v1 PodTemplateSpec): image, command, env, volumes."
+        default=None,
+        description="Worker pod template (a core/v1 PodTemplateSpec): image, command, env, volumes.",
     )
 
     @field_validator("max_duration")

@@ -92,7 +92,9 @@ def read_rows(text: str, filename: str) -> list[dict[str, str]]:
     if version != SCHEMA_VERSION:
         raise CatalogError(f"{filename}: schema {version}, this gpuscaler reads {SCHEMA_VERSION}")
     body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-    return [{k: (v or "").strip() for k, v in row.items()} for row in csv.DictReader(io.StringIO("\n".join(body)))]
+    return [
+        {k: (v or "").strip() for k, v in row.items()} for row in csv.DictReader(io.StringIO("\n".join(body)))
+    ]
 
 
 def _opt_float(value: str) -> float | None:
@@ -186,7 +188,9 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
             family=r["family"],
             unit=r["unit"],
             params=float(r["params"]) if r["params"] else shape.params if shape else 0.0,
-            flops_per_sample=float(r["flops_per_sample"]) if shape is None else shape.train_flops_per_sequence(),
+            flops_per_sample=float(r["flops_per_sample"])
+            if shape is None
+            else shape.train_flops_per_sequence(),
             activation_bytes_per_sample=float(r["activation_bytes_per_sample"])
             if shape is None
             else shape.activation_bytes_per_sequence(),

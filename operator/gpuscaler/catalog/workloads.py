@@ -68,7 +68,9 @@ class TransformerShape:
     def forward_flops_per_sequence(self) -> float:
         s, h, layers = self.seq_len, self.hidden, self.layers
         f_head = HEAD_FRACTION[self.head]
-        return 2.0 * self.nonembedding_params * s + 4.0 * layers * s * s * h + 2.0 * s * h * self.vocab * f_head
+        return (
+            2.0 * self.nonembedding_params * s + 4.0 * layers * s * s * h + 2.0 * s * h * self.vocab * f_head
+        )
 
     def train_flops_per_sequence(self) -> float:
         return 3.0 * self.forward_flops_per_sequence()

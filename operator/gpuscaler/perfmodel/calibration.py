@@ -132,8 +132,14 @@ def load_rows(catalog: Catalog | None = None) -> tuple[list[Row], dict[str, int]
             framework=str(r["framework"]).lower(),
         )
         rows.append(
-            Row(wl, cat.gpu(str(r["gpu"])), cfg, float(str(r["throughput"])), str(r["precision"]),
-                str(r["source"]))
+            Row(
+                wl,
+                cat.gpu(str(r["gpu"])),
+                cfg,
+                float(str(r["throughput"])),
+                str(r["precision"]),
+                str(r["source"]),
+            )
         )
     return rows, dict(skipped)
 
@@ -153,12 +159,17 @@ class ErrorStats:
 
 def stats(errors: list[float]) -> ErrorStats:
     absolute = [abs(e) * 100 for e in errors]
-    return ErrorStats(len(absolute), statistics.fmean(absolute) if absolute else math.nan,
-                      statistics.median(absolute) if absolute else math.nan)
+    return ErrorStats(
+        len(absolute),
+        statistics.fmean(absolute) if absolute else math.nan,
+        statistics.median(absolute) if absolute else math.nan,
+    )
 
 
 def _ratio_errors(
-    rows: list[Row], preds: list[float], group: Callable[[Row], tuple[object, ...] | None],
+    rows: list[Row],
+    preds: list[float],
+    group: Callable[[Row], tuple[object, ...] | None],
     pair: Callable[[Row, Row], bool],
 ) -> list[float]:
     """Relative error of predicted vs measured ratio over pairs of rows in the same group."""
@@ -213,18 +224,28 @@ def report(params: FittedParams | None = None, catalog: Catalog | None = None) -
         by[dim] = {k: stats(v) for k, v in sorted(buckets.items())}
 
     gpu_ratio = _ratio_errors(
-        rows, preds,
+        rows,
+        preds,
         lambda r: (r.workload.id, r.cfg.framework, r.precision == "AMP", r.cfg.gpus, r.cfg.accumulation),
         lambda a, b: a.gpu.arch == "ampere" and b.gpu.arch == "volta",
     )
     amp = _ratio_errors(
-        rows, preds,
+        rows,
+        preds,
         lambda r: (r.workload.id, r.cfg.framework, r.gpu.id, r.cfg.gpus),
         lambda a, b: a.precision == "AMP" and b.precision != "AMP",
     )
     scaling = _ratio_errors(
-        rows, preds,
-        lambda r: (r.workload.id, r.cfg.framework, r.gpu.id, r.precision, r.cfg.micro_batch, r.cfg.accumulation),
+        rows,
+        preds,
+        lambda r: (
+            r.workload.id,
+            r.cfg.framework,
+            r.gpu.id,
+            r.precision,
+            r.cfg.micro_batch,
+            r.cfg.accumulation,
+        ),
         lambda a, b: a.cfg.gpus > 1 and b.cfg.gpus == 1,
     )
     return Report(stats(errors), by, stats(gpu_ratio), stats(amp), stats(scaling), skipped)

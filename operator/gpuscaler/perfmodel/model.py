@@ -140,7 +140,9 @@ def hardware_precision(gpu: GPU, precision: Precision) -> tuple[str, float]:
         return "fp32-simt", gpu.fp32_tflops
     if precision is Precision.TF32:
         if gpu.tf32_tflops is None:
-            raise PrecisionUnsupportedError(f"{gpu.id} has no TF32 tensor cores (Ampere or newer has); use fp32 or amp")
+            raise PrecisionUnsupportedError(
+                f"{gpu.id} has no TF32 tensor cores (Ampere or newer has); use fp32 or amp"
+            )
         return "tf32", gpu.tf32_tflops
     if precision is Precision.AMP:
         return ("bf16" if gpu.has_bf16 else "fp16"), gpu.fp16_tflops
@@ -149,7 +151,9 @@ def hardware_precision(gpu: GPU, precision: Precision) -> tuple[str, float]:
             raise PrecisionUnsupportedError(f"{gpu.id} has no bf16 (Ampere or newer has); use amp (fp16)")
         return "bf16", gpu.fp16_tflops
     if gpu.fp8_tflops is None:
-        raise PrecisionUnsupportedError(f"{gpu.id} has no fp8 (Ada, Hopper, Blackwell and MI300X have); use amp")
+        raise PrecisionUnsupportedError(
+            f"{gpu.id} has no fp8 (Ada, Hopper, Blackwell and MI300X have); use amp"
+        )
     return "fp8", gpu.fp8_tflops
 
 
@@ -209,13 +213,17 @@ def allreduce_seconds(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> floa
     m = cfg.nodes
     if m > 1:
         if not cfg.network_gbps:
-            raise ValueError("a multi-node configuration needs the instance's network bandwidth (network_gbps)")
+            raise ValueError(
+                "a multi-node configuration needs the instance's network bandwidth (network_gbps)"
+            )
         bw = cfg.network_gbps / 8.0 * GB * c["network_efficiency"]
         t += volume * (m - 1) / m * grad_bytes / bw + 2 * (m - 1) * c["hop_latency_s"]["inter"]
     return t
 
 
-def _compute_rate(workload: Workload, gpu: GPU, cfg: ParallelConfig, params: FittedParams) -> tuple[str, float]:
+def _compute_rate(
+    workload: Workload, gpu: GPU, cfg: ParallelConfig, params: FittedParams
+) -> tuple[str, float]:
     cc = constants()["compute"]
     fam = params.family(workload.family)
     hw, peak = hardware_precision(gpu, cfg.precision)
@@ -260,8 +268,12 @@ def estimate(
     hw, rate = _compute_rate(workload, gpu, cfg, p)
     scale = p.workload_scale.get(workload.id, 1.0) * p.framework_scale.get(cfg.framework.lower(), 1.0)
 
-    flops = workload.flops_per_sample * (1.0 + cc["recompute_overhead"] if cfg.activation_checkpointing else 1.0)
-    act_bytes = workload.activation_bytes_per_sample * constants()["memory"]["activation_scale"][cfg.precision.value]
+    flops = workload.flops_per_sample * (
+        1.0 + cc["recompute_overhead"] if cfg.activation_checkpointing else 1.0
+    )
+    act_bytes = (
+        workload.activation_bytes_per_sample * constants()["memory"]["activation_scale"][cfg.precision.value]
+    )
     bw = gpu.mem_bw_gbs * GB * cc["memory_bandwidth_efficiency"]
     b, k = cfg.micro_batch, cfg.accumulation
     compute_micro = b * flops / rate / scale

@@ -51,7 +51,9 @@ def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
         return w
     if spec.transformer is not None:
         t = spec.transformer
-        shape = TransformerShape(t.layers, t.hidden, t.heads, t.seq_len, t.vocab, t.ffn, t.gated, t.head, t.flash_attention)
+        shape = TransformerShape(
+            t.layers, t.hidden, t.heads, t.seq_len, t.vocab, t.ffn, t.gated, t.head, t.flash_attention
+        )
         return Workload(
             id=f"custom-transformer-{t.layers}x{t.hidden}",
             family="transformer",
@@ -75,13 +77,16 @@ def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
         unit=spec.unit,
         params=spec.params,
         flops_per_sample=spec.flops_per_sample,
-        activation_bytes_per_sample=spec.activation_bytes_per_sample or spec.params * CUSTOM_ACTIVATION_BYTES_PER_PARAM,
+        activation_bytes_per_sample=spec.activation_bytes_per_sample
+        or spec.params * CUSTOM_ACTIVATION_BYTES_PER_PARAM,
         optimizer=spec.optimizer or "adam",
         source="custom parameters and FLOPs",
     )
 
 
-def resolve(spec: TrainingJobSpec, catalog: Catalog, name: str = "trainingjob", deadline_h: float | None = None) -> ResolvedJob:
+def resolve(
+    spec: TrainingJobSpec, catalog: Catalog, name: str = "trainingjob", deadline_h: float | None = None
+) -> ResolvedJob:
     """Workload, samples, steps, deadline and budget of a spec.
 
     Raises:

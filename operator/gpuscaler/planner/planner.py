@@ -172,7 +172,10 @@ def offerings(
     spot_mode = SpotPolicy(policy.spot.mode) if policy.spot.mode == "never" else c.spot
     for inst in catalog.instances:
         for cap in (CapacityType.ON_DEMAND, CapacityType.SPOT):
-            def reject(category: str, reason: str, inst: InstanceType = inst, cap: CapacityType = cap) -> None:
+
+            def reject(
+                category: str, reason: str, inst: InstanceType = inst, cap: CapacityType = cap
+            ) -> None:
                 rejected.append(Rejection(inst.name, cap.value, category, reason))
 
             price = policy.price(inst, cap)
@@ -196,7 +199,9 @@ def offerings(
                 reject("policy", f"policy {policy.name}: region {inst.region} not allowed")
             elif cap is CapacityType.SPOT and spot_mode is SpotPolicy.NEVER:
                 who = f"policy {policy.name}" if policy.spot.mode == "never" else "constraints.spot"
-                reject("policy" if policy.spot.mode == "never" else "constraint", f"{who}: spot is never used")
+                reject(
+                    "policy" if policy.spot.mode == "never" else "constraint", f"{who}: spot is never used"
+                )
             elif (
                 cap is CapacityType.SPOT
                 and job.deadline_h is not None
@@ -228,7 +233,7 @@ def _precisions(spec: TrainingJobSpec, policy: Policy, workload: Workload) -> li
 
 
 def _divisors_desc(n: int) -> list[int]:
-    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)}, reverse=True)
 
 
@@ -281,35 +286,56 @@ def configure(
 # ----------------------------------------------------------------------------- stage 3: evaluate
 
 
-def checkpoint_write_seconds(workload: Workload, cfg: ParallelConfig, policy: Policy, override: float | None) -> float:
+def checkpoint_write_seconds(
+    workload: Workload, cfg: ParallelConfig, policy: Policy, override: float | None
+) -> float:
     """Seconds to write one checkpoint: fp32 weights + optimizer state, written in parallel by nodes
     when sharded (ZeRO), by one node otherwise."""
     if override is not None:
         return override
     mem = constants()["memory"]
-    per_param = 4 + mem["optimizer_state_bytes"].get(workload.optimizer, 8)
+    per_param = 4.0 + float(mem["optimizer_state_bytes"].get(workload.optimizer, 8))
     writers = cfg.nodes if cfg.zero_stage >= 1 else 1
-    return CHECKPOINT_FIXED_S + workload.params * per_param / (policy.checkpoint_write_gbps / 8 * 1e9 * writers)
+    return CHECKPOINT_FIXED_S + workload.params * per_param / (
+        policy.checkpoint_write_gbps / 8 * 1e9 * writers
+    )
 
 
 def evaluate(
-    job: ResolvedJob, spec: TrainingJobSpec, policy: Policy, inst: InstanceType, cap: CapacityType,
-    price: float, cfg: ParallelConfig, est: Estimate,
+    job: ResolvedJob,
+    spec: TrainingJobSpec,
+    policy: Policy,
+    inst: InstanceType,
+    cap: CapacityType,
+    price: float,
+    cfg: ParallelConfig,
+    est: Estimate,
 ) -> Candidate:
     nodes = cfg.nodes
     work_h = job.total_samples / est.throughput / 3600.0
     write_s = checkpoint_write_seconds(job.workload, cfg, policy, spec.checkpoint.write_seconds)
     rate = hourly_rate(inst.interruption_bucket) * nodes if cap is CapacityType.SPOT else 0.0
     lo, hi = float(policy.min_checkpoint_interval_s), float(policy.max_checkpoint_interval_s)
-    interval = float(spec.checkpoint.interval_seconds) if spec.checkpoint.interval_seconds else optimal_interval_s(
-        write_s, rate, lo, hi
+    interval = (
+        float(spec.checkpoint.interval_seconds)
+        if spec.checkpoint.interval_seconds
+        else optimal_interval_s(write_s, rate, lo, hi)
     )
     out = outlook(work_h, rate, write_s, spec.checkpoint.restart_seconds, STARTUP_S, interval, job.deadline_h)
     return Candidate(
-        instance=inst, nodes=nodes, capacity=cap, precision=cfg.precision, micro_batch=cfg.micro_batch,
-        accumulation=cfg.accumulation, zero_stage=cfg.zero_stage,
-        activation_checkpointing=cfg.activation_checkpointing, estimate=est,
-        usd_per_hour=price * nodes, work_hours=work_h, checkpoint_write_s=write_s, outlook=out,
+        instance=inst,
+        nodes=nodes,
+        capacity=cap,
+        precision=cfg.precision,
+        micro_batch=cfg.micro_batch,
+        accumulation=cfg.accumulation,
+        zero_stage=cfg.zero_stage,
+        activation_checkpointing=cfg.activation_checkpointing,
+        estimate=est,
+        usd_per_hour=price * nodes,
+        work_hours=work_h,
+        checkpoint_write_s=write_s,
+        outlook=out,
     )
 
 
@@ -327,20 +353,37 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
     return front
 
 
-def _violations(c: Candidate, job: ResolvedJob, spec: TrainingJobSpec, policy: Policy) -> list[tuple[str, str]]:
+def _violations(
+    c: Candidate, job: ResolvedJob, spec: TrainingJobSpec, policy: Policy
+) -> list[tuple[str, str]]:
     out = []
     risk = spec.constraints.max_deadline_risk
     if job.deadline_h is not None and c.outlook.deadline_miss_probability > risk:
-        out.append(("deadline", f"misses the {job.deadline_h:.1f} h deadline: expected {c.expected_hours:.1f} h, "
-                                f"P(miss) {c.outlook.deadline_miss_probability:.0%} > {risk:.0%}"))
+        out.append(
+            (
+                "deadline",
+                f"misses the {job.deadline_h:.1f} h deadline: expected {c.expected_hours:.1f} h, "
+                f"P(miss) {c.outlook.deadline_miss_probability:.0%} > {risk:.0%}",
+            )
+        )
     if job.budget_usd is not None and c.expected_cost_usd > job.budget_usd:
         out.append(("budget", f"over budget: ${c.expected_cost_usd:,.0f} > ${job.budget_usd:,.0f}"))
     if policy.max_usd_per_job is not None and c.expected_cost_usd > policy.max_usd_per_job:
-        out.append(("policy", f"policy {policy.name}: maxUsdPerJob ${policy.max_usd_per_job:,.0f} < "
-                              f"${c.expected_cost_usd:,.0f}"))
+        out.append(
+            (
+                "policy",
+                f"policy {policy.name}: maxUsdPerJob ${policy.max_usd_per_job:,.0f} < "
+                f"${c.expected_cost_usd:,.0f}",
+            )
+        )
     if policy.max_usd_per_hour is not None and c.usd_per_hour > policy.max_usd_per_hour:
-        out.append(("policy", f"policy {policy.name}: maxUsdPerHour ${policy.max_usd_per_hour:,.2f} < "
-                              f"${c.usd_per_hour:,.2f}/h"))
+        out.append(
+            (
+                "policy",
+                f"policy {policy.name}: maxUsdPerHour ${policy.max_usd_per_hour:,.2f} < "
+                f"${c.usd_per_hour:,.2f}/h",
+            )
+        )
     return out
 
 
@@ -398,7 +441,9 @@ def plan(
     for inst, cap, price in offers:
         key2 = (inst.name, cap.value)
         if key2 in unavailable:
-            rejected.append(Rejection(inst.name, cap.value, "capacity", "no capacity right now (recent shortage)"))
+            rejected.append(
+                Rejection(inst.name, cap.value, "capacity", "no capacity right now (recent shortage)")
+            )
             continue
         for nodes in NODE_COUNTS:
             gpus = inst.gpu_count * nodes
@@ -425,7 +470,9 @@ def plan(
                             estimates[ekey] = str(err)
                 found = estimates[ekey]
                 if isinstance(found, str):
-                    category = "precision" if "has no" in found else "batch" if "divisible" in found else "memory"
+                    category = (
+                        "precision" if "has no" in found else "batch" if "divisible" in found else "memory"
+                    )
                     reasons[key2].setdefault(category, found)
                     continue
                 cand = evaluate(job, spec, pol, inst, cap, price, found[0], found[1])
@@ -454,13 +501,22 @@ def plan(
     hints = [] if chosen else _hints(job, spec, pol, fitting, over_cap, gpu_cap, cap_source)
     front = pareto_front(feasible if feasible else fitting)
     return PlanResult(
-        job=job, objective=spec.objective, chosen=chosen, why=why, feasible=feasible, pareto=front,
-        rejected=sorted(rejected, key=lambda r: (r.category, r.instance, r.capacity)), hints=hints,
-        candidates_evaluated=evaluated, planning_seconds=time.perf_counter() - t0,
+        job=job,
+        objective=spec.objective,
+        chosen=chosen,
+        why=why,
+        feasible=feasible,
+        pareto=front,
+        rejected=sorted(rejected, key=lambda r: (r.category, r.instance, r.capacity)),
+        hints=hints,
+        candidates_evaluated=evaluated,
+        planning_seconds=time.perf_counter() - t0,
     )
 
 
-def _solve(feasible: list[Candidate], spec: TrainingJobSpec, job: ResolvedJob) -> tuple[Candidate | None, str]:
+def _solve(
+    feasible: list[Candidate], spec: TrainingJobSpec, job: ResolvedJob
+) -> tuple[Candidate | None, str]:
     if not feasible:
         return None, "no plan meets every requirement"
     pool = feasible
@@ -476,8 +532,10 @@ def _solve(feasible: list[Candidate], spec: TrainingJobSpec, job: ResolvedJob) -
         best = min(pool, key=lambda c: (c.expected_cost_usd, c.expected_hours))
         parts = ["cheapest plan"]
         if job.deadline_h is not None:
-            parts.append(f"that meets the {job.deadline_h:.1f} h deadline "
-                         f"(P(miss) {best.outlook.deadline_miss_probability:.1%})")
+            parts.append(
+                f"that meets the {job.deadline_h:.1f} h deadline "
+                f"(P(miss) {best.outlook.deadline_miss_probability:.1%})"
+            )
         if job.budget_usd is not None:
             parts.append(f"within the ${job.budget_usd:,.0f} budget")
         why = " ".join(parts)
@@ -489,32 +547,53 @@ def _solve(feasible: list[Candidate], spec: TrainingJobSpec, job: ResolvedJob) -
 
 
 def _hints(
-    job: ResolvedJob, spec: TrainingJobSpec, policy: Policy, fitting: list[Candidate], over_cap: list[Candidate],
-    gpu_cap: int, cap_source: str,
+    job: ResolvedJob,
+    spec: TrainingJobSpec,
+    policy: Policy,
+    fitting: list[Candidate],
+    over_cap: list[Candidate],
+    gpu_cap: int,
+    cap_source: str,
 ) -> list[str]:
     hints: list[str] = []
     if not fitting and not over_cap:
-        return [f"no allowed instance fits {job.workload.id} in memory at global batch {job.global_batch}: "
-                "allow larger-memory GPUs, or change the global batch so it divides by the GPU count"]
+        return [
+            f"no allowed instance fits {job.workload.id} in memory at global batch {job.global_batch}: "
+            "allow larger-memory GPUs, or change the global batch so it divides by the GPU count"
+        ]
     if job.deadline_h is not None:
-        ok_time = [c for c in fitting if c.outlook.deadline_miss_probability <= spec.constraints.max_deadline_risk]
+        ok_time = [
+            c for c in fitting if c.outlook.deadline_miss_probability <= spec.constraints.max_deadline_risk
+        ]
         if not ok_time:
             fastest = min(fitting, key=lambda c: c.expected_hours) if fitting else None
             if fastest:
-                hints.append(f"the fastest allowed plan, {fastest.label}, takes {fastest.expected_hours:.1f} h; "
-                             f"the deadline is {job.deadline_h:.1f} h away: extend the deadline")
-            meeting = [c for c in over_cap if c.outlook.deadline_miss_probability <= spec.constraints.max_deadline_risk]
+                hints.append(
+                    f"the fastest allowed plan, {fastest.label}, takes {fastest.expected_hours:.1f} h; "
+                    f"the deadline is {job.deadline_h:.1f} h away: extend the deadline"
+                )
+            meeting = [
+                c
+                for c in over_cap
+                if c.outlook.deadline_miss_probability <= spec.constraints.max_deadline_risk
+            ]
             if meeting:
                 need = min(meeting, key=lambda c: (c.gpus, c.expected_cost_usd))
-                hints.append(f"the deadline needs at least {need.gpus} {need.instance.gpu_id} GPUs "
-                             f"({need.label}); {cap_source} allows {gpu_cap}")
+                hints.append(
+                    f"the deadline needs at least {need.gpus} {need.instance.gpu_id} GPUs "
+                    f"({need.label}); {cap_source} allows {gpu_cap}"
+                )
         elif job.budget_usd is not None:
             cheapest = min(ok_time, key=lambda c: c.expected_cost_usd)
-            hints.append(f"the cheapest plan that meets the deadline, {cheapest.label}, costs "
-                         f"${cheapest.expected_cost_usd:,.0f}: raise the budget to that or relax the deadline")
+            hints.append(
+                f"the cheapest plan that meets the deadline, {cheapest.label}, costs "
+                f"${cheapest.expected_cost_usd:,.0f}: raise the budget to that or relax the deadline"
+            )
     elif job.budget_usd is not None or policy.max_usd_per_job is not None:
         cheapest = min(fitting, key=lambda c: c.expected_cost_usd)
         hints.append(f"the cheapest allowed plan, {cheapest.label}, costs ${cheapest.expected_cost_usd:,.0f}")
     if not hints:
-        hints.append("no allowed plan meets the policy's spending caps; ask the platform team or shrink the job")
+        hints.append(
+            "no allowed plan meets the policy's spending caps; ask the platform team or shrink the job"
+        )
     return hints

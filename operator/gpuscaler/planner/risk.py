@@ -94,4 +94,6 @@ def outlook(
             worst_each = (restart_s + interval_s) / 3600.0
             allowed = math.floor((deadline_h - base) / worst_each)
             miss = 1.0 - poisson_cdf(allowed, rate_per_h * base)
-    return RunOutlook(expected, base, interval_s, interruptions, max(0.0, miss), interruptions * interval_s / 7200.0)
+    return RunOutlook(
+        expected, base, interval_s, interruptions, max(0.0, miss), interruptions * interval_s / 7200.0
+    )

@@ -33,8 +33,12 @@ class PriceOverride(PolicyModel):
 
 
 class SpotRules(PolicyModel):
-    mode: str = Field(default="allowed", pattern="^(never|allowed|preferred)$", description="never, allowed, preferred.")
-    max_interruptions: int = Field(default=3, ge=0, description="Interruptions before falling back to on-demand.")
+    mode: str = Field(
+        default="allowed", pattern="^(never|allowed|preferred)$", description="never, allowed, preferred."
+    )
+    max_interruptions: int = Field(
+        default=3, ge=0, description="Interruptions before falling back to on-demand."
+    )
     min_hours_to_deadline: float = Field(
         default=0.0, ge=0, description="Below this slack before the deadline, plan on-demand only."
     )
@@ -49,17 +53,27 @@ class Policy(PolicyModel):
     providers: list[str] = Field(default_factory=list, description="Clouds allowed.")
     regions: list[str] = Field(default_factory=list, description="Regions allowed.")
     max_gpus_per_job: int | None = Field(default=None, ge=1, description="Most GPUs one job may use.")
-    max_gpus_per_namespace: int | None = Field(default=None, ge=1, description="Most GPUs a namespace may hold.")
+    max_gpus_per_namespace: int | None = Field(
+        default=None, ge=1, description="Most GPUs a namespace may hold."
+    )
     max_usd_per_hour: float | None = Field(default=None, gt=0, description="Highest hourly spend of one job.")
     max_usd_per_job: float | None = Field(default=None, gt=0, description="Highest expected cost of one job.")
     max_usd_per_month: float | None = Field(default=None, gt=0, description="Namespace monthly budget.")
     spot: SpotRules = Field(default_factory=SpotRules, description="Spot rules.")
     price_overrides: list[PriceOverride] = Field(default_factory=list, description="Negotiated prices.")
-    min_checkpoint_interval_s: int = Field(default=300, ge=10, description="Shortest checkpoint interval allowed.")
-    max_checkpoint_interval_s: int = Field(default=7200, ge=10, description="Longest checkpoint interval allowed.")
-    allowed_precisions: list[str] = Field(default_factory=list, description="Precisions allowed (fp32, amp, ...).")
+    min_checkpoint_interval_s: int = Field(
+        default=300, ge=10, description="Shortest checkpoint interval allowed."
+    )
+    max_checkpoint_interval_s: int = Field(
+        default=7200, ge=10, description="Longest checkpoint interval allowed."
+    )
+    allowed_precisions: list[str] = Field(
+        default_factory=list, description="Precisions allowed (fp32, amp, ...)."
+    )
     checkpoint_write_gbps: float = Field(
-        default=8.0, gt=0, description="Per-node write bandwidth to checkpoint storage, Gbit/s (assumption: EFS/Filestore class)."
+        default=8.0,
+        gt=0,
+        description="Per-node write bandwidth to checkpoint storage, Gbit/s (assumption: EFS/Filestore class).",
     )
 
     def price(self, inst: InstanceType, capacity: CapacityType) -> float | None:

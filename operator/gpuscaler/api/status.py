@@ -1,0 +1,136 @@
+"""The TrainingJob status: what the operator reports back (phase, conditions, plan, progress, cost).
+
+The operator writes these models to the ``status`` subresource; ``gpuscaler crd`` turns them into
+the CRD's status schema and the printer columns read them (``kubectl get trainingjobs``). The
+operator also reads the status back on every reconcile, which is what makes it restart-safe: the
+phase, the chosen plan, the attempt counters and the offerings in back-off all live here, and
+everything else (nodes, pods) is observed from the cluster.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class StatusModel(BaseModel):
+    """Base: camelCase on the wire; unknown fields ignored (an older or newer operator wrote them)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Phase(StrEnum):
+    """Where a TrainingJob is in its life."""
+
+    PENDING = "Pending"
+    """Accepted, not planned yet; or planned and suspended (``spec.suspend``)."""
+    PLANNING = "Planning"
+    """The planner is choosing (or re-choosing, after a capacity shortage) a plan."""
+    PROVISIONING = "Provisioning"
+    """The node pool is growing to the planned nodes."""
+    STARTING = "Starting"
+    """All nodes are there; the workers are being scheduled and started."""
+    RUNNING = "Running"
+    """Every worker runs."""
+    CHECKPOINTING = "Checkpointing"
+    """A checkpoint was requested (interruption notice) and is being written."""
+    RECOVERING = "Recovering"
+    """A worker or node was lost; the gang is restarted from the last checkpoint."""
+    SUCCEEDED = "Succeeded"
+    """Every worker finished successfully."""
+    FAILED = "Failed"
+    """Infeasible, or the workers failed more often than the backoff limit allows."""
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+ACTIVE_PHASES = (Phase.PROVISIONING, Phase.STARTING, Phase.RUNNING, Phase.CHECKPOINTING, Phase.RECOVERING)
+"""Phases in which the job holds (or is acquiring) nodes."""
+
+
+class Condition(StatusModel):
+    """A standard Kubernetes condition (``metav1.Condition``)."""
+
+    type: str = Field(max_length=316, description="Condition type: Planned, NodesReady, Running, Complete, Failed, Suspended.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    last_transition_time: datetime = Field(description="When the status last changed.")
+    observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation it was set for.")
+
+
+class PlanStatus(StatusModel):
+    """The plan the operator runs (the same numbers ``gpuscaler plan`` prints)."""
+
+    instance_type: str = Field(description="Instance type of every node.")
+    provider: str = Field(description="Cloud of the instance type.")
+    region: str = Field(description="Region of the price used.")
+    gpu_type: str = Field(description="GPU id.")
+    gpus_per_node: int = Field(ge=0, description="GPUs on one node.")
+    nodes: int = Field(ge=1, description="Nodes (= worker pods).")
+    gpus: int = Field(ge=0, description="GPUs in total.")
+    capacity_type: Literal["on-demand", "spot"] = Field(description="on-demand or spot.")
+    precision: str = Field(description="Numeric precision the workers train in.")
+    micro_batch: int = Field(ge=1, description="Micro-batch per GPU.")
+    accumulation: int = Field(ge=1, description="Gradient-accumulation steps.")
+    usd_per_hour: float = Field(ge=0, description="Price of all the plan's nodes per hour.")
+    expected_hours: float = Field(ge=0, description="Predicted wall-clock hours, interruptions included.")
+    expected_cost_usd: float = Field(ge=0, description="Predicted cost in US dollars.")
+    checkpoint_interval_seconds: int = Field(ge=0, description="Planned checkpoint interval.")
+    total_samples: float = Field(ge=0, description="Samples the job trains on in total.")
+    throughput: float = Field(ge=0, description="Predicted samples per second.")
+    why: str = Field(default="", description="Why the planner chose this plan.")
+    summary: str = Field(default="", description="One line: nodes x instance (GPUs) capacity precision.")
+    planned_at: datetime = Field(description="When it was planned.")
+    generation: int = Field(default=0, ge=0, description="metadata.generation of the spec it was planned for.")
+
+
+class Progress(StatusModel):
+    """Training progress, from the annotations the training runtime writes on the workers."""
+
+    step: int = Field(default=0, ge=0, description="Optimizer steps completed.")
+    samples: float = Field(default=0, ge=0, description="Samples processed (across restarts).")
+    percent: float = Field(default=0, ge=0, le=100, description="Samples processed of the total, in percent.")
+    checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest complete checkpoint.")
+    updated_at: datetime | None = Field(default=None, description="When progress last changed.")
+
+
+class UnavailableOffering(StatusModel):
+    """An instance type x capacity type that ran short of capacity, left out of plans until ``until``."""
+
+    instance_type: str = Field(description="Instance type.")
+    capacity_type: str = Field(description="on-demand or spot.")
+    until: datetime = Field(description="Left out of plans until this time.")
+    reason: str = Field(default="", description="What happened.")
+
+
+class TrainingJobStatus(StatusModel):
+    """The observed state of a TrainingJob (the ``status`` subresource)."""
+
+    phase: Phase = Field(default=Phase.PENDING, description="Pending, Planning, Provisioning, Starting, Running, Checkpointing, Recovering, Succeeded or Failed.")
+    message: str = Field(default="", description="What is happening now, or why it failed.")
+    observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+    plan: PlanStatus | None = Field(default=None, description="The chosen plan with its predicted cost and time.")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs of the plan (a printer column).")
+    instance_type: str | None = Field(default=None, description="Instance type of the plan (a printer column).")
+    capacity_type: str | None = Field(default=None, description="Capacity type of the plan (a printer column).")
+    progress: Progress = Field(default_factory=Progress, description="Training progress.")
+    cost_usd: float = Field(default=0, ge=0, description="Cost so far: node-hours x price by capacity type.")
+    released_cost_usd: float = Field(default=0, ge=0, description="Part of costUsd from nodes already released.")
+    eta: str | None = Field(default=None, description="Time left, e.g. 2h13m (a printer column).")
+    estimated_completion_time: datetime | None = Field(default=None, description="When it should finish.")
+    start_time: datetime | None = Field(default=None, description="When every worker first ran.")
+    completion_time: datetime | None = Field(default=None, description="When it succeeded or failed.")
+    provisioning_started_at: datetime | None = Field(default=None, description="When the current gang was requested (gang timeout).")
+    attempt: int = Field(default=0, ge=0, description="Gang starts so far (1 = first).")
+    failures: int = Field(default=0, ge=0, description="Worker failures counted against the backoff limit.")
+    interruptions: int = Field(default=0, ge=0, description="Nodes lost (spot reclaims) so far.")
+    unavailable: list[UnavailableOffering] = Field(default_factory=list, description="Offerings in capacity back-off.")
+    nodes: list[str] = Field(default_factory=list, description="Names of the nodes the job holds.")

@@ -1,0 +1,1 @@
+"""gpuscaler.cloud: see DESIGN.md layers."""

@@ -1,0 +1,1 @@
+"""gpuscaler.handlers: see DESIGN.md layers."""

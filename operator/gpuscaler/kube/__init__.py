@@ -1,0 +1,1 @@
+"""gpuscaler.kube: see DESIGN.md layers."""
