@@ -36,6 +36,23 @@ class Settings(BaseSettings):
     gpu_toleration_key: str = Field(
         default="nvidia.com/gpu", description="Taint key of GPU nodes that workers tolerate."
     )
+    kwok_capacity: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "kwok provider: most nodes of an instance type the fake cloud has, e.g. "
+            '\'{"p4d.24xlarge": 2}\' (JSON); unlisted types are unlimited. Plays a capacity shortage.'
+        ),
+    )
+
+    # --- Reconcile loop
+    reconcile_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Seconds between reconciles of an unfinished job (the level-triggered loop's period).",
+    )
+    master_port: int = Field(
+        default=29500, ge=1, le=65535, description="Rendezvous port of worker rank 0 (torchrun's default)."
+    )
 
     # --- Policies and prices
     policy_file: str | None = Field(

@@ -1,0 +1,42 @@
+"""The one place domain errors become kopf's ``TemporaryError`` (retry) or ``PermanentError`` (stop).
+
+Handlers wrap their body in :func:`kopf_errors`. Retried: provider failures (a cloud hiccup,
+no capacity), API server errors that may pass (5xx, 429, connection). Permanent: a spec the
+planner cannot read (unknown workload or GPU id), an unknown provider, a 4xx the API server will
+answer the same way again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import kopf
+from pydantic import ValidationError
+
+from gpuscaler.catalog import UnknownIdError
+from gpuscaler.cloud import InsufficientCapacityError, ProviderError, UnknownProviderError
+from gpuscaler.kube.client import KubeError
+from gpuscaler.planner import JobError
+
+RETRY_DELAY_S = 10.0
+"""Seconds before kopf retries a handler after a temporary error."""
+CAPACITY_RETRY_DELAY_S = 30.0
+"""Seconds before retrying after the cloud ran out of capacity."""
+
+
+@contextmanager
+def kopf_errors() -> Iterator[None]:
+    """Map domain errors raised inside the block onto kopf errors (causes kept with ``from``)."""
+    try:
+        yield
+    except (UnknownIdError, JobError, ValidationError, UnknownProviderError) as err:
+        raise kopf.PermanentError(str(err)) from err
+    except InsufficientCapacityError as err:
+        raise kopf.TemporaryError(str(err), delay=CAPACITY_RETRY_DELAY_S) from err
+    except ProviderError as err:
+        raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
+    except KubeError as err:
+        if err.retriable:
+            raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
+        raise kopf.PermanentError(str(err)) from err

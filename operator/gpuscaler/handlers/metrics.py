@@ -1,0 +1,74 @@
+"""The operator's Prometheus metrics (``prometheus_client``), served on ``settings.metrics_port``.
+
+``gpuscaler_trainingjobs{phase}``, ``gpuscaler_gpus_in_use``, ``gpuscaler_job_cost_usd{namespace,job}``,
+``gpuscaler_cost_usd_total`` (cost so far of the jobs the operator knows), and histograms of
+``gpuscaler_reconcile_duration_seconds`` and ``gpuscaler_planner_latency_seconds``. The handlers
+call :func:`observe_job` after every reconcile and :func:`forget_job` when a job is deleted.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import Gauge, Histogram, start_http_server
+
+from gpuscaler.api.status import Phase
+
+JOBS = Gauge("gpuscaler_trainingjobs", "TrainingJobs by phase.", ["phase"])
+GPUS = Gauge("gpuscaler_gpus_in_use", "GPUs of jobs whose workers run (Starting, Running, Checkpointing).")
+JOB_COST = Gauge("gpuscaler_job_cost_usd", "Cost so far of a TrainingJob, US dollars.", ["namespace", "job"])
+COST = Gauge("gpuscaler_cost_usd_total", "Cost so far of all TrainingJobs the operator knows, US dollars.")
+RECONCILE = Histogram(
+    "gpuscaler_reconcile_duration_seconds",
+    "Duration of one reconcile step.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+PLANNER = Histogram(
+    "gpuscaler_planner_latency_seconds",
+    "Duration of one planner call.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+
+_lock = threading.Lock()
+_jobs: dict[tuple[str, str], tuple[Phase, int, float]] = {}
+_GPU_PHASES = (Phase.STARTING, Phase.RUNNING, Phase.CHECKPOINTING)
+
+
+def _refresh() -> None:
+    counts = dict.fromkeys(Phase, 0)
+    gpus = 0
+    total = 0.0
+    for phase, g, cost in _jobs.values():
+        counts[phase] += 1
+        total += cost
+        if phase in _GPU_PHASES:
+            gpus += g
+    for phase, n in counts.items():
+        JOBS.labels(phase=phase.value).set(n)
+    GPUS.set(gpus)
+    COST.set(total)
+
+
+def observe_job(namespace: str, name: str, phase: Phase, gpus: int, cost_usd: float) -> None:
+    """Record a job's phase, GPUs and cost after a reconcile."""
+    with _lock:
+        _jobs[(namespace, name)] = (phase, gpus, cost_usd)
+        JOB_COST.labels(namespace=namespace, job=name).set(cost_usd)
+        _refresh()
+
+
+def forget_job(namespace: str, name: str) -> None:
+    """Drop a deleted job from the metrics."""
+    with _lock:
+        _jobs.pop((namespace, name), None)
+        try:
+            JOB_COST.remove(namespace, name)
+        except KeyError:
+            pass
+        _refresh()
+
+
+def serve(port: int) -> None:
+    """Serve ``/metrics`` on ``port`` (0 = off)."""
+    if port > 0:
+        start_http_server(port)

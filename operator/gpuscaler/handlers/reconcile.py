@@ -1,0 +1,711 @@
+"""The TrainingJob reconcile loop: one level-triggered step from (spec, status, observed pods and nodes).
+
+Called every ``reconcile_interval_s`` per unfinished job by :mod:`gpuscaler.handlers.trainingjob`.
+Everything it needs is passed in (provider, worker client, planner, clock), so unit tests drive it
+with fakes. What it decides lives in the returned status and in the cluster, never in memory, so a
+restarted operator resumes where the status says; every create is create-if-absent on a
+deterministic name, so a step repeated after a crash makes no duplicates.
+
+Phases (``status.phase``) and what moves them::
+
+    Pending --plan--> Provisioning --all nodes Ready--> Starting --all workers Running--> Running
+    Pending (suspend) <--- any active phase when spec.suspend turns true
+    Provisioning/Starting --gang timeout--> release, back off the offering, re-plan -> Provisioning
+    Running --node notice--> Checkpointing --ack or exit--> Recovering --gang gone--> Provisioning
+    Running --worker failed--> Recovering (within backoffLimit) | Failed
+    Running --all workers Succeeded--> Succeeded; nodes released
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.status import (
+    Condition,
+    Phase,
+    PlanStatus,
+    TrainingJobStatus,
+    UnavailableOffering,
+)
+from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, KIND, parse_duration
+from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
+from gpuscaler.cloud import (
+    InsufficientCapacityError,
+    JobRef,
+    NodePoolProvider,
+    NodeRequest,
+    NodeState,
+    node_names,
+)
+from gpuscaler.kube.workers import PodState, WorkerPlan, headless_service, worker_pod
+from gpuscaler.perfmodel import PrecisionUnsupportedError
+from gpuscaler.planner import JobError, PlanResult
+from gpuscaler.runtime import constants as rc
+
+COST_REFRESH_S = 30.0
+"""Cost and ETA alone are rewritten at most this often (each status write is an API call and a
+watch event; at 200 jobs a per-tick write would be ~100 writes/s)."""
+CHECKPOINT_WAIT_S = 30.0
+"""Longest wait for a requested checkpoint: GKE's notice is 30 s, so the handshake must fit in it."""
+
+
+class WorkerClient(Protocol):
+    """What the loop needs from :class:`gpuscaler.kube.client.Workers`."""
+
+    def create_if_absent(self, body: dict[str, Any]) -> bool: ...
+    def delete_pod(self, namespace: str, name: str) -> bool: ...
+    def delete_service(self, namespace: str, name: str) -> bool: ...
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+
+
+Planner = Callable[[TrainingJobSpec, str, float | None, frozenset[tuple[str, str]]], PlanResult]
+"""(spec, name, hours left to the deadline, unavailable offerings) -> plan."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the TrainingJob."""
+
+    type: str
+    """Normal or Warning."""
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """The TrainingJob as the loop sees it."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    created: datetime
+    spec: TrainingJobSpec
+
+    @property
+    def ref(self) -> JobRef:
+        return JobRef(self.namespace, self.name)
+
+    @property
+    def owner(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass
+class Outcome:
+    """What one step decided: the new status and the events to post."""
+
+    status: TrainingJobStatus
+    events: list[Event] = field(default_factory=list)
+    planned: bool = False
+    plan_seconds: float = 0.0
+    released: set[str] = field(default_factory=set)
+    """Nodes deleted in this step (their cost moved to ``releasedCostUsd``)."""
+
+
+@dataclass
+class LoopConfig:
+    """The settings the loop reads (a subset of :class:`gpuscaler.settings.Settings`)."""
+
+    gang_timeout_s: float = 600.0
+    capacity_backoff_s: float = 900.0
+    backoff_limit: int = 3
+    master_port: int = 29500
+    default_image: str = "python:3.11-slim"
+
+
+def format_duration(seconds: float) -> str:
+    """``7980`` -> ``2h13m``; ``50`` -> ``50s``."""
+    s = max(0, round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d{h}h"
+    if h:
+        return f"{h}h{m:02d}m"
+    if m:
+        return f"{m}m{s:02d}s" if m < 10 else f"{m}m"
+    return f"{s}s"
+
+
+def set_condition(
+    st: TrainingJobStatus, ctype: str, status: bool, reason: str, message: str, now: datetime, generation: int
+) -> None:
+    """Set a condition; its lastTransitionTime moves only when its status changes."""
+    value = "True" if status else "False"
+    for i, c in enumerate(st.conditions):
+        if c.type == ctype:
+            changed = c.status != value
+            st.conditions[i] = Condition(
+                type=ctype,
+                status=value,
+                reason=reason,
+                message=message,
+                last_transition_time=now if changed else c.last_transition_time,
+                observed_generation=generation,
+            )
+            return
+    st.conditions.append(
+        Condition(
+            type=ctype,
+            status=value,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+    )
+
+
+def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatus:
+    """The status form of the planner's chosen candidate."""
+    c = result.chosen
+    assert c is not None
+    return PlanStatus(
+        instance_type=c.instance.name,
+        provider=c.instance.provider,
+        region=c.instance.region,
+        gpu_type=c.instance.gpu_id,
+        gpus_per_node=c.instance.gpu_count,
+        nodes=c.nodes,
+        gpus=c.gpus,
+        capacity_type=c.capacity.value,  # type: ignore[arg-type]
+        precision=c.precision.value,
+        micro_batch=c.micro_batch,
+        accumulation=c.accumulation,
+        usd_per_hour=round(c.usd_per_hour, 4),
+        expected_hours=round(c.expected_hours, 4),
+        expected_cost_usd=round(c.expected_cost_usd, 2),
+        checkpoint_interval_seconds=round(c.outlook.interval_s),
+        total_samples=result.job.total_samples,
+        throughput=round(c.estimate.throughput, 3),
+        why=result.why,
+        summary=c.label,
+        planned_at=now,
+        generation=generation,
+    )
+
+
+class Reconciler:
+    """One step of the loop for one job (see the module docstring for the phases)."""
+
+    def __init__(
+        self,
+        provider: NodePoolProvider,
+        workers: WorkerClient,
+        planner: Planner,
+        catalog: Catalog,
+        config: LoopConfig,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.provider = provider
+        self.workers = workers
+        self.planner = planner
+        self.catalog = catalog
+        self.config = config
+        self.clock = clock
+
+    # ------------------------------------------------------------------------------ entry point
+
+    def step(
+        self, job: Job, status: TrainingJobStatus, pods: list[PodState], nodes: list[NodeState]
+    ) -> Outcome:
+        """Decide and act once; returns the status to write and the events to post."""
+        now = self.clock()
+        st = status.model_copy(deep=True)
+        out = Outcome(st)
+        pods = [p for p in pods if p.owner_uid in (None, job.uid)]
+        st.unavailable = [u for u in st.unavailable if u.until > now]
+        st.observed_generation = job.generation
+
+        if st.phase.finished:
+            self._release(job, st, [n for n in nodes if not n.deleting], out, now)
+            self._cost(st, nodes, out, now)
+            return out
+
+        if job.spec.suspend and st.phase not in (Phase.PENDING, Phase.PLANNING):
+            self._stop_gang(job, st, pods, nodes, out, now)
+            st.phase = Phase.PENDING
+            out.events.append(Event("Normal", "Suspended", "spec.suspend is true: workers and nodes released"))
+
+        if st.plan is None or (st.phase in (Phase.PENDING, Phase.PLANNING) and st.plan.generation != job.generation):
+            if not self._plan(job, st, out, now):
+                self._cost(st, nodes, out, now)
+                return out
+
+        if st.phase in (Phase.PENDING, Phase.PLANNING):
+            if job.spec.suspend:
+                set_condition(st, "Suspended", True, "Suspended", "planned only: spec.suspend is true", now, job.generation)
+                st.message = "suspended: the plan is in status.plan; set spec.suspend to false to start"
+                self._cost(st, nodes, out, now)
+                return out
+            set_condition(st, "Suspended", False, "Started", "spec.suspend is false", now, job.generation)
+            self._begin_gang(st, out, now, first=st.attempt == 0)
+
+        assert st.plan is not None
+        request = self._request(job, st.plan)
+        mine = set(node_names(request))
+        current = [n for n in nodes if n.name in mine and not n.deleting]
+        stale = [n for n in nodes if n.name not in mine and not n.deleting]
+        if stale:  # nodes of an earlier plan (a re-plan moved the job elsewhere): scale down
+            self._release(job, st, stale, out, now)
+
+        handler = {
+            Phase.PROVISIONING: self._provisioning,
+            Phase.STARTING: self._starting,
+            Phase.RUNNING: self._running,
+            Phase.CHECKPOINTING: self._checkpointing,
+            Phase.RECOVERING: self._recovering,
+        }[st.phase]
+        handler(job, st, request, pods, current, out, now)
+        self._progress(st, pods, now)
+        self._cost(st, nodes, out, now)
+        return out
+
+    # ------------------------------------------------------------------------------- planning
+
+    def _deadline_hours(self, job: Job, now: datetime) -> float | None:
+        limits: list[float] = []
+        if job.spec.deadline is not None:
+            dl = job.spec.deadline if job.spec.deadline.tzinfo else job.spec.deadline.replace(tzinfo=UTC)
+            limits.append((dl - now).total_seconds() / 3600)
+        if job.spec.max_duration is not None:
+            total = parse_duration(job.spec.max_duration)
+            limits.append((job.created + total - now).total_seconds() / 3600)
+        return max(min(limits), 0.01) if limits else None
+
+    def _plan(self, job: Job, st: TrainingJobStatus, out: Outcome, now: datetime) -> bool:
+        unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
+        t0 = time.perf_counter()
+        try:
+            result = self.planner(job.spec, job.name, self._deadline_hours(job, now), unavailable)
+        except (JobError, UnknownIdError, PrecisionUnsupportedError) as err:  # the spec names what is not there
+            st.phase = Phase.FAILED
+            st.completion_time = now
+            st.message = f"cannot plan: {err}"
+            set_condition(st, "Planned", False, "InvalidSpec", str(err), now, job.generation)
+            set_condition(st, "Failed", True, "InvalidSpec", str(err), now, job.generation)
+            out.events.append(Event("Warning", "InvalidSpec", st.message[:1000]))
+            return False
+        out.plan_seconds = time.perf_counter() - t0
+        out.planned = True
+        if result.chosen is None:
+            why = result.why + ("; " + "; ".join(result.hints) if result.hints else "")
+            set_condition(st, "Planned", False, "Infeasible", why, now, job.generation)
+            if unavailable:  # only short of capacity for now: plan again when the back-off ends
+                st.phase = Phase.PLANNING
+                st.plan = None
+                st.message = f"no offering with capacity right now; waiting for back-off to end: {why}"
+                return False
+            st.phase = Phase.FAILED
+            st.completion_time = now
+            st.message = f"infeasible: {why}"
+            set_condition(st, "Failed", True, "Infeasible", why, now, job.generation)
+            out.events.append(Event("Warning", "Infeasible", why[:1000]))
+            return False
+        st.plan = plan_status(result, job.generation, now)
+        st.gpus = st.plan.gpus
+        st.instance_type = st.plan.instance_type
+        st.capacity_type = st.plan.capacity_type
+        set_condition(st, "Planned", True, "Planned", st.plan.summary, now, job.generation)
+        msg = (
+            f"{st.plan.summary}: expected {st.plan.expected_hours:.2f} h, ${st.plan.expected_cost_usd:,.2f} "
+            f"at ${st.plan.usd_per_hour:,.2f}/h; {result.why}"
+        )
+        out.events.append(Event("Normal", "Planned", msg[:1000]))
+        if st.phase is Phase.PLANNING:
+            st.phase = Phase.PENDING
+        return True
+
+    def _begin_gang(self, st: TrainingJobStatus, out: Outcome, now: datetime, first: bool) -> None:
+        st.phase = Phase.PROVISIONING
+        st.provisioning_started_at = now
+        st.attempt += 1
+        st.message = "provisioning nodes"
+
+    def _request(self, job: Job, plan: PlanStatus) -> NodeRequest:
+        inst = self.catalog.instance(plan.instance_type)
+        return NodeRequest(
+            job=job.ref,
+            instance=inst,
+            capacity=CapacityType(plan.capacity_type),
+            count=plan.nodes,
+            usd_per_hour_per_node=plan.usd_per_hour / max(plan.nodes, 1),
+        )
+
+    # ------------------------------------------------------------------------------- phases
+
+    def _gang_timed_out(self, st: TrainingJobStatus, now: datetime) -> bool:
+        started = st.provisioning_started_at or now
+        return (now - started).total_seconds() > self.config.gang_timeout_s
+
+    def _give_up_offering(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+        why: str,
+    ) -> None:
+        """Release a partial gang, back off its offering, and re-plan without it."""
+        assert st.plan is not None
+        self._stop_gang(job, st, pods, nodes, out, now)
+        st.unavailable.append(
+            UnavailableOffering(
+                instance_type=st.plan.instance_type,
+                capacity_type=st.plan.capacity_type,
+                until=now + timedelta(seconds=self.config.capacity_backoff_s),
+                reason=why,
+            )
+        )
+        out.events.append(
+            Event(
+                "Warning",
+                "GangTimeout",
+                f"{why}; released {len(nodes)} node(s) and {len(pods)} worker(s); "
+                f"{st.plan.instance_type} {st.plan.capacity_type} left out for {self.config.capacity_backoff_s:g}s",
+            )
+        )
+        set_condition(st, "NodesReady", False, "GangTimeout", why, now, job.generation)
+        st.plan = None
+        st.phase = Phase.PLANNING
+        if self._plan(job, st, out, now):
+            self._begin_gang(st, out, now, first=False)
+
+    def _provisioning(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        request: NodeRequest,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+    ) -> None:
+        if not self.provider.manages_nodes:
+            st.phase = Phase.STARTING
+            self._starting(job, st, request, pods, nodes, out, now)
+            return
+        short = ""
+        try:
+            created = self.provider.ensure_nodes(request, nodes)
+        except InsufficientCapacityError as err:
+            created, short = [], str(err)
+        if created:
+            out.events.append(
+                Event(
+                    "Normal",
+                    "ScaledUp",
+                    f"requested {len(created)} x {request.instance.name} ({request.capacity.value}) "
+                    f"for {request.count} planned node(s): {', '.join(created[:5])}",
+                )
+            )
+        ready = [n for n in nodes if n.ready]
+        st.nodes = sorted(n.name for n in nodes)
+        if len(ready) >= request.count:
+            set_condition(st, "NodesReady", True, "NodesReady", f"{len(ready)} node(s) Ready", now, job.generation)
+            out.events.append(Event("Normal", "NodesReady", f"all {request.count} node(s) Ready"))
+            st.phase = Phase.STARTING
+            self._starting(job, st, request, pods, nodes, out, now)
+            return
+        st.message = f"{len(ready)}/{request.count} nodes Ready" + (f"; {short}" if short else "")
+        set_condition(
+            st, "NodesReady", False, "InsufficientCapacity" if short else "Provisioning", st.message, now, job.generation
+        )
+        if self._gang_timed_out(st, now):
+            why = f"only {len(ready)} of {request.count} nodes arrived within {self.config.gang_timeout_s:g}s"
+            self._give_up_offering(job, st, pods, nodes, out, now, why + (f" ({short})" if short else ""))
+
+    def _worker_plan(self, job: Job, st: TrainingJobStatus, request: NodeRequest) -> WorkerPlan:
+        assert st.plan is not None
+        sched = self.provider.scheduling(request)
+        return WorkerPlan(
+            job_name=job.name,
+            namespace=job.namespace,
+            job_label=job.ref.label,
+            owner=job.owner,
+            nodes=st.plan.nodes,
+            gpus_per_node=st.plan.gpus_per_node,
+            precision=st.plan.precision,
+            micro_batch=st.plan.micro_batch,
+            accumulation=st.plan.accumulation,
+            checkpoint_dir=job.spec.checkpoint.dir,
+            checkpoint_interval_s=float(st.plan.checkpoint_interval_seconds),
+            checkpoint_keep=job.spec.checkpoint.keep,
+            master_port=self.config.master_port,
+            attempt=st.attempt,
+            node_selector=sched.node_selector,
+            tolerations=sched.tolerations,
+            default_image=self.config.default_image,
+            template=job.spec.template,
+        )
+
+    def _starting(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        request: NodeRequest,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+    ) -> None:
+        if self._lost(st, pods, nodes, out, now, job):
+            return
+        wp = self._worker_plan(job, st, request)
+        self.workers.create_if_absent(headless_service(wp))
+        have = {p.rank for p in pods if not p.deleting}
+        made = [r for r in range(request.count) if r not in have and self.workers.create_if_absent(worker_pod(wp, r))]
+        if made:
+            out.events.append(
+                Event("Normal", "WorkersCreated", f"created {len(made)} worker pod(s) (attempt {st.attempt})")
+            )
+        running = [p for p in pods if p.running or p.succeeded]
+        if len(running) >= request.count:
+            first = st.start_time is None
+            st.start_time = st.start_time or now
+            st.phase = Phase.RUNNING
+            st.message = f"{request.count} worker(s) running"
+            set_condition(st, "Running", True, "Started", st.message, now, job.generation)
+            reason, verb = ("Started", "started") if first else ("Recovered", "recovered and resumed")
+            out.events.append(Event("Normal", reason, f"all {request.count} worker(s) {verb} on {request.instance.name}"))
+            self._running(job, st, request, pods, nodes, out, now)
+            return
+        st.message = f"{len(running)}/{request.count} workers running"
+        if self._gang_timed_out(st, now):
+            why = f"only {len(running)} of {request.count} workers started within {self.config.gang_timeout_s:g}s"
+            self._give_up_offering(job, st, pods, nodes, out, now, why)
+
+    def _lost(
+        self,
+        st: TrainingJobStatus,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+        job: Job,
+    ) -> bool:
+        """A worker failed or its node went away: count it and move to Recovering (or Failed)."""
+        present = {n.name for n in nodes}
+        preempted = [p for p in pods if p.failed and p.exit_code == rc.EXIT_PREEMPTED]
+        orphaned = [
+            p for p in pods if p.node and p.node not in present and not p.succeeded and self.provider.manages_nodes
+        ]
+        failed = [p for p in pods if p.failed and p not in preempted and p not in orphaned]
+        if failed:
+            st.failures += 1
+            p = failed[0]
+            why = f"worker {p.name} failed (exit code {p.exit_code}, {p.reason or 'no reason'})"
+            if st.failures > self.config.backoff_limit:
+                self._stop_gang(job, st, pods, nodes, out, now)
+                st.phase = Phase.FAILED
+                st.completion_time = now
+                st.message = f"{why}; backoff limit {self.config.backoff_limit} reached"
+                set_condition(st, "Failed", True, "BackoffLimitExceeded", st.message, now, job.generation)
+                set_condition(st, "Running", False, "Failed", why, now, job.generation)
+                out.events.append(Event("Warning", "Failed", st.message))
+                return True
+            st.phase = Phase.RECOVERING
+            st.message = f"{why}; restarting the gang (failure {st.failures} of {self.config.backoff_limit} allowed)"
+            out.events.append(Event("Warning", "WorkerFailed", st.message))
+            set_condition(st, "Running", False, "WorkerFailed", why, now, job.generation)
+            return True
+        if preempted or orphaned:
+            st.interruptions += 1
+            names = ", ".join(p.name for p in (preempted or orphaned)[:3])
+            st.phase = Phase.RECOVERING
+            st.message = f"interrupted: {names} lost its node; resuming from the last checkpoint"
+            out.events.append(Event("Warning", "Interrupted", st.message))
+            set_condition(st, "Running", False, "Interrupted", st.message, now, job.generation)
+            return True
+        return False
+
+    def _running(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        request: NodeRequest,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+    ) -> None:
+        live = [p for p in pods if not p.deleting]
+        if len(live) >= request.count and all(p.succeeded for p in live):
+            st.phase = Phase.SUCCEEDED
+            st.completion_time = now
+            st.message = "every worker finished"
+            st.eta = None
+            set_condition(st, "Running", False, "Completed", st.message, now, job.generation)
+            set_condition(st, "Complete", True, "Succeeded", st.message, now, job.generation)
+            self._release(job, st, nodes, out, now)
+            took = format_duration((now - (st.start_time or now)).total_seconds())
+            out.events.append(Event("Normal", "Succeeded", f"training done in {took}; nodes released"))
+            return
+        if self._lost(st, pods, nodes, out, now, job):
+            return
+        if len(live) < request.count:  # a worker pod was deleted under us
+            st.interruptions += 1
+            st.phase = Phase.RECOVERING
+            st.message = f"{request.count - len(live)} worker(s) disappeared; restarting the gang"
+            out.events.append(Event("Warning", "Interrupted", st.message))
+            return
+        noticed = [n for n in nodes if n.interrupted]
+        if noticed:
+            request_id = now.strftime("%Y%m%dT%H%M%SZ")
+            for p in live:
+                self.workers.annotate_pod(job.namespace, p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: request_id})
+            st.phase = Phase.CHECKPOINTING
+            st.message = f"node {noticed[0].name}: {noticed[0].interrupted}; checkpoint requested ({request_id})"
+            out.events.append(Event("Warning", "Interrupted", st.message))
+            return
+        st.message = f"{request.count} worker(s) running"
+
+    def _checkpointing(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        request: NodeRequest,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+    ) -> None:
+        live = [p for p in pods if not p.deleting and not p.succeeded]
+        acked = [p for p in live if p.checkpoint_requested and p.checkpoint_ack == p.checkpoint_requested]
+        exited = [p for p in live if p.failed]
+        since = next((c.last_transition_time for c in st.conditions if c.type == "Running"), now)
+        waited = (now - since).total_seconds()
+        if len(acked) + len(exited) >= len(live) or waited > CHECKPOINT_WAIT_S:
+            st.interruptions += 1
+            st.phase = Phase.RECOVERING
+            step = max((p.checkpoint_step or 0 for p in pods), default=0)
+            st.message = f"checkpoint at step {step} {'done' if acked else 'not confirmed'}; moving the gang"
+            out.events.append(Event("Normal", "Checkpointed", st.message))
+            bad = [n for n in nodes if n.interrupted]
+            self._release(job, st, bad, out, now)
+
+    def _recovering(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        request: NodeRequest,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+    ) -> None:
+        for p in pods:
+            if not p.deleting:
+                self.workers.delete_pod(job.namespace, p.name)
+        lost = [n for n in nodes if n.interrupted]
+        if lost:
+            self._release(job, st, lost, out, now)
+        if any(True for _ in pods):
+            st.message = "waiting for the old workers to go"
+            return
+        self._begin_gang(st, out, now, first=False)
+        st.message = f"restarting the gang (attempt {st.attempt})"
+
+    # ------------------------------------------------------------------------------- helpers
+
+    def _stop_gang(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        out: Outcome,
+        now: datetime,
+    ) -> None:
+        for p in pods:
+            if not p.deleting:
+                self.workers.delete_pod(job.namespace, p.name)
+        self._release(job, st, [n for n in nodes if not n.deleting], out, now)
+
+    def _release(
+        self, job: Job, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime
+    ) -> None:
+        if not nodes:
+            if st.phase.finished:
+                st.nodes = []
+            return
+        deleted = set(self.provider.release_nodes(job.ref, [n for n in nodes if n.name not in out.released]))
+        out.released |= deleted
+        for n in nodes:
+            if n.name in deleted:
+                st.released_cost_usd += _node_cost(n, now)
+        st.released_cost_usd = round(st.released_cost_usd, 4)
+        st.nodes = sorted(set(st.nodes) - deleted)
+        if deleted:
+            out.events.append(
+                Event("Normal", "ScaledDown", f"released {len(deleted)} node(s): {', '.join(sorted(deleted)[:5])}")
+            )
+
+    def _progress(self, st: TrainingJobStatus, pods: list[PodState], now: datetime) -> None:
+        steps = [p.step for p in pods if p.step is not None]
+        samples = [p.samples for p in pods if p.samples is not None]
+        ckpt = [p.checkpoint_step for p in pods if p.checkpoint_step is not None]
+        prog = st.progress
+        new_step = max(steps, default=prog.step)
+        new_samples = max(samples, default=prog.samples)
+        if new_step != prog.step or new_samples != prog.samples:
+            prog.step = max(new_step, prog.step)
+            prog.samples = max(new_samples, prog.samples)
+            prog.updated_at = now
+        if ckpt:
+            prog.checkpoint_step = max(ckpt)
+        if st.plan is not None and st.plan.total_samples > 0:
+            prog.percent = round(min(100.0, 100 * prog.samples / st.plan.total_samples), 2)
+
+    def _cost(self, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime) -> None:
+        live = sum(_node_cost(n, now) for n in nodes if not n.deleting and n.name not in out.released)
+        st.cost_usd = round(st.released_cost_usd + live, 2)
+        if st.plan is None or st.phase.finished:
+            st.eta = None
+            st.estimated_completion_time = None
+            return
+        if st.phase in (Phase.RUNNING, Phase.CHECKPOINTING) and st.plan.throughput > 0:
+            left = max(st.plan.total_samples - st.progress.samples, 0) / st.plan.throughput
+        else:
+            left = st.plan.expected_hours * 3600 * (1 - st.progress.percent / 100)
+        st.eta = format_duration(left)
+        st.estimated_completion_time = (now + timedelta(seconds=left)).replace(microsecond=0)
+
+
+def _node_cost(node: NodeState, now: datetime) -> float:
+    if node.created is None:
+        return 0.0
+    hours = max((now - node.created).total_seconds(), 0) / 3600
+    return hours * node.usd_per_hour
+
+
+def status_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """``none``, ``clock`` (only cost/ETA moved, as they do every second while nodes run) or ``state``.
+
+    The handler writes ``clock`` changes at most every :data:`COST_REFRESH_S` seconds.
+    """
+    volatile = ("costUsd", "eta", "estimatedCompletionTime")
+    a = {k: v for k, v in old.items() if k not in volatile}
+    b = {k: v for k, v in new.items() if k not in volatile}
+    if a != b:
+        return "state"
+    if all(old.get(k) == new.get(k) for k in volatile):
+        return "none"
+    return "clock"

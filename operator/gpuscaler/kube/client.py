@@ -1,0 +1,95 @@
+"""Create and delete the objects of a TrainingJob through the API server, idempotently.
+
+Every create is create-if-absent (409 Conflict is success: the object exists from before a
+restart) and every delete is delete-if-present (404 is success). Errors are
+:class:`KubeError` wrapping the ``ApiException``, with what was being done in the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+
+
+class KubeError(RuntimeError):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def retriable(self) -> bool:
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
+
+def load_config() -> Any:
+    """An ``ApiClient`` from the in-cluster service account or else ``$KUBECONFIG``/``~/.kube/config``."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class Workers:
+    """Worker pods and Services of jobs."""
+
+    def __init__(self, api: Any) -> None:
+        self.core = client.CoreV1Api(api)
+
+    def create_if_absent(self, body: dict[str, Any]) -> bool:
+        """Create a Pod or Service; False when it already existed."""
+        ns = body["metadata"]["namespace"]
+        name = body["metadata"]["name"]
+        kind = body["kind"]
+        try:
+            if kind == "Pod":
+                self.core.create_namespaced_pod(ns, body)
+            elif kind == "Service":
+                self.core.create_namespaced_service(ns, body)
+            else:
+                raise ValueError(f"create_if_absent: kind {kind} not handled")
+        except ApiException as err:
+            if err.status == HTTP_CONFLICT:
+                return False
+            raise KubeError(f"creating {kind} {ns}/{name}, {err.status} {err.reason}", err.status) from err
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a pod at once (grace 0: a worker of a released gang); False when already gone."""
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as err:
+            if err.status == HTTP_NOT_FOUND:
+                return False
+            raise KubeError(f"deleting Pod {namespace}/{name}, {err.status} {err.reason}", err.status) from err
+        return True
+
+    def delete_service(self, namespace: str, name: str) -> bool:
+        """Delete a Service; False when already gone."""
+        try:
+            self.core.delete_namespaced_service(name, namespace)
+        except ApiException as err:
+            if err.status == HTTP_NOT_FOUND:
+                return False
+            raise KubeError(
+                f"deleting Service {namespace}/{name}, {err.status} {err.reason}", err.status
+            ) from err
+        return True
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge annotations into a pod (the checkpoint request)."""
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        except ApiException as err:
+            if err.status == HTTP_NOT_FOUND:
+                return
+            raise KubeError(f"annotating Pod {namespace}/{name}, {err.status} {err.reason}", err.status) from err

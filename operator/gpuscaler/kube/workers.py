@@ -1,0 +1,259 @@
+"""Worker pods and the headless rendezvous Service of a TrainingJob: manifests and observed state.
+
+One pod per node (a gang), named ``<job>-worker-<rank>``, with the torchrun-style launch env
+(``WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``NPROC_PER_NODE``) and the plan
+(``GPUSCALER_PRECISION``, ``GPUSCALER_MICRO_BATCH``, ``GPUSCALER_ACCUMULATION_STEPS``,
+``GPUSCALER_CHECKPOINT_DIR``, ``GPUSCALER_CHECKPOINT_INTERVAL_S``; the names come from
+:mod:`gpuscaler.runtime.constants`, the training side of the handshake), ``nvidia.com/gpu``
+requests, the provider's node selector and tolerations, a downward-API volume carrying the pod's
+annotations (the checkpoint request) and an owner reference to the TrainingJob. Pure functions;
+:mod:`gpuscaler.kube.client` sends them.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gpuscaler.runtime import constants as rc
+
+GPU_RESOURCE = "nvidia.com/gpu"
+RANK_LABEL = "gpuscaler.io/rank"
+ATTEMPT_LABEL = "gpuscaler.io/attempt"
+PODINFO_VOLUME = "gpuscaler-podinfo"
+PODINFO_DIR = "/etc/gpuscaler/podinfo"
+DEFAULT_CONTAINER = "train"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What every worker of one gang start gets."""
+
+    job_name: str
+    namespace: str
+    job_label: str
+    owner: dict[str, Any]
+    """An ownerReference to the TrainingJob."""
+    nodes: int
+    gpus_per_node: int
+    precision: str
+    micro_batch: int
+    accumulation: int
+    checkpoint_dir: str
+    checkpoint_interval_s: float
+    checkpoint_keep: int
+    master_port: int
+    attempt: int
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, str]]
+    default_image: str
+    template: dict[str, Any] | None
+
+
+def _dns_label(text: str, limit: int = 63) -> str:
+    v = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return v[:limit].rstrip("-") or "job"
+
+
+def service_name(job_name: str) -> str:
+    """The headless Service: ``<job>-workers`` (a DNS-1035 label)."""
+    base = _dns_label(job_name, 55)
+    if not base[0].isalpha():
+        base = f"j-{base}"[:55]
+    return f"{base}-workers"
+
+
+def worker_name(job_name: str, rank: int) -> str:
+    """Pod name of a rank: ``<job>-worker-<rank>``."""
+    return f"{job_name}-worker-{rank}"
+
+
+def worker_hostname(job_name: str, rank: int) -> str:
+    """Pod hostname (a DNS label, so at most 63 characters)."""
+    suffix = f"-worker-{rank}"
+    return _dns_label(job_name, 63 - len(suffix)) + suffix
+
+
+def master_addr(plan: WorkerPlan) -> str:
+    """DNS name of rank 0 through the headless Service."""
+    return f"{worker_hostname(plan.job_name, 0)}.{service_name(plan.job_name)}.{plan.namespace}.svc"
+
+
+def launch_env(plan: WorkerPlan, rank: int) -> list[dict[str, str]]:
+    """torchrun-style env and the plan, as a container ``env`` list."""
+    values = {
+        "WORLD_SIZE": str(plan.nodes),
+        "NODE_RANK": str(rank),
+        "MASTER_ADDR": master_addr(plan),
+        "MASTER_PORT": str(plan.master_port),
+        "NPROC_PER_NODE": str(max(plan.gpus_per_node, 1)),
+        rc.ENV_PRECISION: plan.precision,
+        rc.ENV_MICRO_BATCH: str(plan.micro_batch),
+        rc.ENV_ACCUMULATION_STEPS: str(plan.accumulation),
+        rc.ENV_CHECKPOINT_DIR: plan.checkpoint_dir,
+        rc.ENV_CHECKPOINT_INTERVAL_S: f"{plan.checkpoint_interval_s:g}",
+        rc.ENV_CHECKPOINT_KEEP: str(plan.checkpoint_keep),
+        rc.ENV_PODINFO_DIR: PODINFO_DIR,
+    }
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def worker_pod(plan: WorkerPlan, rank: int) -> dict[str, Any]:
+    """The Pod of one rank, from the job's template with the operator's fields set over it."""
+    template = copy.deepcopy(plan.template or {})
+    meta = template.get("metadata") or {}
+    spec: dict[str, Any] = template.get("spec") or {}
+    containers: list[dict[str, Any]] = spec.setdefault("containers", [])
+    if not containers:
+        containers.append({"name": DEFAULT_CONTAINER, "image": plan.default_image})
+    main = containers[0]
+    main.setdefault("name", DEFAULT_CONTAINER)
+    main.setdefault("image", plan.default_image)
+    ours = launch_env(plan, rank)
+    names = {e["name"] for e in ours}
+    main["env"] = [e for e in main.get("env") or [] if e.get("name") not in names] + ours
+    resources = main.setdefault("resources", {})
+    if plan.gpus_per_node > 0:
+        for kind in ("limits", "requests"):
+            resources.setdefault(kind, {})[GPU_RESOURCE] = str(plan.gpus_per_node)
+    mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != PODINFO_VOLUME]
+    main["volumeMounts"] = [*mounts, {"name": PODINFO_VOLUME, "mountPath": PODINFO_DIR, "readOnly": True}]
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != PODINFO_VOLUME]
+    spec["volumes"] = [
+        *volumes,
+        {
+            "name": PODINFO_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {"path": rc.DOWNWARD_ANNOTATIONS_FILE, "fieldRef": {"fieldPath": "metadata.annotations"}}
+                ]
+            },
+        },
+    ]
+    spec["restartPolicy"] = "Never"
+    spec["hostname"] = worker_hostname(plan.job_name, rank)
+    spec["subdomain"] = service_name(plan.job_name)
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **plan.node_selector}
+    tolerations = list(spec.get("tolerations") or [])
+    spec["tolerations"] = tolerations + [t for t in plan.tolerations if t not in tolerations]
+    labels = {
+        **(meta.get("labels") or {}),
+        "app.kubernetes.io/name": "gpuscaler-worker",
+        "gpuscaler.io/job": plan.job_label,
+        RANK_LABEL: str(rank),
+        ATTEMPT_LABEL: str(plan.attempt),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": worker_name(plan.job_name, rank),
+            "namespace": plan.namespace,
+            "labels": labels,
+            "annotations": dict(meta.get("annotations") or {}),
+            "ownerReferences": [plan.owner],
+        },
+        "spec": spec,
+    }
+
+
+def headless_service(plan: WorkerPlan) -> dict[str, Any]:
+    """The headless Service that gives every worker a DNS name (``MASTER_ADDR``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(plan.job_name),
+            "namespace": plan.namespace,
+            "labels": {"gpuscaler.io/job": plan.job_label},
+            "ownerReferences": [plan.owner],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"gpuscaler.io/job": plan.job_label},
+            "ports": [{"name": "rendezvous", "port": plan.master_port, "targetPort": plan.master_port}],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One worker pod as observed."""
+
+    name: str
+    rank: int
+    attempt: int
+    phase: str
+    node: str | None
+    owner_uid: str | None
+    deleting: bool
+    exit_code: int | None
+    reason: str
+    step: int | None
+    samples: float | None
+    checkpoint_step: int | None
+    checkpoint_ack: str | None
+    checkpoint_requested: str | None
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.deleting
+
+    @property
+    def succeeded(self) -> bool:
+        return self.phase == "Succeeded"
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "Failed"
+
+
+def _int(text: object) -> int | None:
+    try:
+        return int(str(text))
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(text: object) -> float | None:
+    try:
+        return float(str(text))
+    except (TypeError, ValueError):
+        return None
+
+
+def pod_state(pod: dict[str, Any]) -> PodState:
+    """A :class:`PodState` from a Pod as a plain dict (a watch event body)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    ann = meta.get("annotations") or {}
+    exit_code: int | None = None
+    reason = status.get("reason") or ""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            code = term.get("exitCode")
+            if code not in (None, 0) or exit_code is None:
+                exit_code = code
+                reason = term.get("reason") or reason
+    owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    return PodState(
+        name=meta.get("name", ""),
+        rank=_int(labels.get(RANK_LABEL)) or 0,
+        attempt=_int(labels.get(ATTEMPT_LABEL)) or 0,
+        phase=status.get("phase") or "Pending",
+        node=(pod.get("spec") or {}).get("nodeName"),
+        owner_uid=owners[0] if owners else None,
+        deleting=bool(meta.get("deletionTimestamp")),
+        exit_code=exit_code,
+        reason=reason,
+        step=_int(ann.get(rc.ANNOTATION_PROGRESS_STEP)),
+        samples=_float(ann.get(rc.ANNOTATION_PROGRESS_SAMPLES)),
+        checkpoint_step=_int(ann.get(rc.ANNOTATION_CHECKPOINT_STEP)),
+        checkpoint_ack=ann.get(rc.ANNOTATION_CHECKPOINT_ACK),
+        checkpoint_requested=ann.get(rc.ANNOTATION_CHECKPOINT_REQUESTED),
+    )
