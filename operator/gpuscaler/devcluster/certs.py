@@ -39,7 +39,7 @@ class ClusterPKI:
     """Service-account token signing key (RSA, PKCS#8 PEM)."""
     sa_pub: Path
     clients: dict[str, CertPair]
-    """Client certs by name: admin, scheduler, controller-manager, kwok."""
+    """Client certs by name: admin, scheduler, controller-manager, kwok, front-proxy-client."""
 
 
 CLIENTS: dict[str, tuple[str, str | None]] = {
@@ -47,6 +47,7 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     "scheduler": ("system:kube-scheduler", None),
     "controller-manager": ("system:kube-controller-manager", None),
     "kwok": ("kwok-controller", "system:masters"),
+    "front-proxy-client": ("front-proxy-client", None),
 }
 """Client cert subject per component: (CN = user, O = group). The bootstrap RBAC roles of the
 scheduler and controller-manager are bound to these user names."""

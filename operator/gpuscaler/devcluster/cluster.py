@@ -424,7 +424,9 @@ class Cluster:
             return ""
         return "\n".join(f"    {t}" for t in text)
 
-    def _wait_for(self, component: str, check: Callable[[], bool], deadline: float) -> None:
+    def _wait_for(
+        self, component: str, check: Callable[[], bool], deadline: float, label: str | None = None
+    ) -> None:
         t0 = time.monotonic()
         while True:
             proc = self.procs.get(component)
@@ -433,7 +435,7 @@ class Cluster:
                     f"{component} exited with {proc.returncode} while starting:\n{self._log_tail(component)}"
                 )
             if check():
-                self.startup_seconds[component] = time.monotonic() - t0
+                self.startup_seconds[label or component] = time.monotonic() - t0
                 return
             if time.monotonic() > deadline:
                 raise ClusterError(f"{component} not ready in time:\n{self._log_tail(component)}")
@@ -491,7 +493,15 @@ class Cluster:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--api-audiences=https://kubernetes.default.svc.cluster.local",
                 "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid Endpoints address
+                "--endpoint-reconciler-type=none",
+                # aggregation layer (front proxy): lets components verify proxied requests
+                f"--requestheader-client-ca-file={pki.ca.cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.clients['front-proxy-client'].cert}",
+                f"--proxy-client-key-file={pki.clients['front-proxy-client'].key}",  # 127.0.0.1 is not a valid Endpoints address
                 "--profiling=false",
             ],
         )
@@ -550,6 +560,10 @@ class Cluster:
                 f"--cluster-signing-key-file={pki.ca.key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--cluster-name=gpuscaler-dev",
+                # The default client rate (20 qps, burst 30, per controller) lifts the not-ready taint
+                # off new nodes at ~5 nodes/s; managed control planes run with more, and so do we.
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
             ],
         )
         kwok_cfg = d / "kwok.yaml"
@@ -575,7 +589,9 @@ class Cluster:
         self._wait_for("kwok", lambda: _probe(kwok_url, None)[0] == 200, deadline)
         # The service-account controller creates "default" in every namespace; pods need it.
         sa_url = f"{self.server}/api/v1/namespaces/default/serviceaccounts/default"
-        self._wait_for("kube-controller-manager", lambda: _probe(sa_url, ctx)[0] == 200, deadline)
+        self._wait_for(
+            "kube-controller-manager", lambda: _probe(sa_url, ctx)[0] == 200, deadline, "default ServiceAccount"
+        )
         self._save_state()
 
 
