@@ -440,6 +440,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 [[k.strip(), v.n, f"{v.mape:.1f}", f"{v.median:.1f}"] for k, v in rep.by[dim].items()],
             )
         )
+    held = meta.get("holdout") or []
+    if held:
+        print(
+            "\nOut of sample (scripts/calibrate.py --holdout): fit on one GPU generation, predict the other:"
+        )
+        print(_table(
+            ["fit on", "predict", "rows", "MAPE %", "median %", "speed-ratio pairs", "ratio MAPE %", "ratio median %"],
+            [[h["train"], h["test"], h["test_rows"], h["mape_pct"], h["median_ape_pct"], h["ratio_pairs"],
+              h["ratio_mape_pct"], h["ratio_median_ape_pct"]] for h in held],
+        ))  # fmt: skip
+        print(
+            "(Ampere rows carry no non-tensor FP32 runs, so a fit on them cannot learn V100's FP32 efficiency;"
+        )
+        print(" the Volta -> Ampere direction is the one a newer GPU type resembles.)")
     if rep.skipped:
         print("\nSkipped rows: " + "; ".join(f"{n} {why}" for why, n in rep.skipped.items()))
     return 0

@@ -8,13 +8,14 @@ Step time of data-parallel training with ``n = gpus_per_node x nodes`` GPUs, mic
 and ``K`` accumulation steps::
 
     t_micro  = t0 + b * (F / R  +  A * m / W)          one micro-batch on one GPU
-    t_step   = K * t_micro + t_opt + t_comm_exposed + t_sync
+    t_step   = K * t_micro + t_update + t_opt + t_comm_exposed + t_sync
 
 where ``F`` is training FLOPs per sample (x 4/3 under activation checkpointing), ``R`` the
 achievable FLOPS for the precision (tensor-core peak x family tensor efficiency x the GPU's
 measured matmul efficiency relative to the A100 reference, or non-tensor FP32 peak x family SIMT
 efficiency), ``A`` stored activation bytes per sample at the precision, ``m`` the family's DRAM
-traffic per activation byte and ``W`` achievable memory bandwidth. Mixed precision speeds up both
+traffic per activation byte and ``W`` achievable memory bandwidth; ``t0`` and ``t_update`` are fitted fixed costs per micro-batch and per
+optimizer step, ``t_opt`` the optimizer's DRAM traffic. Mixed precision speeds up both
 terms by different amounts (higher tensor peak, half the activation bytes), so its speedup comes
 out of the hardware, not a constant.
 
@@ -278,7 +279,7 @@ def estimate(
     b, k = cfg.micro_batch, cfg.accumulation
     compute_micro = b * flops / rate / scale
     memory_micro = b * act_bytes * fam.memory_traffic / bw / scale
-    micro = fam.step_overhead_s + compute_micro + memory_micro
+    micro = fam.launch_overhead_s + compute_micro + memory_micro
 
     shard = cfg.gpus if cfg.zero_stage >= 1 else 1
     opt_bytes = constants()["compute"]["optimizer_step_bytes"].get(workload.optimizer, 28)
@@ -288,8 +289,8 @@ def estimate(
     backward = (2.0 / 3.0) * (compute_micro + memory_micro)
     exposed = max(0.0, comm - p.overlap * backward)
     sync = p.sync_overhead_s * math.log2(cfg.gpus) if cfg.gpus > 1 else 0.0
-    step = k * micro + t_opt + exposed + sync
-    single_step = k * micro + t_opt
+    step = k * micro + fam.update_overhead_s + t_opt + exposed + sync
+    single_step = k * micro + fam.update_overhead_s + t_opt
 
     samples = b * k * cfg.gpus
     throughput = samples / step
@@ -305,7 +306,7 @@ def estimate(
         "compute": k * compute_micro,
         "memory-bandwidth": k * memory_micro,
         "communication": exposed,
-        "overhead": k * fam.step_overhead_s + t_opt + sync,
+        "overhead": k * fam.launch_overhead_s + fam.update_overhead_s + t_opt + sync,
     }
     bottleneck = "input-pipeline" if input_bound else max(parts, key=lambda name: parts[name])
     return Estimate(
@@ -316,7 +317,7 @@ def estimate(
         scaling_efficiency=min(1.0, (samples / step) / (cfg.gpus * b * k / single_step)),
         compute_s=k * compute_micro,
         memory_bound_s=k * memory_micro,
-        overhead_s=k * fam.step_overhead_s + t_opt + sync,
+        overhead_s=k * fam.launch_overhead_s + fam.update_overhead_s + t_opt + sync,
         comm_s=comm,
         comm_exposed_s=exposed,
         input_bound=input_bound,

@@ -26,8 +26,10 @@ class FamilyParams:
     """Fraction of the non-tensor FP32 peak reached (FP32 on pre-Ampere GPUs)."""
     memory_traffic: float
     """DRAM bytes moved per byte of stored activation (elementwise, normalisation, pooling layers)."""
-    step_overhead_s: float
+    launch_overhead_s: float
     """Fixed time per micro-batch: kernel launches, Python, data hand-off."""
+    update_overhead_s: float = 0.0
+    """Fixed time per optimizer step, independent of accumulation (gradient norms, optimizer kernels)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
                 "tensor_efficiency": f.tensor_efficiency,
                 "simt_efficiency": f.simt_efficiency,
                 "memory_traffic": f.memory_traffic,
-                "step_overhead_s": f.step_overhead_s,
+                "launch_overhead_s": f.launch_overhead_s,
+                "update_overhead_s": f.update_overhead_s,
             }
             for name, f in sorted(p.families.items())
         },
