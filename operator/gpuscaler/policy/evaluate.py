@@ -348,7 +348,9 @@ def _namespace_caps(
             )
         )
     budget = policy.max_usd_per_month
-    if budget is not None and usage.usd_this_month + cost > budget:
+    # Before planning (cost 0) a budget that is used up stops the job; after, the plan must fit.
+    exhausted = usage.usd_this_month >= budget if budget is not None and not cost else False
+    if budget is not None and (exhausted or usage.usd_this_month + cost > budget):
         left = max(budget - usage.usd_this_month, 0.0)
         out.append(
             Violation(
