@@ -1,0 +1,264 @@
+"""The strategies compared on a trace: what to run, and what to do after an interruption or shortage.
+
+1. ``ondemand-8xa100``: the common fixed choice, one 8 x A100 node per job (``p4d.24xlarge``)
+   on-demand, fp32 as users leave it (more nodes or AMP only when that does not fit).
+2. ``cheapest-fits``: the cheapest $/h on-demand instance whose GPU memory fits by the rule of thumb
+   "parameters x 16 bytes (Adam; 12 with SGD) + 20%", one node, fp32; no performance model.
+3. ``spot-restart``: the planner's best spot plan, no checkpoints: an interruption restarts the job
+   from scratch on the same offering.
+4. ``spot-checkpoint``: the same plan with a fixed checkpoint every hour and no handshake: an
+   interruption loses the work since the last checkpoint (half an interval on average) + the restart.
+5. ``gpuscaler``: the planner's choice under the deadline, budget and policy; on a notice a
+   checkpoint handshake (nothing lost when the write fits in the notice), then a re-plan with the
+   remaining work, deadline and budget; on-demand only after the policy's ``spot.maxInterruptions``
+   (and whenever the planner finds spot too risky for the deadline left); on a capacity shortage it
+   re-plans without the short offering instead of waiting for it.
+
+Strategies decide; :mod:`gpuscaler.simulator.engine` plays the cloud and keeps the books.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpuscaler.api import PrecisionName, SpotPolicy, TrainingJobSpec
+from gpuscaler.catalog import CapacityType, Catalog
+from gpuscaler.planner import Candidate, resolve_workload
+from gpuscaler.simulator.planning import CachedPlanner, Choice, with_remaining
+
+FALLBACK_COST_FACTOR = 2.0
+"""When no plan meets the deadline, gpuscaler runs the fastest on-demand plan costing at most this
+multiple of the cheapest one (finish as early as is sensible rather than at any price)."""
+SHORTAGE_HOLD_H = 1.0
+"""How long gpuscaler avoids an offering after a failed capacity request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """How to run (the rest of) a job on one allocation."""
+
+    candidate: Candidate
+    interval_s: float | None
+    """Seconds of training between periodic checkpoints; None = no checkpoints."""
+    handshake: bool
+    """Checkpoint within the interruption notice."""
+
+
+@dataclass
+class JobState:
+    """A job's progress as strategies see it (the engine updates it)."""
+
+    name: str
+    spec: TrainingJobSpec
+    arrival_h: float
+    deadline_h: float | None
+    """Hours from arrival to the deadline."""
+    total_samples: float
+    remaining_samples: float
+    interruptions: int = 0
+    shortages: int = 0
+    spent_usd: float = 0.0
+    current: Decision | None = None
+    unavailable: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(instance, capacity) -> simulated hour until which it is avoided."""
+    note: str = ""
+
+    def deadline_left_h(self, now_h: float) -> float | None:
+        """Hours left to the deadline at ``now_h`` (None without a deadline)."""
+        return None if self.deadline_h is None else self.deadline_h - (now_h - self.arrival_h)
+
+    def avoided(self, now_h: float) -> frozenset[tuple[str, str]]:
+        """Offerings to avoid at ``now_h``."""
+        return frozenset(k for k, until in self.unavailable.items() if until > now_h)
+
+
+class Strategy:
+    """Base: run one decision for the whole job, retry the same capacity after a shortage."""
+
+    name = "base"
+    label = "base"
+    replans_on_shortage = False
+
+    def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        """The first decision for a job arriving at ``now_h``; None when it cannot be planned."""
+        raise NotImplementedError
+
+    def after_interruption(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        """The decision after a spot reclaim (default: the same again)."""
+        return st.current
+
+    def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        """The decision after a failed capacity request (default: the same, after a back-off)."""
+        return st.current
+
+
+def _first(planner: CachedPlanner, st: JobState, specs: Sequence[TrainingJobSpec]) -> Candidate | None:
+    for spec in specs:
+        choice = planner.choose(spec, None, name=st.name)
+        if choice.chosen is not None:
+            return choice.chosen
+    return None
+
+
+class OnDemandFixed(Strategy):
+    """One fixed instance type on-demand, fp32, one node (more nodes or AMP only if needed)."""
+
+    name = "ondemand-8xa100"
+    label = "on-demand 8xA100 fp32"
+
+    def __init__(self, instance_type: str = "p4d.24xlarge") -> None:
+        self.instance_type = instance_type
+
+    def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        fixed = {"instance_types": [self.instance_type], "gpu_types": [], "providers": [], "regions": [],
+                 "min_gpus": 1, "max_gpus": None}
+        tries: list[dict[str, object]] = [
+            {"precisions": [PrecisionName.FP32], "max_nodes": 1},
+            {"precisions": [PrecisionName.FP32], "max_nodes": None},
+            {"precisions": [], "max_nodes": None},
+        ]
+        specs = [with_remaining(st.spec, spot=SpotPolicy.NEVER, budget_usd=None, constraints={**fixed, **t})
+                 for t in tries]
+        cand = _first(planner, st, specs)
+        return None if cand is None else Decision(cand, cand.outlook.interval_s, handshake=False)
+
+
+def rule_of_thumb_gb(params: float, optimizer: str) -> float:
+    """GPU memory a user expects a model to need: weights, gradients, optimizer state + 20%."""
+    per_param = 16 if optimizer == "adam" else 12
+    return params * per_param * 1.2 / 1e9
+
+
+class CheapestFits(Strategy):
+    """The cheapest on-demand instance whose GPU memory fits by the rule of thumb; no performance model."""
+
+    name = "cheapest-fits"
+    label = "cheapest $/h that fits"
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        workload = resolve_workload(st.spec.workload, self.catalog)
+        need = rule_of_thumb_gb(workload.params, workload.optimizer)
+        providers = set(st.spec.constraints.providers)
+        options = []
+        for inst in self.catalog.instances:
+            price = planner.policy.price(inst, CapacityType.ON_DEMAND)
+            if price is None or (providers and inst.provider not in providers):
+                continue
+            options.append((price, inst.gpu.memory_gb < need, inst.name))
+        # Cheapest that fits by the rule; then (rule says nothing fits) the rest by price.
+        for _, _, name in sorted(options, key=lambda o: (o[1], o[0], o[2]))[:8]:
+            fixed = {"instance_types": [name], "gpu_types": [], "min_gpus": 1, "max_gpus": None,
+                     "precisions": [PrecisionName.FP32]}
+            cand = _first(planner, st, [
+                with_remaining(st.spec, spot=SpotPolicy.NEVER, budget_usd=None, constraints={**fixed, "max_nodes": n})
+                for n in (1, None)
+            ])
+            if cand is not None:
+                return Decision(cand, cand.outlook.interval_s, handshake=False)
+        return None
+
+
+class SpotRestart(Strategy):
+    """The planner's best spot plan (deadline ignored); restart from scratch after a reclaim."""
+
+    name = "spot-restart"
+    label = "spot, restart from scratch"
+    interval_s: float | None = None
+
+    def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        spec = with_remaining(st.spec, spot=SpotPolicy.PREFERRED, budget_usd=None)
+        cand = _first(planner, st, [spec])
+        return None if cand is None else Decision(cand, self.interval_s, handshake=False)
+
+
+class SpotCheckpoint(SpotRestart):
+    """The planner's best spot plan with a fixed checkpoint interval and no handshake."""
+
+    name = "spot-checkpoint"
+    label = "spot, hourly checkpoints"
+
+    def __init__(self, interval_s: float = 3600.0) -> None:
+        self.interval_s = interval_s
+
+
+class Gpuscaler(Strategy):
+    """The planner's plan, a checkpoint handshake on notice, re-plan after every event."""
+
+    name = "gpuscaler"
+    label = "gpuscaler"
+    replans_on_shortage = True
+
+    def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        return self._decide(st, planner, now_h, first=True)
+
+    def after_interruption(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        return self._decide(st, planner, now_h, first=False)
+
+    def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        return self._decide(st, planner, now_h, first=st.remaining_samples >= st.total_samples)
+
+    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float, *, first: bool) -> Decision | None:
+        left = st.deadline_left_h(now_h)
+        spot: SpotPolicy | None = None
+        if st.interruptions >= planner.policy.spot.max_interruptions:
+            spot = SpotPolicy.NEVER
+        late = left is not None and left <= 0.05
+        if late:
+            spot, left = SpotPolicy.NEVER, None
+        budget: float | bool | None = False
+        if st.spec.budget_usd is not None:
+            budget = st.spec.budget_usd - st.spent_usd if st.spec.budget_usd > st.spent_usd else None
+        samples = None if first else st.remaining_samples
+        avoid = st.avoided(now_h)
+        spec = with_remaining(st.spec, samples, spot=spot, budget_usd=budget)
+        choice = planner.choose(spec, left, avoid, st.name)
+        if choice.chosen is None and budget is not False and budget is not None:
+            # Over budget whatever it does: finish at the cheapest plan that meets the deadline.
+            choice = planner.choose(with_remaining(spec, budget_usd=None), left, avoid, st.name)
+        if choice.chosen is None or late:
+            # The deadline cannot be met: fastest sensible on-demand plan.
+            fallback = with_remaining(spec, spot=SpotPolicy.NEVER, budget_usd=None)
+            choice = _fastest_sensible(planner.choose(fallback, None, avoid, st.name))
+            if choice.chosen is None and avoid:
+                choice = _fastest_sensible(planner.choose(fallback, None, frozenset(), st.name))
+        cand = choice.chosen
+        if cand is None:
+            return None
+        return Decision(cand, cand.outlook.interval_s, handshake=True)
+
+
+def _fastest_sensible(choice: Choice) -> Choice:
+    if choice.chosen is None or not choice.pareto:
+        return choice
+    cheapest = min(c.expected_cost_usd for c in choice.pareto)
+    ok = [c for c in choice.pareto if c.expected_cost_usd <= FALLBACK_COST_FACTOR * cheapest]
+    return Choice(min(ok, key=lambda c: (c.expected_hours, c.expected_cost_usd)), choice.pareto)
+
+
+STRATEGIES = ("ondemand-8xa100", "cheapest-fits", "spot-restart", "spot-checkpoint", "gpuscaler")
+
+
+def make_strategies(catalog: Catalog, names: Sequence[str] = STRATEGIES,
+                    checkpoint_interval_s: float = 3600.0) -> list[Strategy]:
+    """Strategy objects by name, in the order given.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    makers: dict[str, Callable[[], Strategy]] = {
+        "ondemand-8xa100": OnDemandFixed,
+        "cheapest-fits": lambda: CheapestFits(catalog),
+        "spot-restart": SpotRestart,
+        "spot-checkpoint": lambda: SpotCheckpoint(checkpoint_interval_s),
+        "gpuscaler": Gpuscaler,
+    }
+    out: list[Strategy] = []
+    for n in names:
+        if n not in makers:
+            raise ValueError(f"unknown strategy {n!r}; choose from {', '.join(STRATEGIES)}")
+        out.append(makers[n]())
+    return out
