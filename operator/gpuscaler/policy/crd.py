@@ -105,6 +105,9 @@ def spec_schema(openapi_schema: OpenAPIConverter) -> dict[str, Any]:
     schema["properties"].pop("name", None)
     for f in _PRECISION_FIELDS:
         schema["properties"][f]["items"]["enum"] = ["fp32", "tf32", "amp", "bf16", "fp8"]
+        # bounds keep the CEL subset rule within the API server's cost budget
+        schema["properties"][f]["items"]["maxLength"] = 8
+        schema["properties"][f]["maxItems"] = 8
     schema["properties"]["namespaces"]["items"]["maxLength"] = 253
     schema["x-kubernetes-validations"] = CEL_RULES
     return schema

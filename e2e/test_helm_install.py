@@ -1,0 +1,311 @@
+"""End to end: ``helm install`` the chart into the local control plane and prove its RBAC.
+
+The operator pod cannot run here (no image, and kwok runs nothing), so the operator process runs
+locally with the chart's ServiceAccount credentials (a token from ``kubectl create token`` in a
+kubeconfig of its own): it must plan, provision a kwok node, start a worker and write the status
+of a TrainingJob without a single Forbidden. ``kubectl auth can-i --as`` checks each verb the
+chart grants, and some it must not.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from e2e_helpers import E2ECluster, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "gpuscaler"
+GROUP, VERSION = "gpuscaler.io", "v1alpha1"
+
+
+def run(
+    cluster: E2ECluster, *argv: str, check: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(
+        list(argv), input=stdin, env=cluster.env, capture_output=True, text=True, timeout=120, check=False
+    )
+    if check:
+        assert res.returncode == 0, f"{' '.join(argv)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    return res
+
+
+class Release:
+    def __init__(
+        self, cluster: E2ECluster, namespace: str, name: str, manifests: list[dict[str, Any]]
+    ) -> None:
+        self.cluster, self.namespace, self.name, self.manifests = cluster, namespace, name, manifests
+
+    @property
+    def service_account(self) -> str:
+        return next(m["metadata"]["name"] for m in self.manifests if m["kind"] == "ServiceAccount")
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    def can(self, verb: str, resource: str, namespace: str | None = None) -> bool:
+        """``kubectl auth can-i`` as the ServiceAccount; ``resource/sub`` checks a subresource."""
+        ns = ["-n", namespace] if namespace else ["--all-namespaces"]
+        resource, _, sub = resource.partition("/")
+        extra = ["--subresource", sub] if sub else []
+        res = run(
+            self.cluster,
+            "kubectl",
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            *extra,
+            "--as",
+            self.user,
+            *ns,
+            check=False,
+        )
+        return res.stdout.strip() == "yes"
+
+    def deployment_env(self) -> dict[str, str]:
+        dep = next(m for m in self.manifests if m["kind"] == "Deployment")
+        return {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def install(cluster: E2ECluster, namespace: str, *values: str) -> Release:
+    name = f"gs-{uuid.uuid4().hex[:5]}"
+    run(cluster, "helm", "install", name, str(CHART), "--namespace", namespace, *values)
+    text = run(cluster, "helm", "get", "manifest", name, "--namespace", namespace).stdout
+    return Release(cluster, namespace, name, [d for d in yaml.safe_load_all(text) if d])
+
+
+@pytest.fixture
+def release(dev_cluster: E2ECluster, namespace: str) -> Iterator[Release]:
+    rel = install(dev_cluster, namespace)
+    yield rel
+    run(dev_cluster, "helm", "uninstall", rel.name, "--namespace", namespace, check=False)
+
+
+def sa_kubeconfig(cluster: E2ECluster, rel: Release, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount with a short-lived token."""
+    token = run(
+        cluster, "kubectl", "create", "token", rel.service_account, "-n", rel.namespace, "--duration=1h"
+    ).stdout.strip()
+    admin = yaml.safe_load(Path(cluster.env["KUBECONFIG"]).read_text(encoding="utf-8"))
+    cl = admin["clusters"][0]["cluster"]
+    if "certificate-authority-data" not in cl and "certificate-authority" in cl:
+        cl = {
+            "server": cl["server"],
+            "certificate-authority-data": base64.b64encode(
+                Path(cl["certificate-authority"]).read_bytes()
+            ).decode(),
+        }
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "dev", "cluster": cl}],
+        "users": [{"name": rel.service_account, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "sa",
+                "context": {"cluster": "dev", "user": rel.service_account, "namespace": rel.namespace},
+            }
+        ],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+def test_install_creates_the_chart_objects(dev_cluster: E2ECluster, release: Release) -> None:
+    kinds = {m["kind"] for m in release.manifests}
+    assert {
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "ClusterKopfPeering",
+    } <= kinds
+    for crd in (
+        "trainingjobs.gpuscaler.io",
+        "gpuscalingpolicies.gpuscaler.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ):
+        run(dev_cluster, "kubectl", "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+    listed = run(dev_cluster, "helm", "list", "-n", release.namespace, "-o", "yaml").stdout
+    assert yaml.safe_load(listed)[0]["status"] == "deployed"
+
+
+def test_typo_in_values_fails_install(dev_cluster: E2ECluster, namespace: str) -> None:
+    res = run(
+        dev_cluster,
+        "helm",
+        "install",
+        "typo",
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        "replicaCountt=2",
+        check=False,
+    )
+    assert res.returncode != 0 and "replicaCountt" in res.stderr
+
+
+def test_service_account_can_do_what_the_operator_needs(release: Release) -> None:
+    ns = release.namespace
+    allowed = [
+        # Framework (kopf)
+        ("list", "customresourcedefinitions.apiextensions.k8s.io", None),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
+        ("patch", "clusterkopfpeerings.kopf.dev", None),
+        ("list", "namespaces", None),
+        ("create", "events", ns),
+        # Application
+        *[(v, "trainingjobs.gpuscaler.io", None) for v in ("get", "list", "watch", "patch")],
+        ("patch", "trainingjobs.gpuscaler.io/status", ns),
+        ("update", "trainingjobs.gpuscaler.io/finalizers", ns),
+        *[(v, "gpuscalingpolicies.gpuscaler.io", None) for v in ("get", "list", "watch")],
+        *[(v, "pods", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
+        *[(v, "services", None) for v in ("list", "watch", "create", "delete")],
+        *[(v, "nodes", None) for v in ("get", "list", "watch", "create", "delete")],  # kwok provider
+    ]
+    missing = [(v, r) for v, r, n in allowed if not release.can(v, r, n)]
+    assert not missing, f"the chart's ServiceAccount cannot: {missing}"
+
+
+def test_service_account_cannot_do_more(release: Release) -> None:
+    denied = [
+        ("get", "secrets"),
+        ("delete", "secrets"),
+        ("create", "deployments.apps"),
+        ("create", "jobs.batch"),
+        ("delete", "namespaces"),
+        ("create", "gpuscalingpolicies.gpuscaler.io"),
+        ("delete", "gpuscalingpolicies.gpuscaler.io"),
+        ("create", "trainingjobs.gpuscaler.io"),
+        ("delete", "trainingjobs.gpuscaler.io"),
+        ("patch", "nodes"),
+        ("create", "clusterroles.rbac.authorization.k8s.io"),
+        ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("update", "trainingjobs.gpuscaler.io/status"),  # patch only
+        ("get", "services/proxy"),
+    ]
+    granted = [(v, r) for v, r in denied if release.can(v, r, release.namespace)]
+    assert not granted, f"the chart's ServiceAccount may also: {granted}"
+
+
+def test_namespaced_mode_is_confined(dev_cluster: E2ECluster, namespace: str, core: Any) -> None:
+    other = f"{namespace[:50]}-other"
+    core.create_namespace({"metadata": {"name": other}})
+    rel = install(
+        dev_cluster, namespace, "--set", "rbac.namespaced=true", "--set", "settings.providerName=static"
+    )
+    try:
+        assert rel.deployment_env()["GPUSCALER_NAMESPACE"] == namespace
+        assert rel.can("create", "pods", namespace) and rel.can(
+            "patch", "trainingjobs.gpuscaler.io", namespace
+        )
+        assert rel.can("patch", "kopfpeerings.kopf.dev", namespace)
+        assert not rel.can("create", "pods", other) and not rel.can(
+            "list", "trainingjobs.gpuscaler.io", other
+        )
+        assert rel.can("watch", "nodes") and not rel.can("create", "nodes")  # static provider: read only
+        assert rel.can("list", "gpuscalingpolicies.gpuscaler.io")
+    finally:
+        run(dev_cluster, "helm", "uninstall", rel.name, "-n", namespace, check=False)
+        core.delete_namespace(other)
+
+
+def test_operator_runs_a_job_with_the_charts_credentials(
+    dev_cluster: E2ECluster, release: Release, namespace: str, core: Any, tmp_path: Path
+) -> None:
+    """The real operator, authenticated as the chart's ServiceAccount, takes a job to Running."""
+    kubeconfig = sa_kubeconfig(dev_cluster, release, tmp_path / "sa.kubeconfig")
+    health = free_port()
+    env = {k: v for k, v in dev_cluster.env.items() if not k.startswith("GPUSCALER_")}
+    env.update(release.deployment_env())  # the settings exactly as the chart renders them
+    env.update(
+        KUBECONFIG=str(kubeconfig),
+        GPUSCALER_NAMESPACE=namespace,
+        GPUSCALER_HEALTH_PORT=str(health),
+        GPUSCALER_METRICS_PORT="0",
+        GPUSCALER_RECONCILE_INTERVAL_S="0.5",
+        GPUSCALER_KWOK_PROVISIONING_DELAY_S="1",
+        PYTHONUNBUFFERED="1",
+    )
+    log = tmp_path / "operator.log"
+    custom = client.CustomObjectsApi(dev_cluster.api)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=env, stdout=out, stderr=out
+        )
+    try:
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_for(healthy, timeout=60, interval=0.5, what="the operator's /healthz (the chart's probes)")
+        job = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingJob",
+            "metadata": {"name": "rbac"},
+            "spec": {
+                "workload": {"model": "resnet50"},
+                "globalBatch": 256,
+                "training": {"epochs": 1},
+                "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"},
+                "template": {
+                    "spec": {"containers": [{"name": "train", "image": "registry.invalid/trainer:e2e"}]}
+                },
+            },
+        }
+        run(dev_cluster, "kubectl", "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(job))
+
+        def phase() -> str:
+            obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", "rbac")
+            return str((obj.get("status") or {}).get("phase", ""))
+
+        wait_for(
+            lambda: phase() == "Running", timeout=90, interval=0.5, what="job Running under the chart's RBAC"
+        )
+        pods = core.list_namespaced_pod(namespace, label_selector="gpuscaler.io/job").items
+        assert pods and all(p.spec.node_name for p in pods)
+        # delete while the operator runs: its finalizer releases the worker and the kwok node
+        run(dev_cluster, "kubectl", "delete", "trainingjob", "rbac", "-n", namespace, "--timeout=60s")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        text = log.read_text(errors="replace")
+        print(text[-4000:])
+    forbidden = [line for line in text.splitlines() if "Forbidden" in line or " 403" in line]
+    assert not forbidden, "the operator hit RBAC denials:\n" + "\n".join(forbidden[:10])
