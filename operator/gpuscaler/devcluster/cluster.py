@@ -125,7 +125,8 @@ _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child should 
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    # SIGKILL, not SIGTERM: with etcd gone too, kube-apiserver's graceful shutdown can hang.
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def pid_alive(pid: int, executable: str | None = None) -> bool:
