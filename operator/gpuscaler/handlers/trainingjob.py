@@ -180,10 +180,10 @@ def delete(
     op = _op()
     label = job_label_value(namespace, name)
     with kopf_errors():
-        for p in job_pods.get(label, []):
+        for p in list(job_pods.get(label, [])):  # a copy: the watch updates the index meanwhile
             op.workers.delete_pod(namespace, p.name)
         op.workers.delete_service(namespace, service_name(name))
-        nodes = [n for n in job_nodes.get(label, []) if not n.deleting]
+        nodes = [n for n in list(job_nodes.get(label, [])) if not n.deleting]
         gone = op.provider.release_nodes(JobRef(namespace, name), nodes)
     if gone:
         logger.info("released %d node(s): %s", len(gone), ", ".join(gone))

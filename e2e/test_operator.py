@@ -1,0 +1,336 @@
+"""End to end: the TrainingJob operator (``gpuscaler run``, a subprocess) on the real control plane.
+
+The kwok provider creates the planned fake GPU nodes, the real scheduler binds the workers to
+them and kwok marks them Running. The "training" is played from here, the way the runtime reports
+it: the worker pod gets the progress annotations :class:`gpuscaler.runtime.progress.Progress`
+writes, and its status is set to Succeeded (exit code 0) as a kubelet would after the process
+exits. Each test runs its own operator, scoped to the test's namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from e2e_helpers import E2ECluster, wait_for
+from gpuscaler.cloud import JOB_LABEL, job_label_value
+from gpuscaler.runtime.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUP, VERSION, PLURAL = "gpuscaler.io", "v1alpha1", "trainingjobs"
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+
+def kubectl(cluster: E2ECluster, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", *args], input=stdin, env=cluster.env, capture_output=True, text=True, check=check, timeout=60
+    )
+
+
+@pytest.fixture(scope="session")
+def crd(dev_cluster: E2ECluster) -> None:
+    """The generated TrainingJob CRD, installed and Established."""
+    kubectl(dev_cluster, "apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
+    kubectl(dev_cluster, "wait", "--for=condition=Established", "crd/trainingjobs.gpuscaler.io", "--timeout=30s")
+
+
+@pytest.fixture(scope="session")
+def custom(dev_cluster: E2ECluster) -> Any:
+    return client.CustomObjectsApi(dev_cluster.api)
+
+
+class OperatorProcess:
+    """``gpuscaler run`` as a subprocess, restartable, scoped to one namespace."""
+
+    def __init__(self, cluster: E2ECluster, namespace: str, log: Path, **settings: str) -> None:
+        self.cluster = cluster
+        self.log = log
+        self.env = dict(
+            cluster.env,
+            GPUSCALER_NAMESPACE=namespace,
+            GPUSCALER_METRICS_PORT="0",
+            GPUSCALER_HEALTH_PORT="0",
+            GPUSCALER_RECONCILE_INTERVAL_S="0.5",
+            GPUSCALER_KWOK_PROVISIONING_DELAY_S="1",
+            PYTHONUNBUFFERED="1",
+        )
+        self.env.update(settings)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=self.env, stdout=out, stderr=out
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as a crashed or evicted operator."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def operator(dev_cluster: E2ECluster, crd: None, namespace: str, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start an operator for this test's namespace: ``operator(**GPUSCALER_env)``."""
+    started: list[OperatorProcess] = []
+
+    def start(**settings: str) -> OperatorProcess:
+        op = OperatorProcess(dev_cluster, namespace, tmp_path / "operator.log", **settings)
+        op.start()
+        started.append(op)
+        return op
+
+    yield start
+    # delete the jobs while an operator runs, so its finalizer releases pods and nodes
+    if started and started[-1].proc and started[-1].proc.poll() is None:
+        kubectl(dev_cluster, "delete", "trainingjobs", "--all", "-n", namespace, "--timeout=60s", check=False)
+    for op in started:
+        op.stop()
+    log = tmp_path / "operator.log"
+    if log.exists():
+        print(log.read_text(errors="replace")[-6000:])
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def job_manifest(name: str, *, instance: str = "p3.2xlarge", gpus: int = 1, suspend: bool = False) -> dict[str, Any]:
+    """A small job pinned to one instance type and GPU count (so the test knows the plan's shape)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workload": {"model": "resnet50"},
+            "globalBatch": 256,
+            "training": {"epochs": 1},
+            "constraints": {"instanceTypes": [instance], "minGpus": gpus, "maxGpus": gpus, "spot": "never"},
+            "suspend": suspend,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "registry.invalid/gpuscaler/trainer:e2e",
+                            "command": ["python", "-m", "train"],
+                            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def get_job(custom: Any, ns: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+    return obj
+
+
+def phase_of(custom: Any, ns: str, name: str) -> str:
+    return str((get_job(custom, ns, name).get("status") or {}).get("phase", ""))
+
+
+def wait_phase(custom: Any, ns: str, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+    wait_for(lambda: phase_of(custom, ns, name) == phase, timeout=timeout, interval=0.3, what=f"{name} {phase}")
+    return get_job(custom, ns, name)
+
+
+def job_nodes(core: Any, ns: str, name: str) -> list[Any]:
+    items: list[Any] = core.list_node(label_selector=f"{JOB_LABEL}={job_label_value(ns, name)}").items
+    return items
+
+
+def job_pods(core: Any, ns: str, name: str) -> list[Any]:
+    items: list[Any] = core.list_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={job_label_value(ns, name)}").items
+    return items
+
+
+def finish_workers(core: Any, ns: str, name: str, steps: int = 50, batch: int = 256) -> None:
+    """Play the training: report progress as the runtime does, then exit 0 on every worker."""
+    now = time.time()
+    for pod in job_pods(core, ns, name):
+        progress = Progress(
+            step=steps,
+            samples=steps * batch,
+            last_checkpoint_step=steps,
+            last_checkpoint_time=now,
+            checkpoint_ack=None,
+            phase="finished",
+            updated_at=now,
+        )
+        core.patch_namespaced_pod(pod.metadata.name, ns, {"metadata": {"annotations": progress.annotations()}})
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        terminated = {"exitCode": 0, "reason": "Completed", "startedAt": stamp, "finishedAt": stamp}
+        statuses = [
+            {"name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 0, "state": {"terminated": terminated}}
+            for c in pod.spec.containers
+        ]
+        core.patch_namespaced_pod_status(
+            pod.metadata.name, ns, {"status": {"phase": "Succeeded", "containerStatuses": statuses}}
+        )
+
+
+def event_reasons(core: Any, ns: str, name: str) -> list[str]:
+    events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob")
+    return [e.reason for e in sorted(events.items, key=lambda e: e.metadata.creation_timestamp)]
+
+
+def apply(cluster: E2ECluster, ns: str, manifest: dict[str, Any]) -> None:
+    kubectl(cluster, "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(manifest))
+
+
+# --------------------------------------------------------------------------------------- tests
+
+
+def test_operator_runs_a_job_to_success(dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess]) -> None:
+    """apply -> planned -> nodes made -> workers scheduled there and Running -> Succeeded -> nodes gone."""
+    operator()
+    apply(dev_cluster, namespace, job_manifest("cnn", instance="p4d.24xlarge", gpus=16))
+    job = wait_phase(custom, namespace, "cnn", "Running", timeout=60)
+    st = job["status"]
+    assert st["plan"]["nodes"] == 2 and st["gpus"] == 16 and st["instanceType"] == "p4d.24xlarge"
+    assert st["capacityType"] == "on-demand" and st["startTime"]
+
+    nodes = job_nodes(core, namespace, "cnn")
+    assert len(nodes) == 2
+    assert {n.metadata.labels["node.kubernetes.io/instance-type"] for n in nodes} == {"p4d.24xlarge"}
+    pods = job_pods(core, namespace, "cnn")
+    assert sorted(p.metadata.name for p in pods) == ["cnn-worker-0", "cnn-worker-1"]
+    assert {p.spec.node_name for p in pods} == {n.metadata.name for n in nodes}, "one worker per planned node"
+    env = {e.name: e.value for e in pods[0].spec.containers[0].env}
+    assert env["WORLD_SIZE"] == "2" and env["NPROC_PER_NODE"] == "8" and env["MASTER_PORT"] == "29500"
+    assert env["GPUSCALER_PRECISION"] == st["plan"]["precision"]
+    assert env["GPUSCALER_MICRO_BATCH"] == str(st["plan"]["microBatch"])
+    assert pods[0].spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+    assert pods[0].metadata.owner_references[0].kind == "TrainingJob"
+    assert core.read_namespaced_service("cnn-workers", namespace).spec.cluster_ip == "None"
+
+    table = kubectl(dev_cluster, "get", "trainingjobs", "-n", namespace).stdout
+    assert table.split()[:7] == ["NAME", "PHASE", "GPUS", "TYPE", "CAPACITY", "COST", "ETA"], table
+    assert "Running" in table and "p4d.24xlarge" in table
+
+    finish_workers(core, namespace, "cnn")
+    job = wait_phase(custom, namespace, "cnn", "Succeeded", timeout=30)
+    st = job["status"]
+    assert st["progress"]["step"] == 50 and st["progress"]["samples"] == 50 * 256
+    assert st["completionTime"] and st["costUsd"] >= 0
+    wait_for(lambda: not job_nodes(core, namespace, "cnn"), timeout=30, what="nodes released")
+    reasons = event_reasons(core, namespace, "cnn")
+    for r in ("Planned", "ScaledUp", "NodesReady", "Started", "Succeeded", "ScaledDown"):
+        assert r in reasons, reasons
+
+
+def test_operator_suspend_plans_without_provisioning(dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess]) -> None:
+    operator()
+    apply(dev_cluster, namespace, job_manifest("held", suspend=True))
+    wait_for(lambda: (get_job(custom, namespace, "held").get("status") or {}).get("plan"), timeout=30, what="plan")
+    time.sleep(2)
+    st = get_job(custom, namespace, "held")["status"]
+    assert st["phase"] == "Pending" and st["plan"]["instanceType"] == "p3.2xlarge"
+    assert not job_nodes(core, namespace, "held") and not job_pods(core, namespace, "held")
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "held", {"spec": {"suspend": False}})
+    wait_phase(custom, namespace, "held", "Running", timeout=30)
+    assert len(job_nodes(core, namespace, "held")) == 1
+
+
+BAD_SPECS = [
+    ({"objective": "fastest"}, "spec.budgetUsd"),
+    ({"training": {"epochs": 1, "steps": 10}}, "spec.training"),
+    ({"workload": {}}, "spec.workload"),
+    ({"workload": {"params": 1e9}}, "spec.workload.flopsPerSample"),
+    ({"globalBatch": 0}, "spec.globalBatch"),
+    ({"constraints": {"spot": "sometimes"}}, "spec.constraints.spot"),
+    ({"constraints": {"maxDeadlineRisk": 2}}, "spec.constraints.maxDeadlineRisk"),
+    ({"maxDuration": "soon"}, "spec.maxDuration"),
+    ({"gpus": 8}, "spec.gpus"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_SPECS, ids=[f for _, f in BAD_SPECS])
+def test_operator_invalid_specs_refused(dev_cluster: E2ECluster, crd: None, change: dict[str, Any], field: str) -> None:
+    """The API server refuses each mistake, and its message names the field."""
+    doc = job_manifest("bad")
+    doc["metadata"]["namespace"] = "default"
+    doc["spec"].update(change)
+    res = kubectl(dev_cluster, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(doc), check=False)
+    assert res.returncode != 0, res.stdout
+    assert field in res.stderr, res.stderr
+
+
+def test_operator_restart_mid_provisioning(dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess]) -> None:
+    """SIGKILL the operator while nodes are being provisioned; a new one finishes with no duplicates."""
+    first = operator(GPUSCALER_KWOK_PROVISIONING_DELAY_S="4")
+    apply(dev_cluster, namespace, job_manifest("bert", instance="p4d.24xlarge", gpus=16))
+    wait_for(lambda: len(job_nodes(core, namespace, "bert")) >= 1, timeout=30, what="first node")
+    assert phase_of(custom, namespace, "bert") == "Provisioning"
+    first.kill()
+    operator(GPUSCALER_KWOK_PROVISIONING_DELAY_S="4")
+    wait_phase(custom, namespace, "bert", "Running", timeout=60)
+    time.sleep(2)  # a few more reconciles: nothing may be added
+    nodes = job_nodes(core, namespace, "bert")
+    pods = job_pods(core, namespace, "bert")
+    assert len(nodes) == 2, [n.metadata.name for n in nodes]
+    assert sorted(p.metadata.name for p in pods) == ["bert-worker-0", "bert-worker-1"]
+    assert get_job(custom, namespace, "bert")["status"]["attempt"] == 1
+    finish_workers(core, namespace, "bert")
+    wait_phase(custom, namespace, "bert", "Succeeded", timeout=30)
+    wait_for(lambda: not job_nodes(core, namespace, "bert"), timeout=30, what="nodes released")
+
+
+def test_operator_gang_timeout_replans(dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess]) -> None:
+    """Only 1 of 2 p4d nodes exists: after the gang timeout it is released and the job re-planned elsewhere."""
+    operator(
+        GPUSCALER_KWOK_CAPACITY=json.dumps({"p4d.24xlarge": 1}),
+        GPUSCALER_GANG_TIMEOUT_S="4",
+    )
+    doc = job_manifest("gang", instance="p4d.24xlarge", gpus=16)
+    doc["spec"]["constraints"]["instanceTypes"] = ["p4d.24xlarge", "p4de.24xlarge"]
+    apply(dev_cluster, namespace, doc)
+    job = wait_phase(custom, namespace, "gang", "Running", timeout=60)
+    st = job["status"]
+    assert st["instanceType"] == "p4de.24xlarge", st
+    assert [u["instanceType"] for u in st["unavailable"]] == ["p4d.24xlarge"]
+    assert {n.metadata.labels["node.kubernetes.io/instance-type"] for n in job_nodes(core, namespace, "gang")} == {
+        "p4de.24xlarge"
+    }
+    assert "GangTimeout" in event_reasons(core, namespace, "gang")
+
+
+def test_operator_fifty_jobs_reach_running(dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess]) -> None:
+    operator(GPUSCALER_KWOK_PROVISIONING_DELAY_S="0.5")
+    docs = [job_manifest(f"many-{i}") for i in range(50)]
+    t0 = time.monotonic()
+    kubectl(dev_cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+    def all_running() -> bool:
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        return sum((i.get("status") or {}).get("phase") == "Running" for i in items) == 50
+
+    wait_for(all_running, timeout=120, interval=1, what="50 jobs Running")
+    print(f"50 jobs applied -> all Running in {time.monotonic() - t0:.1f}s")
+    nodes = core.list_node(label_selector=JOB_LABEL).items
+    mine = [n for n in nodes if n.metadata.labels[JOB_LABEL].startswith(f"{namespace}.")]
+    assert len(mine) == 50
