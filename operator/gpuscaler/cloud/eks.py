@@ -1,0 +1,369 @@
+"""The eks provider: EKS managed node groups, one per (instance type, capacity type), via boto3.
+
+How it maps the :class:`~gpuscaler.cloud.provider.NodePoolProvider` contract onto EKS:
+
+- **Finding the group.** A node group serves an offering when its tags (or, failing that, its
+  Kubernetes labels) say ``gpuscaler.io/instance-type=<type>`` and
+  ``gpuscaler.io/capacity-type=<on-demand|spot>``; an untagged group whose ``instanceTypes`` is
+  exactly ``[<type>]`` with the matching ``capacityType`` serves too. With a template configured
+  (:class:`EksTemplate`: subnets and node role), a missing group is created
+  (``gpuscaler-<type>-<capacity>``, min 0, tainted ``nvidia.com/gpu``, labelled and tagged).
+- **Scaling up.** ``update_nodegroup_config`` raises ``desiredSize`` by what the job still lacks
+  beyond instances already launching. Instances register their Node objects on their own; this
+  provider never creates a Node. Registered nodes of the group that no job holds are *adopted*
+  (:mod:`gpuscaler.cloud.adoption`): labelled with the job, which is how the loop sees them.
+- **Scaling down.** Each released node's instance (from ``spec.providerID``) is terminated through
+  its Auto Scaling group with ``ShouldDecrementDesiredCapacity`` when an autoscaling client is
+  given, so exactly that node goes; the node group's ``desiredSize`` is then lowered by as many.
+  Without one, only ``desiredSize`` is lowered and the ASG picks the instances.
+- **Errors.** Throttling (``ThrottlingException`` and kin) is retried with exponential backoff.
+  ``InsufficientInstanceCapacity``, spot shortages (``InsufficientSpotCapacity``,
+  ``SpotMaxPriceTooLow``…), either as API error codes or inside the group's health issues
+  (``AsgInstanceLaunchFailures``), become :class:`InsufficientCapacityError` wrapping the cause,
+  so the loop leaves the offering out and the planner chooses again.
+- **Credentials.** boto3's default chain: on EKS, IRSA (a ServiceAccount annotated
+  ``eks.amazonaws.com/role-arn``) or EKS Pod Identity. The IAM policy is in ``docs/providers.md``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpuscaler.catalog import CapacityType
+from gpuscaler.cloud.adoption import NodeAdopter
+from gpuscaler.cloud.provider import (
+    CAPACITY_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL,
+    JOB_LABEL,
+    InsufficientCapacityError,
+    JobRef,
+    NodeRequest,
+    NodeState,
+    ProviderError,
+    Scheduling,
+)
+
+INSTANCE_TAG = "gpuscaler.io/instance-type"
+"""Node-group tag (or label) naming the instance type it serves."""
+CAPACITY_TAG = "gpuscaler.io/capacity-type"
+"""Node-group tag (or label) naming the capacity type it serves: ``on-demand`` or ``spot``."""
+NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
+"""Label EKS puts on every node of a managed node group."""
+EKS_CAPACITY_LABEL = "eks.amazonaws.com/capacityType"
+"""Label EKS puts on every node: ``ON_DEMAND`` or ``SPOT``."""
+
+EKS_CAPACITY = {CapacityType.ON_DEMAND: "ON_DEMAND", CapacityType.SPOT: "SPOT"}
+
+THROTTLING_CODES = frozenset(
+    {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded"}
+)
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "InsufficientSpotCapacity",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+        "UnfulfillableCapacity",
+    }
+)
+"""EC2 error codes that mean "no capacity of this offering right now" (EC2 API error reference)."""
+CAPACITY_MESSAGE = re.compile(
+    "|".join([*sorted(CAPACITY_CODES), r"no Spot capacity", r"capacity-not-available", r"insufficient capacity"]),
+    re.IGNORECASE,
+)
+CAPACITY_ISSUES = frozenset({"AsgInstanceLaunchFailures", "NodeCreationFailure"})
+"""Node-group health issues whose message may carry a capacity error."""
+BUSY_CODES = frozenset({"ResourceInUseException"})
+"""The group is being created or updated: not an error, the next reconcile tries again."""
+
+_PROVIDER_ID = re.compile(r"^aws:///[^/]*/(i-[0-9a-f]+)$")
+
+
+@dataclass(frozen=True)
+class EksTemplate:
+    """How to create a node group for an offering that has none (all of it from settings)."""
+
+    subnets: list[str]
+    node_role_arn: str
+    ami_type: str = "AL2023_x86_64_NVIDIA"
+    """EKS AMI type with the NVIDIA driver (``AL2023_x86_64_NVIDIA``, ``BOTTLEROCKET_x86_64_NVIDIA``)."""
+    disk_size_gb: int = 200
+    max_nodes: int = 16
+    """``maxSize`` of a created group (raised when a plan needs more)."""
+    taint_key: str = "nvidia.com/gpu"
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Group:
+    name: str
+    asg: str | None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+class EksProvider:
+    """Scales EKS managed node groups; adopts the nodes they register."""
+
+    name = "eks"
+    manages_nodes = True
+
+    def __init__(
+        self,
+        eks: Any,
+        core: Any,
+        *,
+        cluster: str,
+        autoscaling: Any | None = None,
+        template: EksTemplate | None = None,
+        retries: int = 5,
+        backoff_s: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """
+        Args:
+            eks: A boto3 ``eks`` client.
+            core: A Kubernetes ``CoreV1Api`` (to adopt and find the group's nodes).
+            cluster: The EKS cluster name.
+            autoscaling: A boto3 ``autoscaling`` client for targeted scale-down (optional).
+            template: How to create missing node groups; None = only use existing ones.
+            retries: Attempts of a throttled call before giving up.
+            backoff_s: First backoff delay; doubled per attempt.
+            sleep: Injected for tests.
+        """
+        self.eks = eks
+        self.autoscaling = autoscaling
+        self.cluster = cluster
+        self.template = template
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.sleep = sleep
+        self.adopter = NodeAdopter(core)
+        self._groups: dict[tuple[str, str], _Group] = {}
+
+    # ------------------------------------------------------------------ AWS calls
+
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        """Call a boto3 method, retrying throttling with exponential backoff; map errors to typed ones."""
+        delay = self.backoff_s
+        for attempt in range(self.retries):
+            try:
+                return fn(**kwargs)
+            except ClientError as err:
+                code = err.response.get("Error", {}).get("Code", "")
+                if code in THROTTLING_CODES and attempt < self.retries - 1:
+                    self.sleep(delay)
+                    delay *= 2
+                    continue
+                if code in CAPACITY_CODES or CAPACITY_MESSAGE.search(str(err)):
+                    raise InsufficientCapacityError(f"eks: {what}, {err}") from err
+                raise ProviderError(f"eks: {what}, {err}") from err
+            except BotoCoreError as err:
+                raise ProviderError(f"eks: {what}, {err}") from err
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _describe(self, group: str) -> dict[str, Any]:
+        out: dict[str, Any] = self._call(
+            f"describing node group {group}",
+            self.eks.describe_nodegroup,
+            clusterName=self.cluster,
+            nodegroupName=group,
+        )["nodegroup"]
+        return out
+
+    def _list_groups(self) -> list[str]:
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"clusterName": self.cluster}
+            if token:
+                kw["nextToken"] = token
+            page = self._call(f"listing node groups of {self.cluster}", self.eks.list_nodegroups, **kw)
+            names += page.get("nodegroups", [])
+            token = page.get("nextToken")
+            if not token:
+                return names
+
+    @staticmethod
+    def _serves(ng: dict[str, Any], instance: str, capacity: CapacityType) -> bool:
+        for meta in (ng.get("tags") or {}, ng.get("labels") or {}):
+            if INSTANCE_TAG in meta:
+                return bool(meta[INSTANCE_TAG] == instance and meta.get(CAPACITY_TAG) == capacity.value)
+        return bool(
+            ng.get("instanceTypes") == [instance] and ng.get("capacityType", "ON_DEMAND") == EKS_CAPACITY[capacity]
+        )
+
+    @staticmethod
+    def _asg(ng: dict[str, Any]) -> str | None:
+        asgs = (ng.get("resources") or {}).get("autoScalingGroups") or []
+        return str(asgs[0]["name"]) if asgs else None
+
+    def find_group(self, instance: str, capacity: CapacityType) -> str | None:
+        """The name of the node group that serves an offering, or None."""
+        key = (instance, capacity.value)
+        if key in self._groups:
+            return self._groups[key].name
+        for name in self._list_groups():
+            ng = self._describe(name)
+            if self._serves(ng, instance, capacity):
+                self._groups[key] = _Group(name, self._asg(ng))
+                return name
+        return None
+
+    def _create_group(self, request: NodeRequest, desired: int) -> str:
+        t = self.template
+        assert t is not None
+        inst, cap = request.instance.name, request.capacity
+        name = f"gpuscaler-{_slug(inst)}-{cap.value}"[:63]
+        meta = {INSTANCE_TAG: inst, CAPACITY_TAG: cap.value}
+        self._call(
+            f"creating node group {name} ({inst}, {cap.value})",
+            self.eks.create_nodegroup,
+            clusterName=self.cluster,
+            nodegroupName=name,
+            scalingConfig={"minSize": 0, "maxSize": max(t.max_nodes, desired), "desiredSize": desired},
+            diskSize=t.disk_size_gb,
+            subnets=list(t.subnets),
+            instanceTypes=[inst],
+            amiType=t.ami_type,
+            nodeRole=t.node_role_arn,
+            capacityType=EKS_CAPACITY[cap],
+            labels={**meta, CAPACITY_TYPE_LABEL: cap.value},
+            taints=[{"key": t.taint_key, "effect": "NO_SCHEDULE"}],
+            tags={**t.tags, **meta, "gpuscaler.io/managed": "true"},
+        )
+        self._groups[(inst, cap.value)] = _Group(name, None)
+        return name
+
+    @staticmethod
+    def _capacity_issue(ng: dict[str, Any]) -> str | None:
+        for issue in (ng.get("health") or {}).get("issues") or []:
+            msg = f"{issue.get('code', '')}: {issue.get('message', '')}"
+            if issue.get("code") in CAPACITY_ISSUES and CAPACITY_MESSAGE.search(msg):
+                return msg
+        return None
+
+    # ------------------------------------------------------------------ the Protocol
+
+    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
+        inst, cap = request.instance.name, request.capacity
+        have = sum(1 for n in existing if not n.deleting)
+        group = self.find_group(inst, cap)
+        if group is None:
+            if self.template is None:
+                raise ProviderError(
+                    f"eks: no node group of cluster {self.cluster} serves {inst} ({cap.value}); tag one "
+                    f"{INSTANCE_TAG}={inst}, {CAPACITY_TAG}={cap.value} or configure a node-group template "
+                    "(GPUSCALER_EKS_SUBNETS, GPUSCALER_EKS_NODE_ROLE_ARN)"
+                )
+            self._create_group(request, max(0, request.count - have))
+            return []  # CREATING: nodes register later; the next reconcile adopts them
+        selector = f"{NODEGROUP_LABEL}={group}"
+        adopted = self.adopter.adopt(request, selector, have)
+        missing = request.count - have - len(adopted)
+        if missing <= 0:
+            return adopted
+        ng = self._describe(group)
+        self._groups[(inst, cap.value)].asg = self._asg(ng)
+        issue = self._capacity_issue(ng)
+        if issue:
+            raise InsufficientCapacityError(
+                f"eks: node group {group} cannot launch {inst} ({cap.value}): {issue}"
+            )
+        if ng.get("status") != "ACTIVE":
+            return adopted  # CREATING / UPDATING: try again on the next reconcile
+        scaling = ng.get("scalingConfig") or {}
+        desired = int(scaling.get("desiredSize", 0))
+        registered = len(self.adopter.group_nodes(selector))
+        launching = max(0, desired - registered)
+        if missing <= launching:
+            return adopted
+        new_desired = desired + missing - launching
+        config = {
+            "minSize": int(scaling.get("minSize", 0)),
+            "maxSize": max(int(scaling.get("maxSize", 1)), new_desired),
+            "desiredSize": new_desired,
+        }
+        try:
+            self._call(
+                f"scaling node group {group} to {new_desired} ({inst}, {cap.value})",
+                self.eks.update_nodegroup_config,
+                clusterName=self.cluster,
+                nodegroupName=group,
+                scalingConfig=config,
+            )
+        except ProviderError as err:
+            cause = err.__cause__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in BUSY_CODES:
+                return adopted  # an update is in progress; the next reconcile tries again
+            raise
+        return adopted
+
+    def release_nodes(self, job: JobRef, nodes: list[NodeState]) -> list[str]:
+        """Terminate the nodes' instances (or lower ``desiredSize``) and drop the job label."""
+        if not nodes:
+            return []
+        names = [n.name for n in nodes]
+        by_group: dict[str, list[Any]] = {}
+        for node in self.adopter.group_nodes(f"{JOB_LABEL}={job.label}"):
+            if node.metadata.name in names:
+                group = (node.metadata.labels or {}).get(NODEGROUP_LABEL)
+                if group:
+                    by_group.setdefault(group, []).append(node)
+        released: list[str] = []
+        for group, group_nodes in by_group.items():
+            ng = self._describe(group)
+            asg = self._asg(ng)
+            terminated = 0
+            for node in group_nodes:
+                m = _PROVIDER_ID.match(node.spec.provider_id or "") if node.spec else None
+                if self.autoscaling is not None and asg and m:
+                    self._call(
+                        f"terminating instance {m[1]} of node {node.metadata.name} ({job.key})",
+                        self.autoscaling.terminate_instance_in_auto_scaling_group,
+                        InstanceId=m[1],
+                        ShouldDecrementDesiredCapacity=True,
+                    )
+                    terminated += 1
+                released.append(node.metadata.name)
+            scaling = ng.get("scalingConfig") or {}
+            desired = int(scaling.get("desiredSize", 0))
+            new_desired = max(int(scaling.get("minSize", 0)), desired - len(group_nodes))
+            if new_desired != desired:
+                self._call(
+                    f"scaling node group {group} down to {new_desired} (released {len(group_nodes)} of {job.key})",
+                    self.eks.update_nodegroup_config,
+                    clusterName=self.cluster,
+                    nodegroupName=group,
+                    scalingConfig={
+                        "minSize": int(scaling.get("minSize", 0)),
+                        "maxSize": int(scaling.get("maxSize", 1)),
+                        "desiredSize": new_desired,
+                    },
+                )
+            if terminated < len(group_nodes):
+                # the ASG picks which instances go: free the nodes for other jobs meanwhile
+                self.adopter.disown([n.metadata.name for n in group_nodes])
+        return released
+
+    def scheduling(self, request: NodeRequest) -> Scheduling:
+        key = self.template.taint_key if self.template else "nvidia.com/gpu"
+        return Scheduling(
+            node_selector={
+                INSTANCE_TYPE_LABEL: request.instance.name,
+                EKS_CAPACITY_LABEL: EKS_CAPACITY[request.capacity],
+                JOB_LABEL: request.job.label,
+            },
+            tolerations=[{"key": key, "operator": "Exists", "effect": "NoSchedule"}],
+        )
