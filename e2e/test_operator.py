@@ -10,7 +10,6 @@ exits. Each test runs its own operator, scoped to the test's namespace.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -25,5 +25,5 @@ kopf.timer(
     id="reconcile",
     interval=_settings.reconcile_interval_s,
     when=h.unfinished,
-)(h.reconcile)
-kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")(h.delete)
+)(h.reconcile)  # type: ignore[arg-type]  # kopf's Protocols do not know index kwargs
+kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")(h.delete)  # type: ignore[arg-type]  # ditto

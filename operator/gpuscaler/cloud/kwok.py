@@ -56,7 +56,7 @@ class KwokProvider:
             capacity: Instance type -> most nodes of it in the fake cloud (unlisted: unlimited).
             toleration_key: Taint key of the GPU nodes that workers tolerate.
         """
-        self.core = api if isinstance(api, client.CoreV1Api) else client.CoreV1Api(api)
+        self.core: Any = api if isinstance(api, client.CoreV1Api) else client.CoreV1Api(api)
         self.delay = provisioning_delay_s
         self.capacity = dict(capacity or {})
         self.toleration_key = toleration_key

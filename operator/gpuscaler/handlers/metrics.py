@@ -8,6 +8,7 @@ call :func:`observe_job` after every reconcile and :func:`forget_job` when a job
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from prometheus_client import Gauge, Histogram, start_http_server
@@ -61,10 +62,8 @@ def forget_job(namespace: str, name: str) -> None:
     """Drop a deleted job from the metrics."""
     with _lock:
         _jobs.pop((namespace, name), None)
-        try:
+        with contextlib.suppress(KeyError):
             JOB_COST.remove(namespace, name)
-        except KeyError:
-            pass
         _refresh()
 
 

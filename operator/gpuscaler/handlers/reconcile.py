@@ -183,7 +183,7 @@ def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatu
         gpus_per_node=c.instance.gpu_count,
         nodes=c.nodes,
         gpus=c.gpus,
-        capacity_type=c.capacity.value,  # type: ignore[arg-type]
+        capacity_type=c.capacity.value,
         precision=c.precision.value,
         micro_batch=c.micro_batch,
         accumulation=c.accumulation,
@@ -242,10 +242,12 @@ class Reconciler:
             st.phase = Phase.PENDING
             out.events.append(Event("Normal", "Suspended", "spec.suspend is true: workers and nodes released"))
 
-        if st.plan is None or (st.phase in (Phase.PENDING, Phase.PLANNING) and st.plan.generation != job.generation):
-            if not self._plan(job, st, out, now):
-                self._cost(st, nodes, out, now)
-                return out
+        replan = st.plan is None or (
+            st.phase in (Phase.PENDING, Phase.PLANNING) and st.plan.generation != job.generation
+        )
+        if replan and not self._plan(job, st, out, now):
+            self._cost(st, nodes, out, now)
+            return out
 
         if st.phase in (Phase.PENDING, Phase.PLANNING):
             if job.spec.suspend:

@@ -31,6 +31,7 @@ from gpuscaler.policy import Policy, load_policy
 from gpuscaler.settings import Settings
 
 FINALIZER = "gpuscaler.io/finalizer"
+Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
 @dataclass
@@ -79,9 +80,9 @@ def _op() -> Operator:
     return _operator
 
 
-def startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     """Configure kopf (finalizer and bookkeeping under gpuscaler.io), build the operator, serve metrics."""
-    global _operator
+    global _operator  # noqa: PLW0603  (built once per process, read by every handler)
     ours = Settings()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuscaler.io")
@@ -132,7 +133,7 @@ def reconcile(
     namespace: str,
     uid: str,
     patch: kopf.Patch,
-    logger: logging.Logger,
+    logger: Logger,
     job_pods: kopf.Index[str, Any],
     job_nodes: kopf.Index[str, Any],
     **_: Any,
@@ -174,7 +175,7 @@ def reconcile(
 
 
 def delete(
-    name: str, namespace: str, logger: logging.Logger, job_pods: kopf.Index[str, Any], job_nodes: kopf.Index[str, Any], **_: Any
+    name: str, namespace: str, logger: Logger, job_pods: kopf.Index[str, Any], job_nodes: kopf.Index[str, Any], **_: Any
 ) -> None:
     """Finalizer: delete the job's workers, Service and nodes before the TrainingJob goes."""
     op = _op()

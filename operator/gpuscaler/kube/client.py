@@ -25,7 +25,7 @@ class KubeError(RuntimeError):
 
     @property
     def retriable(self) -> bool:
-        return self.status == 0 or self.status == 429 or self.status >= 500
+        return self.status in {0, 429} or self.status >= 500
 
 
 def load_config() -> Any:
@@ -33,9 +33,9 @@ def load_config() -> Any:
     from kubernetes import config
 
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]
     return client.ApiClient()
 
 
@@ -43,7 +43,7 @@ class Workers:
     """Worker pods and Services of jobs."""
 
     def __init__(self, api: Any) -> None:
-        self.core = client.CoreV1Api(api)
+        self.core: Any = client.CoreV1Api(api)
 
     def create_if_absent(self, body: dict[str, Any]) -> bool:
         """Create a Pod or Service; False when it already existed."""

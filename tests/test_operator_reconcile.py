@@ -1,0 +1,278 @@
+"""The reconcile loop with a fake provider and fake worker client (no cluster)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.status import Phase, TrainingJobStatus
+from gpuscaler.catalog import load_catalog
+from gpuscaler.cloud import InsufficientCapacityError, JobRef, NodeRequest, NodeState, Scheduling, node_names
+from gpuscaler.cloud.provider import job_label_value
+from gpuscaler.handlers.reconcile import Job, LoopConfig, Reconciler, format_duration, status_change
+from gpuscaler.kube.workers import PodState, pod_state, worker_pod
+from gpuscaler.planner import plan
+from gpuscaler.policy import Policy
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+CATALOG = load_catalog()
+
+
+class FakeProvider:
+    name = "fake"
+    manages_nodes = True
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self.ensured: list[list[str]] = []
+        self.released: list[str] = []
+
+    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
+        have = {n.name for n in existing}
+        missing = [n for n in node_names(request) if n not in have]
+        room = len(missing) if self.capacity is None else max(0, self.capacity - len(have))
+        self.ensured.append(missing[:room])
+        if room < len(missing):
+            raise InsufficientCapacityError("short")
+        return missing[:room]
+
+    def release_nodes(self, job: JobRef, nodes: list[NodeState]) -> list[str]:
+        self.released += [n.name for n in nodes]
+        return [n.name for n in nodes]
+
+    def scheduling(self, request: NodeRequest) -> Scheduling:
+        return Scheduling({"node.kubernetes.io/instance-type": request.instance.name}, [])
+
+
+class FakeWorkers:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+
+    def create_if_absent(self, body: dict[str, Any]) -> bool:
+        name = f"{body['kind']}/{body['metadata']['name']}"
+        if name in self.objects:
+            return False
+        self.objects[name] = body
+        return True
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        self.deleted.append(name)
+        return self.objects.pop(f"Pod/{name}", None) is not None
+
+    def delete_service(self, namespace: str, name: str) -> bool:
+        return self.objects.pop(f"Service/{name}", None) is not None
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.objects[f"Pod/{name}"].setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return [o for k, o in self.objects.items() if k.startswith("Pod/")]
+
+
+SPEC = {
+    "workload": {"model": "resnet50"},
+    "globalBatch": 256,
+    "training": {"epochs": 1},
+    "constraints": {"instanceTypes": ["p4d.24xlarge", "p4de.24xlarge"], "minGpus": 16, "maxGpus": 16, "spot": "never"},
+}
+
+
+def make_job(**changes: Any) -> Job:
+    spec = TrainingJobSpec.model_validate({**SPEC, **changes})
+    return Job("ns", "job", "uid-1", 1, T0, spec)
+
+
+class World:
+    """The loop plus a clock and the cluster state it observes."""
+
+    def __init__(self, provider: FakeProvider | None = None, **config: Any) -> None:
+        self.now = T0
+        self.provider = provider or FakeProvider()
+        self.workers = FakeWorkers()
+        self.status = TrainingJobStatus()
+        self.nodes: dict[str, NodeState] = {}
+        self.phases: dict[str, str] = {}
+
+        def planner(spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: Any) -> Any:
+            return plan(spec, CATALOG, Policy(), name=name, deadline_h=deadline_h, unavailable=unavailable)
+
+        self.loop = Reconciler(self.provider, self.workers, planner, CATALOG, LoopConfig(**config), lambda: self.now)
+
+    def step(self, job: Job, seconds: float = 1.0) -> list[str]:
+        self.now += timedelta(seconds=seconds)
+        for names in self.provider.ensured:
+            for n in names:
+                self.nodes.setdefault(n, NodeState(n, "", "", False, self.now, 10.0))
+        self.provider.ensured.clear()
+        for n in self.provider.released:
+            self.nodes.pop(n, None)
+        self.provider.released.clear()
+        pods = []
+        for body in self.workers.pods():
+            b = dict(body, status={"phase": self.phases.get(body["metadata"]["name"], "Pending")})
+            pods.append(pod_state(b))
+        out = self.loop.step(job, self.status, pods, list(self.nodes.values()))
+        self.status = out.status
+        return [e.reason for e in out.events]
+
+    def ready(self) -> None:
+        self.nodes = {k: replace(v, ready=True) for k, v in self.nodes.items()}
+
+
+def test_happy_path_plans_provisions_starts_and_succeeds() -> None:
+    w = World()
+    job = make_job()
+    reasons = w.step(job)
+    assert w.status.phase is Phase.PROVISIONING and "Planned" in reasons and "ScaledUp" in reasons
+    assert w.status.plan is not None and w.status.plan.nodes == 2 and w.status.gpus == 16
+    w.step(job)
+    assert len(w.nodes) == 2 and w.status.phase is Phase.PROVISIONING
+    w.ready()
+    reasons = w.step(job)
+    assert w.status.phase is Phase.STARTING and "NodesReady" in reasons
+    assert sorted(p["metadata"]["name"] for p in w.workers.pods()) == ["job-worker-0", "job-worker-1"]
+    assert "Service/job-workers" in w.workers.objects
+    w.step(job)
+    assert len(w.workers.pods()) == 2, "create-if-absent: no duplicates"
+    w.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
+    reasons = w.step(job)
+    assert w.status.phase is Phase.RUNNING and "Started" in reasons and w.status.start_time
+    w.phases = {"job-worker-0": "Succeeded", "job-worker-1": "Succeeded"}
+    reasons = w.step(job, seconds=3600)
+    assert w.status.phase is Phase.SUCCEEDED and "Succeeded" in reasons and "ScaledDown" in reasons
+    assert w.status.cost_usd > 0 and w.status.released_cost_usd > 0 and w.status.nodes == []
+
+
+def test_suspend_plans_without_provisioning_then_starts() -> None:
+    w = World()
+    w.step(make_job(suspend=True))
+    assert w.status.phase is Phase.PENDING and w.status.plan is not None
+    assert not w.nodes and not w.provider.ensured
+    w.step(make_job(suspend=False))
+    assert w.status.phase is Phase.PROVISIONING and len(w.nodes) == 0  # appear on the next observation
+    w.step(make_job(suspend=False))
+    assert len(w.nodes) == 2
+
+
+def test_gang_timeout_releases_backs_off_and_replans() -> None:
+    w = World(FakeProvider(capacity=1), gang_timeout_s=60, capacity_backoff_s=900)
+    job = make_job()
+    w.step(job)
+    first = w.status.plan
+    assert first is not None
+    w.step(job)
+    w.ready()
+    assert len(w.nodes) == 1 and w.status.phase is Phase.PROVISIONING
+    reasons = w.step(job, seconds=120)
+    assert "GangTimeout" in reasons and "Planned" in reasons
+    assert set(w.provider.released) == set(w.nodes), "the partial gang is released"
+    assert [(u.instance_type, u.capacity_type) for u in w.status.unavailable] == [
+        (first.instance_type, first.capacity_type)
+    ]
+    assert w.status.plan is not None and (w.status.plan.instance_type, w.status.plan.capacity_type) != (
+        first.instance_type,
+        first.capacity_type,
+    )
+    assert w.status.phase is Phase.PROVISIONING and w.status.attempt == 2
+
+
+def _to_running(w: World, job: Job) -> None:
+    w.step(job)
+    w.step(job)
+    w.ready()
+    w.step(job)
+    w.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
+    w.step(job)
+    assert w.status.phase is Phase.RUNNING
+
+
+def test_worker_failures_retry_then_fail() -> None:
+    w = World(backoff_limit=1)
+    job = make_job()
+    _to_running(w, job)
+    w.phases["job-worker-1"] = "Failed"
+    reasons = w.step(job)
+    assert w.status.phase is Phase.RECOVERING and "WorkerFailed" in reasons and w.status.failures == 1
+    w.step(job)  # old workers deleted
+    w.phases = {}
+    w.step(job)
+    assert w.status.phase in (Phase.PROVISIONING, Phase.STARTING)
+    w.step(job)
+    w.phases = {"job-worker-0": "Running", "job-worker-1": "Failed"}
+    w.step(job)
+    reasons = w.step(job)
+    assert w.status.phase is Phase.FAILED, (w.status.phase, w.status.message)
+    assert "backoff limit" in w.status.message
+    w.step(job)
+    assert not w.nodes
+
+
+def test_lost_node_recovers_with_same_names() -> None:
+    w = World()
+    job = make_job()
+    _to_running(w, job)
+    w.nodes.pop(sorted(w.nodes)[0])
+    for body in w.workers.pods():
+        body.setdefault("spec", {})["nodeName"] = sorted(node_names(w.loop._request(job, w.status.plan)))[0]  # type: ignore[arg-type]
+    reasons = w.step(job)
+    assert "Interrupted" in reasons and w.status.phase is Phase.RECOVERING and w.status.interruptions == 1
+
+
+def test_unknown_workload_fails_with_the_reason() -> None:
+    w = World()
+    w.step(make_job(workload={"model": "no-such-model"}))
+    assert w.status.phase is Phase.FAILED and "no-such-model" in w.status.message
+
+
+def test_worker_pod_manifest() -> None:
+    from gpuscaler.kube.workers import WorkerPlan
+
+    wp = WorkerPlan(
+        job_name="bert", namespace="ml", job_label="ml.bert", owner={"uid": "u", "controller": True},
+        nodes=2, gpus_per_node=8, precision="amp", micro_batch=32, accumulation=2,
+        checkpoint_dir="/ckpt", checkpoint_interval_s=600, checkpoint_keep=3, master_port=29500, attempt=1,
+        node_selector={"node.kubernetes.io/instance-type": "p4d.24xlarge"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        default_image="img", template={"spec": {"containers": [{"name": "t", "image": "me/train", "env": [{"name": "WORLD_SIZE", "value": "9"}, {"name": "X", "value": "1"}]}]}},
+    )
+    pod = worker_pod(wp, 1)
+    c = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert pod["metadata"]["name"] == "bert-worker-1" and c["image"] == "me/train"
+    assert env["WORLD_SIZE"] == "2" and env["NODE_RANK"] == "1" and env["X"] == "1"
+    assert env["MASTER_ADDR"] == "bert-worker-0.bert-workers.ml.svc" and env["NPROC_PER_NODE"] == "8"
+    assert env["GPUSCALER_PRECISION"] == "amp" and env["GPUSCALER_ACCUMULATION_STEPS"] == "2"
+    assert env["GPUSCALER_CHECKPOINT_DIR"] == "/ckpt" and env["GPUSCALER_CHECKPOINT_INTERVAL_S"] == "600"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert pod["spec"]["restartPolicy"] == "Never" and pod["spec"]["subdomain"] == "bert-workers"
+    assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "u"
+    state: PodState = pod_state({**pod, "status": {"phase": "Running"}})
+    assert state.rank == 1 and state.owner_uid == "u"
+
+
+def test_names_and_labels_are_deterministic_and_valid() -> None:
+    inst = CATALOG.instance("p4d.24xlarge")
+    from gpuscaler.catalog import CapacityType
+
+    req = NodeRequest(JobRef("ns", "j" * 80), inst, CapacityType.SPOT, 3, 1.0)
+    names = node_names(req)
+    assert names == node_names(req) and len(set(names)) == 3 and all(len(n) <= 63 for n in names)
+    assert len(job_label_value("n" * 40, "j" * 80)) <= 63
+    assert job_label_value("ns", "job") == "ns.job"
+
+
+@pytest.mark.parametrize(("s", "text"), [(50, "50s"), (125, "2m05s"), (7980, "2h13m"), (90000, "1d1h")])
+def test_format_duration(s: float, text: str) -> None:
+    assert format_duration(s) == text
+
+
+def test_status_change_throttles_the_clock() -> None:
+    assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 1}) == "none"
+    assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 2}) == "clock"
+    assert status_change({"phase": "Running"}, {"phase": "Succeeded"}) == "state"
