@@ -22,7 +22,7 @@ from gpuscaler.api import TrainingJob
 from gpuscaler.catalog import Precision, UnknownIdError, load_catalog
 from gpuscaler.perfmodel import ParallelConfig, PrecisionUnsupportedError, estimate
 from gpuscaler.planner import JobError, PlanResult, plan
-from gpuscaler.policy import Policy, load_policy
+from gpuscaler.policy import Policy, PolicyConflictError, PolicyFileError, load_policies, policy_for_namespace
 
 EXTENSIONS = (
     "gpuscaler.devcluster.cli",  # dev-cluster up|down|env|build (local control plane)
@@ -79,15 +79,18 @@ def load_job(path: str) -> TrainingJob:
         raise UsageError(_format_validation(err, path)) from err
 
 
-def _load_policy(path: str | None) -> Policy | None:
+def _load_policy(path: str | None, namespace: str | None) -> Policy | None:
+    """The policy in force for ``namespace`` from a (possibly multi-document) policy file."""
     if path is None:
         return None
     try:
-        return load_policy(path)
+        return policy_for_namespace(load_policies(path), namespace)
     except FileNotFoundError as err:
         raise UsageError(f"{path}: no such file") from err
     except ValidationError as err:
         raise UsageError(_format_validation(err, f"policy {path}")) from err
+    except (PolicyFileError, PolicyConflictError) as err:
+        raise UsageError(f"policy {path}: {err}") from err
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -262,7 +265,7 @@ def plot_plan(result: PlanResult, path: str) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     doc = load_job(args.file)
-    policy = _load_policy(args.policy)
+    policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
     result = plan(doc.spec, load_catalog(), policy, name=doc.metadata.name)
     if args.json:
         print(json.dumps(plan_to_dict(result), indent=2))
@@ -548,7 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("plan", help="plan a TrainingJob: cost, time and risk of every way to run it")
     sp.add_argument("file", help="TrainingJob YAML (the same file kubectl apply takes)")
-    sp.add_argument("--policy", help="platform policy YAML to apply")
+    sp.add_argument("--policy", help="platform policy YAML to apply (one or several policies)")
+    sp.add_argument("--namespace", help="namespace whose policies apply (default: the job's, else 'default')")
     sp.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sp.add_argument("--plot", metavar="FILE.png", help="draw cost vs time with the chosen plan marked")
     sp.set_defaults(func=cmd_plan)
