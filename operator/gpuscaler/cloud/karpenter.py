@@ -1,0 +1,223 @@
+"""The karpenter provider: the cluster runs Karpenter; gpuscaler owns one ``NodePool`` and steers pods.
+
+Karpenter provisions for *pending pods*; it creates the NodeClaims and Node objects itself. So this
+provider does not create nodes: it keeps a gpuscaler-owned ``karpenter.sh/v1`` ``NodePool`` whose
+requirements admit the catalog's instance types and both capacity types, whose ``limits`` cap the
+GPUs it may hold (``nvidia.com/gpu``, from policy/settings), and which taints its nodes with the
+GPU taint; and it puts the plan on the worker pods (:meth:`KarpenterProvider.scheduling`):
+``node.kubernetes.io/instance-type``, ``karpenter.sh/capacity-type``, ``karpenter.sh/nodepool`` and
+the job label. The pool requires ``gpuscaler.io/job`` with ``Exists``, so Karpenter copies the pod's
+job label onto the node it launches: nodes are per job and the operator's node index finds them.
+
+``manages_nodes`` is False: the reconcile loop must create the worker pods at once (Karpenter acts
+on them) rather than wait for nodes first; the gang timeout then runs on pod scheduling. Because
+the loop does not call :meth:`ensure_nodes` for such providers, :meth:`scheduling` ensures the
+NodePool too (once per instance type per process; a cheap read otherwise).
+
+Scale-down is Karpenter's: ``consolidationPolicy: WhenEmpty`` removes a job's nodes once its pods
+are gone. :meth:`release_nodes` hastens it by deleting the nodes' NodeClaims (Karpenter drains and
+terminates them). RBAC and prerequisites (a NodeClass) are in ``docs/providers.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuscaler.cloud.provider import (
+    CAPACITY_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL,
+    JOB_LABEL,
+    JobRef,
+    NodeRequest,
+    NodeState,
+    ProviderError,
+    Scheduling,
+)
+
+GROUP = "karpenter.sh"
+VERSION = "v1"
+NODEPOOL_LABEL = "karpenter.sh/nodepool"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscaler"}
+HTTP_NOT_FOUND = 404
+HTTP_CONFLICT = 409
+
+
+@dataclass(frozen=True)
+class NodeClassRef:
+    """The cloud's node class the pool launches with (must exist), e.g. ``karpenter.k8s.aws/EC2NodeClass/default``."""
+
+    group: str
+    kind: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> NodeClassRef:
+        """From ``<group>/<kind>/<name>``.
+
+        Raises:
+            ValueError: not three parts.
+        """
+        parts = text.split("/")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"node class {text!r} is not <group>/<kind>/<name>, e.g. karpenter.k8s.aws/EC2NodeClass/default")
+        return cls(*parts)
+
+
+class KarpenterProvider:
+    """Keeps the gpuscaler NodePool; Karpenter does the provisioning."""
+
+    name = "karpenter"
+    manages_nodes = False
+
+    def __init__(
+        self,
+        api: Any,
+        *,
+        node_class: NodeClassRef,
+        instance_types: Iterable[str],
+        nodepool: str = "gpuscaler",
+        gpu_limit: int | None = None,
+        taint_key: str = "nvidia.com/gpu",
+        consolidate_after: str = "60s",
+        extra_requirements: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """
+        Args:
+            api: A ``kubernetes.client.ApiClient`` allowed to manage NodePools and delete NodeClaims.
+            node_class: The NodeClass the pool references.
+            instance_types: Instance types the pool admits (the catalog's, for this cloud).
+            nodepool: Name of the gpuscaler-owned NodePool.
+            gpu_limit: ``limits.nvidia.com/gpu`` of the pool (None = no limit).
+            taint_key: GPU taint put on the pool's nodes (workers tolerate it).
+            consolidate_after: ``disruption.consolidateAfter``: how long an empty node stays.
+            extra_requirements: More NodeSelectorRequirements (e.g. zones, architecture).
+        """
+        self.custom = client.CustomObjectsApi(api)
+        self.node_class = node_class
+        self.instance_types = sorted(set(instance_types))
+        self.nodepool = nodepool
+        self.gpu_limit = gpu_limit
+        self.taint_key = taint_key
+        self.consolidate_after = consolidate_after
+        self.extra_requirements = list(extra_requirements or [])
+        self._ensured: set[str] = set()
+
+    def manifest(self) -> dict[str, Any]:
+        """The NodePool as gpuscaler wants it."""
+        spec: dict[str, Any] = {
+            "template": {
+                "metadata": {"labels": {"gpuscaler.io/managed": "true"}},
+                "spec": {
+                    "nodeClassRef": {
+                        "group": self.node_class.group,
+                        "kind": self.node_class.kind,
+                        "name": self.node_class.name,
+                    },
+                    "requirements": [
+                        {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": self.instance_types},
+                        {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand", "spot"]},
+                        {"key": JOB_LABEL, "operator": "Exists"},
+                        *self.extra_requirements,
+                    ],
+                    "taints": [{"key": self.taint_key, "effect": "NoSchedule"}],
+                    "expireAfter": "Never",
+                },
+            },
+            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": self.consolidate_after},
+        }
+        if self.gpu_limit is not None:
+            spec["limits"] = {"nvidia.com/gpu": str(self.gpu_limit)}
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "NodePool",
+            "metadata": {"name": self.nodepool, "labels": dict(MANAGED_BY)},
+            "spec": spec,
+        }
+
+    def ensure_nodepool(self, instance_type: str | None = None) -> dict[str, Any]:
+        """Create the NodePool, or bring its spec to what gpuscaler wants; returns the server's object.
+
+        Raises:
+            ProviderError: the API server refused (e.g. the Karpenter CRDs are not installed), with its cause.
+        """
+        if instance_type and instance_type not in self.instance_types:
+            self.instance_types = sorted({*self.instance_types, instance_type})
+            self._ensured.clear()
+        want = self.manifest()
+        try:
+            have = self.custom.get_cluster_custom_object(GROUP, VERSION, "nodepools", self.nodepool)
+        except ApiException as err:
+            if err.status != HTTP_NOT_FOUND:
+                raise ProviderError(f"karpenter: reading NodePool {self.nodepool}, {err.reason}: {err.body}") from err
+            try:
+                out: dict[str, Any] = self.custom.create_cluster_custom_object(GROUP, VERSION, "nodepools", want)
+                return out
+            except ApiException as err2:
+                raise ProviderError(
+                    f"karpenter: creating NodePool {self.nodepool}, {err2.reason}: {err2.body}"
+                ) from err2
+        if all(have.get("spec", {}).get(k) == v for k, v in want["spec"].items()):
+            return dict(have)
+        want["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"]
+        want["spec"] = {**have.get("spec", {}), **want["spec"]}
+        if self.gpu_limit is None:
+            want["spec"].pop("limits", None)
+        try:
+            out = self.custom.replace_cluster_custom_object(GROUP, VERSION, "nodepools", self.nodepool, want)
+        except ApiException as err:
+            raise ProviderError(f"karpenter: updating NodePool {self.nodepool}, {err.reason}: {err.body}") from err
+        return out
+
+    # ------------------------------------------------------------------ the Protocol
+
+    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
+        """Ensure the NodePool admits the request; Karpenter makes the nodes for the pending pods."""
+        self.ensure_nodepool(request.instance.name)
+        self._ensured.add(request.instance.name)
+        return []
+
+    def release_nodes(self, job: JobRef, nodes: list[NodeState]) -> list[str]:
+        """Delete the NodeClaims behind the job's nodes (Karpenter drains and terminates them)."""
+        names = {n.name for n in nodes if not n.deleting}
+        if not names:
+            return []
+        try:
+            claims = self.custom.list_cluster_custom_object(
+                GROUP, VERSION, "nodeclaims", label_selector=f"{NODEPOOL_LABEL}={self.nodepool}"
+            )["items"]
+        except ApiException as err:
+            raise ProviderError(f"karpenter: listing NodeClaims of {job.key}, {err.reason}") from err
+        deleted: list[str] = []
+        for claim in claims:
+            node = (claim.get("status") or {}).get("nodeName")
+            if node not in names:
+                continue
+            try:
+                self.custom.delete_cluster_custom_object(GROUP, VERSION, "nodeclaims", claim["metadata"]["name"])
+            except ApiException as err:
+                if err.status != HTTP_NOT_FOUND:
+                    raise ProviderError(
+                        f"karpenter: deleting NodeClaim {claim['metadata']['name']} of node {node} ({job.key}), "
+                        f"{err.reason}"
+                    ) from err
+            deleted.append(node)
+        return deleted
+
+    def scheduling(self, request: NodeRequest) -> Scheduling:
+        """Pods select the offering, the pool and the job; ensures the pool first (see module doc)."""
+        if request.instance.name not in self._ensured:
+            self.ensure_nodes(request, [])
+        return Scheduling(
+            node_selector={
+                INSTANCE_TYPE_LABEL: request.instance.name,
+                CAPACITY_TYPE_LABEL: request.capacity.value,
+                NODEPOOL_LABEL: self.nodepool,
+                JOB_LABEL: request.job.label,
+            },
+            tolerations=[{"key": self.taint_key, "operator": "Exists", "effect": "NoSchedule"}],
+        )
