@@ -75,7 +75,9 @@ def install_crds(api: Any, files: list[Path]) -> list[str]:
         except ApiException as err:
             if err.status != 409:
                 raise
-            body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(name).metadata.resource_version
+            body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
+                name
+            ).metadata.resource_version
             ext.replace_custom_resource_definition(name, body)
         names.append(name)
 
@@ -137,7 +139,9 @@ def test_karpenter_nodepool_is_accepted_and_updated(
         assert reqs[JOB_LABEL]["operator"] == "Exists"
         assert spec["limits"] == {"nvidia.com/gpu": "16"}
         assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
-        assert spec["disruption"]["budgets"] == [{"nodes": "10%"}]  # the CRD's default: the server applied the schema
+        assert spec["disruption"]["budgets"] == [
+            {"nodes": "10%"}
+        ]  # the CRD's default: the server applied the schema
 
         # a type outside the pool: the pool is widened in place (same object, new generation)
         p.ensure_nodes(request("p5.48xlarge", CapacityType.ON_DEMAND, 1, job), [])
@@ -146,7 +150,9 @@ def test_karpenter_nodepool_is_accepted_and_updated(
         assert np2["metadata"]["generation"] == np["metadata"]["generation"] + 1
         assert p.ensure_nodes(req, []) == []  # idempotent: no further change
         assert (
-            custom.get_cluster_custom_object("karpenter.sh", "v1", "nodepools", nodepool_name)["metadata"]["generation"]
+            custom.get_cluster_custom_object("karpenter.sh", "v1", "nodepools", nodepool_name)["metadata"][
+                "generation"
+            ]
             == np2["metadata"]["generation"]
         )
 
@@ -164,12 +170,19 @@ def test_karpenter_nodepool_is_accepted_and_updated(
 @pytest.mark.parametrize(
     ("override", "refusal"),
     [
-        ({"extra_requirements": [{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["x"]}]}, "restricted"),
+        (
+            {"extra_requirements": [{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["x"]}]},
+            "restricted",
+        ),
         ({"consolidate_after": "soon"}, "consolidateAfter"),
     ],
 )
 def test_karpenter_invalid_nodepool_is_refused(
-    dev_cluster: E2ECluster, karpenter_crds: list[str], nodepool_name: str, override: dict[str, Any], refusal: str
+    dev_cluster: E2ECluster,
+    karpenter_crds: list[str],
+    nodepool_name: str,
+    override: dict[str, Any],
+    refusal: str,
 ) -> None:
     p = KarpenterProvider(
         dev_cluster.api,
@@ -227,11 +240,19 @@ def test_clusterapi_scales_machinedeployment_through_scale_subresource(
     core = client.CoreV1Api(dev_cluster.api)
     md = "a100-od"
     custom.create_namespaced_custom_object(
-        "cluster.x-k8s.io", "v1beta2", namespace, "machinedeployments", machine_deployment(md, "p4d.24xlarge", "on-demand")
+        "cluster.x-k8s.io",
+        "v1beta2",
+        namespace,
+        "machinedeployments",
+        machine_deployment(md, "p4d.24xlarge", "on-demand"),
     )
     # another offering's deployment, to show the label lookup picks the right one
     custom.create_namespaced_custom_object(
-        "cluster.x-k8s.io", "v1beta2", namespace, "machinedeployments", machine_deployment("a100-spot", "p4d.24xlarge", "spot")
+        "cluster.x-k8s.io",
+        "v1beta2",
+        namespace,
+        "machinedeployments",
+        machine_deployment("a100-spot", "p4d.24xlarge", "spot"),
     )
     p = ClusterApiProvider(dev_cluster.api, namespace=namespace, cluster="gpu")
     job = JobRef(namespace, "bert")
@@ -240,10 +261,14 @@ def test_clusterapi_scales_machinedeployment_through_scale_subresource(
     assert p.ensure_nodes(req, []) == []
     assert p.replicas(md) == 2
     assert p.replicas("a100-spot") == 0
-    got = custom.get_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "machinedeployments", md)
+    got = custom.get_namespaced_custom_object(
+        "cluster.x-k8s.io", "v1beta2", namespace, "machinedeployments", md
+    )
     assert got["spec"]["replicas"] == 2
     # served as v1beta1 as well (no conversion webhook needed for reading spec.replicas)
-    old = custom.get_namespaced_custom_object_scale("cluster.x-k8s.io", "v1beta1", namespace, "machinedeployments", md)
+    old = custom.get_namespaced_custom_object_scale(
+        "cluster.x-k8s.io", "v1beta1", namespace, "machinedeployments", md
+    )
     assert old["spec"]["replicas"] == 2
     assert p.ensure_nodes(req, []) == []  # 2 machines launching: nothing more
     assert p.replicas(md) == 2
@@ -255,7 +280,10 @@ def test_clusterapi_scales_machinedeployment_through_scale_subresource(
             {
                 "metadata": {
                     "name": n,
-                    "labels": {"node.kubernetes.io/instance-type": "p4d.24xlarge", "karpenter.sh/capacity-type": "on-demand"},
+                    "labels": {
+                        "node.kubernetes.io/instance-type": "p4d.24xlarge",
+                        "karpenter.sh/capacity-type": "on-demand",
+                    },
                     "annotations": {"cluster.x-k8s.io/machine": f"{n}-machine"},
                 }
             }
@@ -284,14 +312,20 @@ def test_clusterapi_invalid_machinedeployment_is_refused(
     bad = machine_deployment("broken", "p4d.24xlarge", "spot")
     del bad["spec"]["clusterName"]
     with pytest.raises(ApiException) as info:
-        custom.create_namespaced_custom_object("cluster.x-k8s.io", "v1beta2", namespace, "machinedeployments", bad)
+        custom.create_namespaced_custom_object(
+            "cluster.x-k8s.io", "v1beta2", namespace, "machinedeployments", bad
+        )
     assert info.value.status == 422 and "clusterName" in str(info.value.body)
 
     p = ClusterApiProvider(dev_cluster.api, namespace=namespace)
     with pytest.raises(ProviderError, match="no MachineDeployment"):
         p.ensure_nodes(request("p4d.24xlarge", CapacityType.SPOT, 1, JobRef(namespace, "x")), [])
     custom.create_namespaced_custom_object(
-        "cluster.x-k8s.io", "v1beta2", namespace, "machinedeployments", machine_deployment("ok", "p4d.24xlarge", "spot")
+        "cluster.x-k8s.io",
+        "v1beta2",
+        namespace,
+        "machinedeployments",
+        machine_deployment("ok", "p4d.24xlarge", "spot"),
     )
     with pytest.raises(ProviderError, match="scaling MachineDeployment") as err:
         p.scale("ok", -1, "a negative count")

@@ -45,7 +45,9 @@ class FakeCore:
     def list_node(self, label_selector: str = "") -> Any:
         want = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
         items = [
-            n for n in self.nodes.values() if all((n.metadata.labels or {}).get(k) == v for k, v in want.items())
+            n
+            for n in self.nodes.values()
+            if all((n.metadata.labels or {}).get(k) == v for k, v in want.items())
         ]
         return client.V1NodeList(items=items)
 
@@ -70,7 +72,9 @@ class FakeCore:
         node.metadata.resource_version = str(int(node.metadata.resource_version) + 1)
 
 
-def request(instance: str = "p4d.24xlarge", capacity: CapacityType = CapacityType.ON_DEMAND, count: int = 2) -> NodeRequest:
+def request(
+    instance: str = "p4d.24xlarge", capacity: CapacityType = CapacityType.ON_DEMAND, count: int = 2
+) -> NodeRequest:
     inst = CAT.instance(instance)
     return NodeRequest(JOB, inst, capacity, count, inst.price(capacity) or 0.0)
 
@@ -96,7 +100,9 @@ def aws() -> Iterator[tuple[Any, Any]]:
         yield eks, (role, subnet)
 
 
-def _group(eks: Any, name: str, instance: str, capacity: str, role: str, subnet: str, tags: bool = True) -> None:
+def _group(
+    eks: Any, name: str, instance: str, capacity: str, role: str, subnet: str, tags: bool = True
+) -> None:
     eks.create_nodegroup(
         clusterName=CLUSTER,
         nodegroupName=name,
@@ -110,7 +116,11 @@ def _group(eks: Any, name: str, instance: str, capacity: str, role: str, subnet:
 
 
 def _desired(eks: Any, name: str) -> int:
-    return int(eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName=name)["nodegroup"]["scalingConfig"]["desiredSize"])
+    return int(
+        eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName=name)["nodegroup"]["scalingConfig"][
+            "desiredSize"
+        ]
+    )
 
 
 def test_scale_up_adopt_and_scale_down(aws: tuple[Any, Any]) -> None:
@@ -179,7 +189,9 @@ def test_targeted_scale_down_terminates_the_instances(aws: tuple[Any, Any]) -> N
 
 def test_creates_a_missing_group_from_the_template(aws: tuple[Any, Any]) -> None:
     eks, (role, subnet) = aws
-    p = EksProvider(eks, FakeCore(), cluster=CLUSTER, template=EksTemplate(subnets=[subnet], node_role_arn=role))
+    p = EksProvider(
+        eks, FakeCore(), cluster=CLUSTER, template=EksTemplate(subnets=[subnet], node_role_arn=role)
+    )
     assert p.ensure_nodes(request("g5.12xlarge", CapacityType.SPOT, 3), []) == []
     ng = eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName="gpuscaler-g5-12xlarge-spot")["nodegroup"]
     assert ng["capacityType"] == "SPOT" and ng["instanceTypes"] == ["g5.12xlarge"]
@@ -189,7 +201,7 @@ def test_creates_a_missing_group_from_the_template(aws: tuple[Any, Any]) -> None
 
 def test_no_group_and_no_template_says_what_to_do(aws: tuple[Any, Any]) -> None:
     eks, _ = aws
-    with pytest.raises(ProviderError, match="tag one gpuscaler.io/instance-type=p4d.24xlarge"):
+    with pytest.raises(ProviderError, match=r"tag one gpuscaler\.io/instance-type=p4d\.24xlarge"):
         EksProvider(eks, FakeCore(), cluster=CLUSTER).ensure_nodes(request(), [])
 
 
@@ -227,8 +239,12 @@ def test_throttling_is_retried_with_backoff(aws: tuple[Any, Any]) -> None:
 
 def _spec() -> TrainingJobSpec:
     return TrainingJobSpec.model_validate(
-        {"workload": {"model": "resnet50"}, "globalBatch": 1024, "training": {"epochs": 10},
-         "constraints": {"providers": ["aws"], "spot": "allowed"}}
+        {
+            "workload": {"model": "resnet50"},
+            "globalBatch": 1024,
+            "training": {"epochs": 10},
+            "constraints": {"providers": ["aws"], "spot": "allowed"},
+        }
     )
 
 

@@ -34,7 +34,10 @@ POOLS = {
             "config": {
                 "machineType": "a2-highgpu-1g",
                 "spot": True,
-                "labels": {"gpuscaler.io/instance-type": "a2-highgpu-1g", "gpuscaler.io/capacity-type": "spot"},
+                "labels": {
+                    "gpuscaler.io/instance-type": "a2-highgpu-1g",
+                    "gpuscaler.io/capacity-type": "spot",
+                },
                 "accelerators": [{"acceleratorCount": "1", "acceleratorType": "nvidia-tesla-a100"}],
             },
             "autoscaling": {"enabled": True, "minNodeCount": 0, "maxNodeCount": 1},
@@ -164,17 +167,24 @@ def test_scale_up_raises_autoscaling_bound_then_sets_size_polling_operations(stu
 
 
 def test_release_lowers_the_size(stub: Stub) -> None:
-    stub.route = lambda m, path, b: (200, POOLS) if path.endswith("/nodePools") else (200, op("op-down", "DONE"))
+    stub.route = lambda m, path, b: (
+        (200, POOLS) if path.endswith("/nodePools") else (200, op("op-down", "DONE"))
+    )
     core = FakeCore()
     for i in range(2):
         core.register(f"n{i}", "x", f"i-{i}")
-        core.nodes[f"n{i}"].metadata.labels = {"cloud.google.com/gke-nodepool": "l4-ondemand", JOB_LABEL: JOB.label}
+        core.nodes[f"n{i}"].metadata.labels = {
+            "cloud.google.com/gke-nodepool": "l4-ondemand",
+            JOB_LABEL: JOB.label,
+        }
     core.register("other", "x", "i-9")
     core.nodes["other"].metadata.labels = {"cloud.google.com/gke-nodepool": "l4-ondemand"}
     p = provider(stub, core)
     from gpuscaler.cloud.provider import NodeState
 
-    gone = p.release_nodes(JOB, [NodeState(f"n{i}", "g2-standard-4", "on-demand", True, None, 1.0) for i in range(2)])
+    gone = p.release_nodes(
+        JOB, [NodeState(f"n{i}", "g2-standard-4", "on-demand", True, None, 1.0) for i in range(2)]
+    )
     assert gone == ["n0", "n1"]
     assert stub.calls == [
         (
@@ -246,5 +256,5 @@ def test_operation_still_running_is_polled_on_the_next_call(stub: Stub) -> None:
 
 def test_no_pool_says_what_to_create(stub: Stub) -> None:
     stub.route = lambda m, path, b: (200, POOLS)
-    with pytest.raises(ProviderError, match="gpuscaler.io/instance-type=a3-highgpu-8g"):
+    with pytest.raises(ProviderError, match=r"gpuscaler\.io/instance-type=a3-highgpu-8g"):
         provider(stub, FakeCore()).ensure_nodes(request("a3-highgpu-8g", CapacityType.SPOT, 1), [])

@@ -86,3 +86,57 @@ class Settings(BaseSettings):
     peering: str = Field(
         default="gpuscaler", description="kopf peering object name, for safe failover between replicas."
     )
+
+    # --- Real clouds: eks, gke, karpenter, clusterapi (docs/providers.md)
+    cloud_api_retries: int = Field(
+        default=5, ge=1, description="Attempts of a throttled cloud API call (exponential backoff) before failing."
+    )
+    cloud_api_backoff_s: float = Field(
+        default=0.5, gt=0, description="First backoff of a throttled cloud API call, doubled per attempt."
+    )
+    aws_region: str | None = Field(
+        default=None, description="eks: AWS region (none = boto3's default chain, e.g. AWS_REGION from IRSA)."
+    )
+    eks_cluster_name: str = Field(default="", description="eks: name of the EKS cluster (required for eks).")
+    eks_subnets: list[str] = Field(
+        default_factory=list,
+        description="eks: subnets of node groups gpuscaler creates (JSON list); empty = only use tagged groups.",
+    )
+    eks_node_role_arn: str | None = Field(
+        default=None, description="eks: IAM node role of node groups gpuscaler creates (with eks_subnets)."
+    )
+    eks_ami_type: str = Field(
+        default="AL2023_x86_64_NVIDIA", description="eks: AMI type of created node groups (an NVIDIA one)."
+    )
+    eks_disk_size_gb: int = Field(default=200, ge=20, description="eks: root disk of created node groups, GiB.")
+    eks_max_nodes: int = Field(
+        default=16, ge=1, description="eks: maxSize of created node groups (raised when a plan needs more)."
+    )
+    eks_targeted_scale_down: bool = Field(
+        default=True,
+        description="eks: terminate exactly the released nodes' instances via Auto Scaling (else lower desiredSize).",
+    )
+    gke_project: str = Field(default="", description="gke: Google Cloud project of the cluster (required for gke).")
+    gke_location: str = Field(default="", description="gke: zone or region of the cluster (required for gke).")
+    gke_cluster: str = Field(default="", description="gke: GKE cluster name (required for gke).")
+    gke_operation_timeout_s: float = Field(
+        default=30.0, ge=0, description="gke: seconds one call waits for its operation before the next reconcile."
+    )
+    karpenter_nodepool: str = Field(default="gpuscaler", description="karpenter: name of the gpuscaler-owned NodePool.")
+    karpenter_node_class: str = Field(
+        default="karpenter.k8s.aws/EC2NodeClass/default",
+        description="karpenter: <group>/<kind>/<name> of the NodeClass the pool launches with (must exist).",
+    )
+    karpenter_cloud: str = Field(
+        default="aws", description="karpenter: catalog provider (aws, gcp, azure) whose instance types the pool admits."
+    )
+    karpenter_gpu_limit: int | None = Field(
+        default=None, ge=0, description="karpenter: limits.nvidia.com/gpu of the NodePool (none = unlimited)."
+    )
+    karpenter_consolidate_after: str = Field(
+        default="60s", description="karpenter: how long an empty gpuscaler node stays (disruption.consolidateAfter)."
+    )
+    clusterapi_namespace: str = Field(default="default", description="clusterapi: namespace of the MachineDeployments.")
+    clusterapi_cluster: str | None = Field(
+        default=None, description="clusterapi: only MachineDeployments of this Cluster (none = any)."
+    )

@@ -71,7 +71,7 @@ class ClusterApiProvider:
             toleration_key: GPU taint key the workers tolerate.
             version: ``cluster.x-k8s.io`` API version to use.
         """
-        self.custom = client.CustomObjectsApi(api)
+        self.custom: Any = client.CustomObjectsApi(api)
         self.adopter = NodeAdopter(core_api(api))
         self.namespace = namespace
         self.cluster = cluster
@@ -104,17 +104,19 @@ class ClusterApiProvider:
     @staticmethod
     def node_selector(md: dict[str, Any]) -> str:
         labels = md["metadata"].get("labels") or {}
-        default = (
-            f"{INSTANCE_TYPE_LABEL}={labels.get(INSTANCE_LABEL)},{CAPACITY_TYPE_LABEL}={labels.get(CAPACITY_LABEL)}"
-        )
+        default = f"{INSTANCE_TYPE_LABEL}={labels.get(INSTANCE_LABEL)},{CAPACITY_TYPE_LABEL}={labels.get(CAPACITY_LABEL)}"
         return str((md["metadata"].get("annotations") or {}).get(NODE_SELECTOR_ANNOTATION, default))
 
     def replicas(self, name: str) -> int:
         """``spec.replicas`` as the scale subresource reports it."""
         try:
-            scale = self.custom.get_namespaced_custom_object_scale(GROUP, self.version, self.namespace, PLURAL, name)
+            scale = self.custom.get_namespaced_custom_object_scale(
+                GROUP, self.version, self.namespace, PLURAL, name
+            )
         except ApiException as err:
-            raise ProviderError(f"clusterapi: reading scale of MachineDeployment {name}, {err.reason}") from err
+            raise ProviderError(
+                f"clusterapi: reading scale of MachineDeployment {name}, {err.reason}"
+            ) from err
         return int((scale.get("spec") or {}).get("replicas") or 0)
 
     def scale(self, name: str, replicas: int, why: str) -> None:
@@ -179,10 +181,14 @@ class ClusterApiProvider:
     def _mark_for_deletion(self, machine: str) -> None:
         body = {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "yes"}}}
         try:
-            self.custom.patch_namespaced_custom_object(GROUP, self.version, self.namespace, "machines", machine, body)
+            self.custom.patch_namespaced_custom_object(
+                GROUP, self.version, self.namespace, "machines", machine, body
+            )
         except ApiException as err:
             if err.status != HTTP_NOT_FOUND:
-                raise ProviderError(f"clusterapi: marking Machine {machine} for deletion, {err.reason}") from err
+                raise ProviderError(
+                    f"clusterapi: marking Machine {machine} for deletion, {err.reason}"
+                ) from err
 
     def scheduling(self, request: NodeRequest) -> Scheduling:
         return Scheduling(

@@ -77,7 +77,9 @@ CAPACITY_CODES = frozenset(
 )
 """EC2 error codes that mean "no capacity of this offering right now" (EC2 API error reference)."""
 CAPACITY_MESSAGE = re.compile(
-    "|".join([*sorted(CAPACITY_CODES), r"no Spot capacity", r"capacity-not-available", r"insufficient capacity"]),
+    "|".join(
+        [*sorted(CAPACITY_CODES), r"no Spot capacity", r"capacity-not-available", r"insufficient capacity"]
+    ),
     re.IGNORECASE,
 )
 CAPACITY_ISSUES = frozenset({"AsgInstanceLaunchFailures", "NodeCreationFailure"})
@@ -201,7 +203,8 @@ class EksProvider:
             if INSTANCE_TAG in meta:
                 return bool(meta[INSTANCE_TAG] == instance and meta.get(CAPACITY_TAG) == capacity.value)
         return bool(
-            ng.get("instanceTypes") == [instance] and ng.get("capacityType", "ON_DEMAND") == EKS_CAPACITY[capacity]
+            ng.get("instanceTypes") == [instance]
+            and ng.get("capacityType", "ON_DEMAND") == EKS_CAPACITY[capacity]
         )
 
     @staticmethod

@@ -64,7 +64,9 @@ class NodeClassRef:
         """
         parts = text.split("/")
         if len(parts) != 3 or not all(parts):
-            raise ValueError(f"node class {text!r} is not <group>/<kind>/<name>, e.g. karpenter.k8s.aws/EC2NodeClass/default")
+            raise ValueError(
+                f"node class {text!r} is not <group>/<kind>/<name>, e.g. karpenter.k8s.aws/EC2NodeClass/default"
+            )
         return cls(*parts)
 
 
@@ -97,7 +99,7 @@ class KarpenterProvider:
             consolidate_after: ``disruption.consolidateAfter``: how long an empty node stays.
             extra_requirements: More NodeSelectorRequirements (e.g. zones, architecture).
         """
-        self.custom = client.CustomObjectsApi(api)
+        self.custom: Any = client.CustomObjectsApi(api)
         self.node_class = node_class
         self.instance_types = sorted(set(instance_types))
         self.nodepool = nodepool
@@ -153,9 +155,13 @@ class KarpenterProvider:
             have = self.custom.get_cluster_custom_object(GROUP, VERSION, "nodepools", self.nodepool)
         except ApiException as err:
             if err.status != HTTP_NOT_FOUND:
-                raise ProviderError(f"karpenter: reading NodePool {self.nodepool}, {err.reason}: {err.body}") from err
+                raise ProviderError(
+                    f"karpenter: reading NodePool {self.nodepool}, {err.reason}: {err.body}"
+                ) from err
             try:
-                out: dict[str, Any] = self.custom.create_cluster_custom_object(GROUP, VERSION, "nodepools", want)
+                out: dict[str, Any] = self.custom.create_cluster_custom_object(
+                    GROUP, VERSION, "nodepools", want
+                )
                 return out
             except ApiException as err2:
                 raise ProviderError(
@@ -170,7 +176,9 @@ class KarpenterProvider:
         try:
             out = self.custom.replace_cluster_custom_object(GROUP, VERSION, "nodepools", self.nodepool, want)
         except ApiException as err:
-            raise ProviderError(f"karpenter: updating NodePool {self.nodepool}, {err.reason}: {err.body}") from err
+            raise ProviderError(
+                f"karpenter: updating NodePool {self.nodepool}, {err.reason}: {err.body}"
+            ) from err
         return out
 
     # ------------------------------------------------------------------ the Protocol
@@ -198,7 +206,9 @@ class KarpenterProvider:
             if node not in names:
                 continue
             try:
-                self.custom.delete_cluster_custom_object(GROUP, VERSION, "nodeclaims", claim["metadata"]["name"])
+                self.custom.delete_cluster_custom_object(
+                    GROUP, VERSION, "nodeclaims", claim["metadata"]["name"]
+                )
             except ApiException as err:
                 if err.status != HTTP_NOT_FOUND:
                     raise ProviderError(

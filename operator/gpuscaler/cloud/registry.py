@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuscaler.cloud.factories import REAL_CLOUDS
 from gpuscaler.cloud.provider import NodePoolProvider, UnknownProviderError
 from gpuscaler.settings import Settings
 
@@ -35,7 +36,7 @@ def _static(settings: Settings, api: Any) -> NodePoolProvider:
 PROVIDERS: dict[str, Factory] = {
     "kwok": _kwok,  # fake nodes played by kwok: dev cluster, tests, demos, scale benchmarks
     "static": _static,  # an existing node group: only node selectors and tolerations
-    # "eks", "gke", "karpenter", "clusterapi": add a factory here; the Protocol is the whole contract
+    **REAL_CLOUDS,  # eks, gke, karpenter, clusterapi: gpuscaler.cloud.factories
 }
 
 
