@@ -138,10 +138,10 @@ def plot(results: Sequence[SimulationResult], directory: str | Path, title: str 
     paths = []
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for r in rows:
+    for k, r in enumerate(rows):
         ax.scatter(r.miss_rate * 100, r.cost_usd, s=60)
-        ax.annotate(r.strategy, (r.miss_rate * 100, r.cost_usd), textcoords="offset points", xytext=(6, 4),
-                    fontsize=8)
+        ax.annotate(r.strategy, (r.miss_rate * 100, r.cost_usd), textcoords="offset points",
+                    xytext=(6, 4 if k % 2 == 0 else -12), fontsize=8)
     ax.set_xlabel("deadline-miss rate (% of jobs with a deadline)")
     ax.set_ylabel("total cost (USD)")
     ax.set_title(f"Cost vs deadline misses{': ' + title if title else ''}")
