@@ -5,9 +5,6 @@ namespace (``gpuscaler.policy.policy_for_namespace`` over the policy file and th
 GPUScalingPolicy objects), checks the job (``check_job`` with the namespace's ``NamespaceUsage``)
 and, on a violation, sets the ``PolicyViolation`` condition with the rule and values, stays
 Pending and provisions nothing; a policy change applies on the next reconcile, no restart.
-
-Marked xfail until the operator applies GPUScalingPolicy objects (it reads one policy file at
-startup today); strict=False so that it turns into an XPASS when it does.
 """
 
 from __future__ import annotations
@@ -86,9 +83,6 @@ def policy(name: str, namespace: str, usd_per_job: float) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(
-    reason="the operator does not apply GPUScalingPolicy objects nor set PolicyViolation yet", strict=False
-)
 def test_namespace_budget_stops_a_job_and_a_policy_change_lets_it_through(
     dev_cluster: E2ECluster, namespace: str, core: Any, operator: None
 ) -> None:

@@ -11,6 +11,7 @@ import kopf
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, PLURAL
 from gpuscaler.cloud import JOB_LABEL
 from gpuscaler.handlers import trainingjob as h
+from gpuscaler.policy import PLURAL as POLICY_PLURAL
 from gpuscaler.settings import Settings
 
 _settings = Settings()
@@ -18,6 +19,9 @@ _settings = Settings()
 kopf.on.startup()(h.startup)
 kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT})(h.job_pods)
 kopf.index("nodes", labels={JOB_LABEL: kopf.PRESENT})(h.job_nodes)
+kopf.index(API_GROUP, API_VERSION, PLURAL)(h.namespace_jobs)
+if _settings.watch_policies:
+    kopf.index(API_GROUP, API_VERSION, POLICY_PLURAL)(h.policy_objects)
 kopf.timer(
     API_GROUP,
     API_VERSION,

@@ -23,11 +23,27 @@ from gpuscaler.cloud import JOB_LABEL, JobRef, NodePoolProvider, job_label_value
 from gpuscaler.cloud.provider import node_state
 from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors
-from gpuscaler.handlers.reconcile import COST_REFRESH_S, Job, LoopConfig, Reconciler, status_change
+from gpuscaler.handlers.policy import (
+    Governance,
+    PolicySource,
+    PolicyViolationError,
+    gated_plan,
+    namespace_usage,
+)
+from gpuscaler.handlers.policy import current as governance
+from gpuscaler.handlers.reconcile import (
+    COST_REFRESH_S,
+    Event,
+    Job,
+    LoopConfig,
+    Outcome,
+    Reconciler,
+    set_condition,
+    status_change,
+)
 from gpuscaler.kube.client import Workers, load_config
 from gpuscaler.kube.workers import pod_state, service_name
-from gpuscaler.planner import PlanResult, plan
-from gpuscaler.policy import Policy, load_policy
+from gpuscaler.planner import PlanResult
 from gpuscaler.settings import Settings
 
 FINALIZER = "gpuscaler.io/finalizer"
@@ -40,7 +56,7 @@ class Operator:
 
     settings: Settings
     catalog: Catalog
-    policy: Policy
+    policies: PolicySource
     provider: NodePoolProvider
     workers: Workers
     reconciler: Reconciler
@@ -53,7 +69,8 @@ _operator: Operator | None = None
 def build(settings: Settings, api: Any) -> Operator:
     """The operator's collaborators from settings and an ``ApiClient``."""
     catalog = load_catalog()
-    policy = load_policy(settings.policy_file) if settings.policy_file else Policy()
+    policies = PolicySource(settings.policy_file)
+    policies.file_policies()  # a broken policy file stops the start-up with its error
     provider = make_provider(settings.provider_name, settings, api)
     workers = Workers(api)
 
@@ -61,7 +78,7 @@ def build(settings: Settings, api: Any) -> Operator:
         spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: frozenset[tuple[str, str]]
     ) -> PlanResult:
         with metrics.PLANNER.time():
-            return plan(spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable)
+            return gated_plan(spec, catalog, name, deadline_h, unavailable)
 
     config = LoopConfig(
         gang_timeout_s=settings.gang_timeout_s,
@@ -71,7 +88,7 @@ def build(settings: Settings, api: Any) -> Operator:
         default_image=settings.default_image,
     )
     reconciler = Reconciler(provider, workers, planner, catalog, config)
-    return Operator(settings, catalog, policy, provider, workers, reconciler, {})
+    return Operator(settings, catalog, policies, provider, workers, reconciler, {})
 
 
 def _op() -> Operator:
@@ -97,9 +114,11 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
         _operator = build(ours, load_config())
     metrics.serve(ours.metrics_port)
     logger.info(
-        "gpuscaler operator: provider %s, policy %s, reconcile every %gs, metrics port %s",
+        "gpuscaler operator: provider %s, policy file %s, GPUScalingPolicy objects %s, reconcile every %gs, "
+        "metrics port %s",
         ours.provider_name,
-        _operator.policy.name,
+        ours.policy_file or "none",
+        "watched" if ours.watch_policies else "ignored",
         ours.reconcile_interval_s,
         ours.metrics_port or "off",
     )
@@ -113,6 +132,51 @@ def job_pods(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Any]:
 def job_nodes(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Any]:
     """Index: nodes by the job label value."""
     return {labels[JOB_LABEL]: node_state(dict(body))}
+
+
+def policy_objects(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+    """Index: GPUScalingPolicy bodies by name (cluster-scoped)."""
+    return {
+        name: {"kind": body.get("kind"), "metadata": {"name": name}, "spec": dict(body.get("spec") or {})}
+    }
+
+
+def namespace_jobs(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[str, Any]:
+    """Index: every TrainingJob's phase, GPUs and spend by namespace (for namespace caps)."""
+    return {
+        namespace or "": {
+            "name": name,
+            "phase": status.get("phase"),
+            "gpus": status.get("gpus"),
+            "costUsd": status.get("costUsd"),
+            "startTime": status.get("startTime"),
+        }
+    }
+
+
+def governance_for(op: Operator, namespace: str, name: str, kwargs: dict[str, Any]) -> Governance:
+    """The merged policy in force for a job and what its namespace already holds."""
+    objects: kopf.Index[str, Any] | None = kwargs.get("policy_objects")
+    bodies = [b for key in (objects or {}) for b in objects[key]] if objects is not None else []
+    jobs: kopf.Index[str, Any] | None = kwargs.get("namespace_jobs")
+    usage = namespace_usage(list(jobs.get(namespace, [])) if jobs is not None else [], exclude=name)
+    return Governance(op.policies.for_namespace(namespace, bodies), usage)
+
+
+def policy_blocked(current: TrainingJobStatus, err: PolicyViolationError, generation: int) -> Outcome:
+    """The status of a job a policy stops: PolicyViolation with the rule and values, nothing provisioned."""
+    now = datetime.now(UTC)
+    st = current.model_copy(deep=True)
+    out = Outcome(st)
+    was = any(c.type == "PolicyViolation" and c.status == "True" for c in st.conditions)
+    set_condition(st, "PolicyViolation", True, err.rule, str(err), now, generation)
+    if st.phase in (Phase.PENDING, Phase.PLANNING):
+        st.phase = Phase.PENDING
+        st.message = f"not provisioned: {err}"
+    st.observed_generation = generation
+    if not was:
+        out.events.append(Event("Warning", "PolicyViolation", str(err)[:1000]))
+    return out
 
 
 def unfinished(status: kopf.Status, **_: Any) -> bool:
@@ -136,7 +200,7 @@ def reconcile(
     logger: Logger,
     job_pods: kopf.Index[str, Any],
     job_nodes: kopf.Index[str, Any],
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """One reconcile step of one job (a kopf timer, every ``reconcile_interval_s``)."""
     op = _op()
@@ -154,7 +218,24 @@ def reconcile(
         label = job_label_value(namespace, name)
         pods = list(job_pods.get(label, []))
         nodes = list(job_nodes.get(label, []))
-        out = op.reconciler.step(job, current, pods, nodes)
+        token = governance.set(governance_for(op, namespace, name, kwargs))
+        try:
+            out = op.reconciler.step(job, current, pods, nodes)
+        except PolicyViolationError as err:
+            out = policy_blocked(current, err, job.generation)
+        else:
+            if any(c.type == "PolicyViolation" and c.status == "True" for c in out.status.conditions):
+                set_condition(
+                    out.status,
+                    "PolicyViolation",
+                    False,
+                    "Compliant",
+                    "the job meets the policies in force",
+                    datetime.now(UTC),
+                    job.generation,
+                )
+        finally:
+            governance.reset(token)
     old = current.model_dump(mode="json", by_alias=True, exclude_none=True)
     new = out.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     change = status_change(dict(status), new) if status else "state"
@@ -175,7 +256,12 @@ def reconcile(
 
 
 def delete(
-    name: str, namespace: str, logger: Logger, job_pods: kopf.Index[str, Any], job_nodes: kopf.Index[str, Any], **_: Any
+    name: str,
+    namespace: str,
+    logger: Logger,
+    job_pods: kopf.Index[str, Any],
+    job_nodes: kopf.Index[str, Any],
+    **_: Any,
 ) -> None:
     """Finalizer: delete the job's workers, Service and nodes before the TrainingJob goes."""
     op = _op()
@@ -190,4 +276,3 @@ def delete(
         logger.info("released %d node(s): %s", len(gone), ", ".join(gone))
     op.last_write.pop((namespace, name), None)
     metrics.forget_job(namespace, name)
-
