@@ -140,3 +140,50 @@ class Settings(BaseSettings):
     clusterapi_cluster: str | None = Field(
         default=None, description="clusterapi: only MachineDeployments of this Cluster (none = any)."
     )
+
+    # --- Observed performance (gpuscaler.observe, docs/observe.md); needs prometheus_url
+    observe_interval_s: float = Field(
+        default=60.0, gt=0, description="Seconds between assessments of a running job's metrics (2 Prometheus queries each)."
+    )
+    observe_window_s: float = Field(
+        default=600.0, gt=0, description="Seconds of samples one assessment reads (range selector length)."
+    )
+    observe_rate_window_s: float = Field(
+        default=60.0, gt=0, description="Seconds per window of the median-of-windows throughput estimate."
+    )
+    observe_warmup_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Seconds after the gang starts before its samples count (data-loader warm-up, compilation).",
+    )
+    observe_divergence: float = Field(
+        default=0.15,
+        gt=0,
+        lt=1,
+        description="Observed vs predicted throughput differing by more than this fraction corrects the job's model.",
+    )
+    replan_margin: float = Field(
+        default=0.10,
+        ge=0,
+        lt=1,
+        description="A re-plan after a correction must save more than this fraction of the remaining cost.",
+    )
+    replan_min_interval_s: float = Field(
+        default=1800.0,
+        ge=0,
+        description="Least seconds between a plan change and a re-plan found by observation (no thrashing).",
+    )
+    replan_restart_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="Seconds a move to another plan costs (provisioning, start, resume), charged at the new plan's price.",
+    )
+    observe_query_timeout_s: float = Field(default=10.0, gt=0, description="Timeout of one Prometheus query.")
+    dcgm_pod_label: str = Field(
+        default="pod",
+        description="Label carrying the pod name on DCGM series (exported_pod when the scrape does not honor labels).",
+    )
+    dcgm_namespace_label: str = Field(
+        default="namespace",
+        description="Label carrying the pod's namespace on DCGM series (exported_namespace when labels are not honored).",
+    )

@@ -89,6 +89,9 @@ class PlanStatus(StatusModel):
     summary: str = Field(default="", description="One line: nodes x instance (GPUs) capacity precision.")
     planned_at: datetime = Field(description="When it was planned.")
     generation: int = Field(default=0, ge=0, description="metadata.generation of the spec it was planned for.")
+    efficiency_factor: float = Field(
+        default=1.0, gt=0, description="Observed/model efficiency factor of the GPU type that throughput includes (1 = the model as calibrated)."
+    )
 
 
 class Progress(StatusModel):
@@ -108,6 +111,36 @@ class UnavailableOffering(StatusModel):
     capacity_type: str = Field(description="on-demand or spot.")
     until: datetime = Field(description="Left out of plans until this time.")
     reason: str = Field(default="", description="What happened.")
+
+
+class ObservedStatus(StatusModel):
+    """Observed performance from the cluster's Prometheus (DCGM exporter + the runtime's metrics).
+
+    Written by :mod:`gpuscaler.observe.controller` while the job runs; the efficiency factors are
+    applied when the job is planned again (see docs/observe.md).
+    """
+
+    throughput: float | None = Field(default=None, ge=0, description="Observed samples/s: robust rate of gpuscaler_runtime_samples_total.")
+    predicted: float | None = Field(default=None, ge=0, description="The running plan's predicted samples/s (plan.throughput).")
+    ratio: float | None = Field(default=None, ge=0, description="throughput / predicted.")
+    efficiency_factor: float = Field(default=1.0, gt=0, description="Observed/model throughput on the plan's GPU type; applied when re-planning.")
+    efficiency_by_gpu: dict[str, float] = Field(default_factory=dict, description="Efficiency factor per GPU type measured so far (GPU id -> factor).")
+    gpu_util: float | None = Field(default=None, ge=0, le=100, description="Mean GPU utilisation, percent (DCGM_FI_DEV_GPU_UTIL).")
+    tensor_active: float | None = Field(default=None, ge=0, le=1, description="Mean tensor-pipe activity, 0-1 (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).")
+    dram_active: float | None = Field(default=None, ge=0, le=1, description="Mean DRAM activity, 0-1 (DCGM_FI_PROF_DRAM_ACTIVE).")
+    memory_used_gb: float | None = Field(default=None, ge=0, description="GPU memory used on the fullest GPU, GB (DCGM_FI_DEV_FB_USED).")
+    memory_used_fraction: float | None = Field(default=None, ge=0, le=1, description="FB used / (used + free) on the fullest GPU.")
+    interconnect_gbs: float | None = Field(default=None, ge=0, description="PCIe + NVLink tx+rx per GPU, GB/s.")
+    pods: int = Field(default=0, ge=0, description="Worker pods with samples-counter data.")
+    gpus_seen: int = Field(default=0, ge=0, description="GPUs with DCGM data.")
+    message: str = Field(default="", description="What the last assessment concluded.")
+    last_assessed: datetime | None = Field(default=None, description="When the metrics were last assessed.")
+    last_corrected: datetime | None = Field(default=None, description="When the efficiency factor last changed.")
+    replan_pending: bool = Field(default=False, description="A cheaper plan was found; the move waits for the next checkpoint.")
+    replan_reason: str = Field(default="", description="Why a re-plan is pending (or why the last one was made).")
+    replan_after_checkpoint_step: int | None = Field(default=None, ge=0, description="Move when a checkpoint newer than this step is reported.")
+    last_replan: datetime | None = Field(default=None, description="When the job last moved to a plan found by observation.")
+    replans: int = Field(default=0, ge=0, description="Moves to a plan found by observation so far.")
 
 
 class TrainingJobStatus(StatusModel):
@@ -134,3 +167,4 @@ class TrainingJobStatus(StatusModel):
     interruptions: int = Field(default=0, ge=0, description="Nodes lost (spot reclaims) so far.")
     unavailable: list[UnavailableOffering] = Field(default_factory=list, description="Offerings in capacity back-off.")
     nodes: list[str] = Field(default_factory=list, description="Names of the nodes the job holds.")
+    observed: ObservedStatus | None = Field(default=None, description="Observed performance vs the plan's prediction (needs GPUSCALER_PROMETHEUS_URL).")

@@ -1,7 +1,10 @@
 """The operator's Prometheus metrics (``prometheus_client``), served on ``settings.metrics_port``.
 
 ``gpuscaler_trainingjobs{phase}``, ``gpuscaler_gpus_in_use``, ``gpuscaler_job_cost_usd{namespace,job}``,
-``gpuscaler_cost_usd_total`` (cost so far of the jobs the operator knows), and histograms of
+``gpuscaler_cost_usd_total`` (cost so far of the jobs the operator knows),
+``gpuscaler_throughput_predicted{namespace,job}``, ``gpuscaler_throughput_observed{namespace,job}``
+and ``gpuscaler_efficiency_factor{namespace,job}`` (observed performance, :mod:`gpuscaler.observe`;
+:func:`observe_performance`), and histograms of
 ``gpuscaler_reconcile_duration_seconds`` and ``gpuscaler_planner_latency_seconds``. The handlers
 call :func:`observe_job` after every reconcile and :func:`forget_job` when a job is deleted.
 """
@@ -28,6 +31,22 @@ PLANNER = Histogram(
     "gpuscaler_planner_latency_seconds",
     "Duration of one planner call.",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+
+THROUGHPUT_PREDICTED = Gauge(
+    "gpuscaler_throughput_predicted",
+    "Predicted samples/s of a running TrainingJob's plan (status.observed.predicted).",
+    ["namespace", "job"],
+)
+THROUGHPUT_OBSERVED = Gauge(
+    "gpuscaler_throughput_observed",
+    "Observed samples/s of a TrainingJob from Prometheus (status.observed.throughput).",
+    ["namespace", "job"],
+)
+EFFICIENCY = Gauge(
+    "gpuscaler_efficiency_factor",
+    "Observed/model efficiency factor of a TrainingJob on its plan's GPU type.",
+    ["namespace", "job"],
 )
 
 _lock = threading.Lock()
@@ -58,12 +77,25 @@ def observe_job(namespace: str, name: str, phase: Phase, gpus: int, cost_usd: fl
         _refresh()
 
 
+def observe_performance(
+    namespace: str, name: str, predicted: float | None, observed: float | None, efficiency: float | None
+) -> None:
+    """Record a job's predicted and observed throughput (None: not known, the series is removed)."""
+    for gauge, value in ((THROUGHPUT_PREDICTED, predicted), (THROUGHPUT_OBSERVED, observed), (EFFICIENCY, efficiency)):
+        if value is None:
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)
+        else:
+            gauge.labels(namespace=namespace, job=name).set(value)
+
+
 def forget_job(namespace: str, name: str) -> None:
     """Drop a deleted job from the metrics."""
     with _lock:
         _jobs.pop((namespace, name), None)
         with contextlib.suppress(KeyError):
             JOB_COST.remove(namespace, name)
+        observe_performance(namespace, name, None, None, None)
         _refresh()
 
 

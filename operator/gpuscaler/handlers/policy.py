@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,6 +136,7 @@ def gated_plan(
     name: str,
     deadline_h: float | None,
     unavailable: frozenset[tuple[str, str]],
+    efficiency: Mapping[str, float] | None = None,
 ) -> PlanResult:
     """Plan under the governance in :data:`current` (no policy when unset).
 
@@ -148,12 +149,16 @@ def gated_plan(
     before = check_job(spec.model_dump(mode="json", by_alias=True, exclude_none=True), policy, usage, catalog)
     if before:
         raise PolicyViolationError(before)
-    result = plan(spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable)
+    result = plan(
+        spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
+    )
     chosen = result.chosen
     if chosen is None:
         if gov is None:
             return result
-        free = plan(spec, catalog, None, name=name, deadline_h=deadline_h, unavailable=unavailable).chosen
+        free = plan(
+            spec, catalog, None, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
+        ).chosen
         if free is None:
             return result  # infeasible for reasons of its own: the loop reports Infeasible
         caps = check_plan(free.gpus, free.usd_per_hour, free.expected_cost_usd, policy, usage)

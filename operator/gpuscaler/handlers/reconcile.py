@@ -19,7 +19,7 @@ Phases (``status.phase``) and what moves them::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -43,6 +43,7 @@ from gpuscaler.cloud import (
     node_names,
 )
 from gpuscaler.kube.workers import PodState, WorkerPlan, headless_service, worker_pod
+from gpuscaler.observe.controller import Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult
 from gpuscaler.runtime import constants as rc
@@ -63,8 +64,22 @@ class WorkerClient(Protocol):
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
 
 
-Planner = Callable[[TrainingJobSpec, str, float | None, frozenset[tuple[str, str]]], PlanResult]
-"""(spec, name, hours left to the deadline, unavailable offerings) -> plan."""
+class Planner(Protocol):
+    """(spec, name, hours left to the deadline, unavailable offerings[, efficiency per GPU id]) -> plan.
+
+    ``efficiency`` (observed / model throughput per GPU id, from ``status.observed``) is passed only
+    when the job has one, so a four-argument planner still serves jobs that were never observed.
+    """
+
+    def __call__(
+        self,
+        spec: TrainingJobSpec,
+        name: str,
+        deadline_h: float | None,
+        unavailable: frozenset[tuple[str, str]],
+        /,
+        efficiency: Mapping[str, float] | None = None,
+    ) -> PlanResult: ...
 
 
 @dataclass(frozen=True)
@@ -211,7 +226,10 @@ class Reconciler:
         catalog: Catalog,
         config: LoopConfig,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        observer: Observer | None = None,
     ) -> None:
+        self.observer = observer
+        """Observed performance (gpuscaler.observe); None when no Prometheus is configured."""
         self.provider = provider
         self.workers = workers
         self.planner = planner
@@ -294,7 +312,7 @@ class Reconciler:
         unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
         t0 = time.perf_counter()
         try:
-            result = self.planner(job.spec, job.name, self._deadline_hours(job, now), unavailable)
+            result = self._call_planner(job, st, now, unavailable)
         except (JobError, UnknownIdError, PrecisionUnsupportedError) as err:  # the spec names what is not there
             st.phase = Phase.FAILED
             st.completion_time = now
@@ -320,6 +338,8 @@ class Reconciler:
             out.events.append(Event("Warning", "Infeasible", why[:1000]))
             return False
         st.plan = plan_status(result, job.generation, now)
+        if st.observed is not None:
+            st.plan.efficiency_factor = st.observed.efficiency_by_gpu.get(st.plan.gpu_type, 1.0)
         st.gpus = st.plan.gpus
         st.instance_type = st.plan.instance_type
         st.capacity_type = st.plan.capacity_type
@@ -332,6 +352,50 @@ class Reconciler:
         if st.phase is Phase.PLANNING:
             st.phase = Phase.PENDING
         return True
+
+    def _call_planner(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        now: datetime,
+        unavailable: frozenset[tuple[str, str]],
+        efficiency: Mapping[str, float] | None = None,
+    ) -> PlanResult:
+        """The planner with the job's observed efficiency factors (when it has any)."""
+        eff = efficiency if efficiency is not None else (st.observed.efficiency_by_gpu if st.observed else {})
+        if eff:
+            return self.planner(job.spec, job.name, self._deadline_hours(job, now), unavailable, efficiency=eff)
+        return self.planner(job.spec, job.name, self._deadline_hours(job, now), unavailable)
+
+    def _observe(
+        self, job: Job, st: TrainingJobStatus, pods: list[PodState], out: Outcome, now: datetime
+    ) -> None:
+        """Observed performance of a Running job (gpuscaler.observe): status.observed, bottleneck
+        conditions, model correction; at a checkpoint, move the gang to a cheaper plan if one is pending."""
+        assert self.observer is not None and st.plan is not None
+        unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
+        ckpt = max((p.checkpoint_step for p in pods if p.checkpoint_step is not None), default=None)
+        res = self.observer.step(
+            job.namespace,
+            job.name,
+            job.generation,
+            st,
+            ckpt,
+            now,
+            lambda eff: self._call_planner(job, st, now, unavailable, eff),
+        )
+        out.events.extend(Event(*e) for e in res.events)
+        if res.replan is None or res.replan.chosen is None:
+            return
+        before = st.plan.summary
+        st.plan = plan_status(res.replan, job.generation, now)
+        st.plan.efficiency_factor = (st.observed.efficiency_by_gpu if st.observed else {}).get(st.plan.gpu_type, 1.0)
+        st.gpus, st.instance_type, st.capacity_type = st.plan.gpus, st.plan.instance_type, st.plan.capacity_type
+        set_condition(st, "Planned", True, "Replanned", st.plan.summary, now, job.generation)
+        st.phase = Phase.RECOVERING  # workers go, then the gang starts on the new plan from the checkpoint
+        st.message = f"moving from {before} to {st.plan.summary} at checkpoint step {ckpt}"
+        set_condition(st, "Running", False, "Replanned", st.message, now, job.generation)
+        out.planned = True
 
     def _begin_gang(self, st: TrainingJobStatus, out: Outcome, now: datetime, first: bool) -> None:
         st.phase = Phase.PROVISIONING
@@ -578,6 +642,8 @@ class Reconciler:
             out.events.append(Event("Warning", "Interrupted", st.message))
             return
         st.message = f"{request.count} worker(s) running"
+        if self.observer is not None:
+            self._observe(job, st, live, out, now)
 
     def _checkpointing(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +44,7 @@ from gpuscaler.handlers.reconcile import (
 )
 from gpuscaler.kube.client import Workers, load_config
 from gpuscaler.kube.workers import pod_state, service_name
+from gpuscaler.observe.controller import from_settings as observer_from_settings
 from gpuscaler.planner import PlanResult
 from gpuscaler.settings import Settings
 
@@ -75,10 +77,15 @@ def build(settings: Settings, api: Any) -> Operator:
     workers = Workers(api)
 
     def planner(
-        spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: frozenset[tuple[str, str]]
+        spec: TrainingJobSpec,
+        name: str,
+        deadline_h: float | None,
+        unavailable: frozenset[tuple[str, str]],
+        /,
+        efficiency: Mapping[str, float] | None = None,
     ) -> PlanResult:
         with metrics.PLANNER.time():
-            return gated_plan(spec, catalog, name, deadline_h, unavailable)
+            return gated_plan(spec, catalog, name, deadline_h, unavailable, efficiency)
 
     config = LoopConfig(
         gang_timeout_s=settings.gang_timeout_s,
@@ -87,7 +94,7 @@ def build(settings: Settings, api: Any) -> Operator:
         master_port=settings.master_port,
         default_image=settings.default_image,
     )
-    reconciler = Reconciler(provider, workers, planner, catalog, config)
+    reconciler = Reconciler(provider, workers, planner, catalog, config, observer=observer_from_settings(settings, catalog))
     return Operator(settings, catalog, policies, provider, workers, reconciler, {})
 
 
@@ -252,6 +259,9 @@ def reconcile(
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
         logger.info("%s: %s", ev.reason, ev.message)
     metrics.observe_job(namespace, name, out.status.phase, out.status.gpus or 0, out.status.cost_usd)
+    seen = out.status.observed
+    if seen is not None:
+        metrics.observe_performance(namespace, name, seen.predicted, seen.throughput, seen.efficiency_factor)
     metrics.RECONCILE.observe(time.perf_counter() - t0)
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpuscaler.api import Objective, SpotPolicy, TrainingJobSpec
@@ -339,6 +340,13 @@ def evaluate(
     )
 
 
+def corrected(est: Estimate, factor: float) -> Estimate:
+    """An estimate with its throughput multiplied by an observed efficiency factor (step time divided)."""
+    if factor <= 0:
+        raise ValueError(f"efficiency factor must be > 0, got {factor}")
+    return replace(est, throughput=est.throughput * factor, step_time_s=est.step_time_s / factor)
+
+
 # ----------------------------------------------------------------------------- stage 4: solve
 
 
@@ -405,6 +413,7 @@ def plan(
     now: datetime | None = None,
     deadline_h: float | None = None,
     unavailable: frozenset[tuple[str, str]] = frozenset(),
+    efficiency: Mapping[str, float] | None = None,
 ) -> PlanResult:
     """Plan a training job.
 
@@ -416,6 +425,10 @@ def plan(
         now: the time the deadline is measured from (now when None).
         deadline_h: override of the hours left (the operator passes the time left after progress).
         unavailable: (instance type, capacity type) pairs known to lack capacity right now.
+        efficiency: observed / predicted throughput of this job per GPU id (the operator's
+            ``status.observed.efficiencyByGpu``, see :mod:`gpuscaler.observe.assess`): each
+            candidate's predicted throughput on that GPU is multiplied by it; GPUs not listed keep
+            the model's prediction.
 
     Returns:
         The plan result; ``chosen`` is None when no plan is feasible, with ``hints``.
@@ -475,7 +488,10 @@ def plan(
                     )
                     reasons[key2].setdefault(category, found)
                     continue
-                cand = evaluate(job, spec, pol, inst, cap, price, found[0], found[1])
+                est = found[1]
+                if efficiency and inst.gpu_id in efficiency:
+                    est = corrected(est, efficiency[inst.gpu_id])
+                cand = evaluate(job, spec, pol, inst, cap, price, found[0], est)
                 if gpus > gpu_cap:
                     over_cap.append(cand)
                     reasons[key2].setdefault("policy", f"{gpus} GPUs > {gpu_cap} ({cap_source})")
