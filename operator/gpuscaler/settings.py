@@ -141,6 +141,37 @@ class Settings(BaseSettings):
         default=None, description="clusterapi: only MachineDeployments of this Cluster (none = any)."
     )
 
+    # --- Spot interruptions (handlers/interruptions.py, docs/operator.md "Spot interruptions")
+    interruption_backoff_s: float = Field(
+        default=1800.0,
+        ge=0,
+        description=(
+            "Seconds a reclaimed spot offering is left out of re-plans (a reclaim usually means the pool "
+            "is short, and AWS/GCP reclaim in waves)."
+        ),
+    )
+    node_not_ready_grace_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds a job's node may be NotReady before it counts as lost (the node controller itself "
+            "marks a silent node NotReady after 40 s)."
+        ),
+    )
+    soft_notice_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Longest wait for the checkpoint ack after a notice with no deadline (rebalance "
+            "recommendation); 30 s is GKE's notice, the shortest the handshake must fit."
+        ),
+    )
+    annotation_notice_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Notice of a gpuscaler.io/interruption-notice annotation that gives no deadline timestamp.",
+    )
+
     # --- Observed performance (gpuscaler.observe, docs/observe.md); needs prometheus_url
     observe_interval_s: float = Field(
         default=60.0, gt=0, description="Seconds between assessments of a running job's metrics (2 Prometheus queries each)."

@@ -113,6 +113,33 @@ class UnavailableOffering(StatusModel):
     reason: str = Field(default="", description="What happened.")
 
 
+class NoticeStatus(StatusModel):
+    """An interruption notice being handled: the checkpoint handshake in flight (kept for restarts)."""
+
+    node: str = Field(description="The node that is going away.")
+    signal: str = Field(description="What announced it, e.g. aws-spot-itn, gke-termination (see docs/operator.md).")
+    reason: str = Field(default="", description="The signal in words, with the annotation's text if any.")
+    noticed_at: datetime = Field(description="When the operator first saw the notice.")
+    deadline: datetime | None = Field(default=None, description="When the node goes; none for a soft notice.")
+    request_id: str = Field(default="", description="The gpuscaler.io/checkpoint-requested id sent to the workers.")
+
+
+class InterruptionRecord(StatusModel):
+    """One interruption: what announced it, what it cost and how the job recovered."""
+
+    time: datetime = Field(description="When the notice (or the loss) was seen.")
+    node: str = Field(default="", description="The node reclaimed.")
+    signal: str = Field(description="aws-spot-itn, gke-termination, karpenter-disrupted, node-deleted, ...")
+    instance_type: str = Field(default="", description="Instance type of the plan interrupted.")
+    capacity_type: str = Field(default="", description="Capacity type of the plan interrupted.")
+    checkpoint_acked: bool = Field(default=False, description="The workers confirmed the requested checkpoint.")
+    checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the checkpoint resumed from.")
+    step_reached: int = Field(default=0, ge=0, description="Newest step reported before the interruption.")
+    lost_steps: int | None = Field(default=None, ge=0, description="Steps trained again: stepReached - checkpointStep.")
+    recovery_seconds: float | None = Field(default=None, ge=0, description="Seconds from the notice to Running again.")
+    action: str = Field(default="", description="What the re-plan chose, and why.")
+
+
 class ObservedStatus(StatusModel):
     """Observed performance from the cluster's Prometheus (DCGM exporter + the runtime's metrics).
 
@@ -165,6 +192,12 @@ class TrainingJobStatus(StatusModel):
     attempt: int = Field(default=0, ge=0, description="Gang starts so far (1 = first).")
     failures: int = Field(default=0, ge=0, description="Worker failures counted against the backoff limit.")
     interruptions: int = Field(default=0, ge=0, description="Nodes lost (spot reclaims) so far.")
+    interruption_history: list[InterruptionRecord] = Field(
+        default_factory=list, description="The latest interruptions (at most 20), oldest first."
+    )
+    notice: NoticeStatus | None = Field(default=None, description="The interruption notice being handled now.")
+    lost_steps: int = Field(default=0, ge=0, description="Steps trained again after interruptions, in total.")
+    recovery_seconds: float = Field(default=0, ge=0, description="Seconds from notices to Running again, in total.")
     unavailable: list[UnavailableOffering] = Field(default_factory=list, description="Offerings in capacity back-off.")
     nodes: list[str] = Field(default_factory=list, description="Names of the nodes the job holds.")
     observed: ObservedStatus | None = Field(default=None, description="Observed performance vs the plan's prediction (needs GPUSCALER_PROMETHEUS_URL).")

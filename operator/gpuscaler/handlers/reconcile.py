@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -42,6 +42,7 @@ from gpuscaler.cloud import (
     NodeState,
     node_names,
 )
+from gpuscaler.handlers import interruptions as spot
 from gpuscaler.kube.workers import PodState, WorkerPlan, headless_service, worker_pod
 from gpuscaler.observe.controller import Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
@@ -140,6 +141,8 @@ class LoopConfig:
     backoff_limit: int = 3
     master_port: int = 29500
     default_image: str = "python:3.11-slim"
+    spot: spot.SpotConfig = field(default_factory=spot.SpotConfig)
+    """Interruption handling (:mod:`gpuscaler.handlers.interruptions`)."""
 
 
 def format_duration(seconds: float) -> str:
@@ -293,6 +296,7 @@ class Reconciler:
         }[st.phase]
         handler(job, st, request, pods, current, out, now)
         self._progress(st, pods, now)
+        spot.refine_loss(st, pods, now)
         self._cost(st, nodes, out, now)
         return out
 
@@ -550,7 +554,11 @@ class Reconciler:
             st.message = f"{request.count} worker(s) running"
             set_condition(st, "Running", True, "Started", st.message, now, job.generation)
             reason, verb = ("Started", "started") if first else ("Recovered", "recovered and resumed")
-            out.events.append(Event("Normal", reason, f"all {request.count} worker(s) {verb} on {request.instance.name}"))
+            after = "" if first else spot.recovered(st, now)
+            out.events.append(
+                Event("Normal", reason, f"all {request.count} worker(s) {verb} on {request.instance.name}"
+                      + (f" ({after})" if after else ""))
+            )
             self._running(job, st, request, pods, nodes, out, now)
             return
         st.message = f"{len(running)}/{request.count} workers running"
@@ -593,12 +601,15 @@ class Reconciler:
             set_condition(st, "Running", False, "WorkerFailed", why, now, job.generation)
             return True
         if preempted or orphaned:
-            st.interruptions += 1
             names = ", ".join(p.name for p in (preempted or orphaned)[:3])
             st.phase = Phase.RECOVERING
             st.message = f"interrupted: {names} lost its node; resuming from the last checkpoint"
             out.events.append(Event("Warning", "Interrupted", st.message))
             set_condition(st, "Running", False, "Interrupted", st.message, now, job.generation)
+            lost = (orphaned or preempted)[0]
+            signal = "node-deleted" if orphaned else "worker-preempted"
+            notes = spot.record(st, node=lost.node or "", signal=signal, acked=False, now=now, cfg=self.config.spot)
+            out.events.extend(Event(*n) for n in notes)
             return True
         return False
 
@@ -632,14 +643,9 @@ class Reconciler:
             st.message = f"{request.count - len(live)} worker(s) disappeared; restarting the gang"
             out.events.append(Event("Warning", "Interrupted", st.message))
             return
-        noticed = [n for n in nodes if n.interrupted]
-        if noticed:
-            request_id = now.strftime("%Y%m%dT%H%M%SZ")
-            for p in live:
-                self.workers.annotate_pod(job.namespace, p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: request_id})
-            st.phase = Phase.CHECKPOINTING
-            st.message = f"node {noticed[0].name}: {noticed[0].interrupted}; checkpoint requested ({request_id})"
-            out.events.append(Event("Warning", "Interrupted", st.message))
+        notice = spot.detect(nodes, now, self.config.spot)
+        if notice is not None:
+            self._interrupted(job, st, pods, nodes, notice, out, now)
             return
         st.message = f"{request.count} worker(s) running"
         if self.observer is not None:
@@ -655,19 +661,79 @@ class Reconciler:
         out: Outcome,
         now: datetime,
     ) -> None:
-        live = [p for p in pods if not p.deleting and not p.succeeded]
-        acked = [p for p in live if p.checkpoint_requested and p.checkpoint_ack == p.checkpoint_requested]
-        exited = [p for p in live if p.failed]
-        since = next((c.last_transition_time for c in st.conditions if c.type == "Running"), now)
-        waited = (now - since).total_seconds()
-        if len(acked) + len(exited) >= len(live) or waited > CHECKPOINT_WAIT_S:
-            st.interruptions += 1
-            st.phase = Phase.RECOVERING
-            step = max((p.checkpoint_step or 0 for p in pods), default=0)
-            st.message = f"checkpoint at step {step} {'done' if acked else 'not confirmed'}; moving the gang"
-            out.events.append(Event("Normal", "Checkpointed", st.message))
-            bad = [n for n in nodes if n.interrupted]
-            self._release(job, st, bad, out, now)
+        done, acked = spot.handshake_done(st, pods, now, self.config.spot)
+        if done:
+            self._to_recovery(job, st, nodes, out, now, acked=acked)
+        elif st.notice is not None:
+            left = f"until {st.notice.deadline:%H:%M:%S}" if st.notice.deadline else "(soft notice)"
+            st.message = f"waiting for checkpoint {st.notice.request_id} {left}"
+
+    def _interrupted(
+        self,
+        job: Job,
+        st: TrainingJobStatus,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        notice: spot.Notice,
+        out: Outcome,
+        now: datetime,
+    ) -> None:
+        """A node's notice: ask the workers for a checkpoint now, or on a hard loss recover at once."""
+        annotate = lambda pod, ann: self.workers.annotate_pod(job.namespace, pod, ann)  # noqa: E731
+        out.events.extend(Event(*n) for n in spot.begin_handshake(st, notice, pods, annotate, now))
+        set_condition(st, "Running", False, "Interrupted", st.message, now, job.generation)
+        st.phase = Phase.CHECKPOINTING
+        if notice.hard:
+            self._to_recovery(job, st, nodes, out, now, acked=False)
+
+    def _to_recovery(
+        self, job: Job, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime, *, acked: bool
+    ) -> None:
+        """The handshake is over: record the interruption, release the noticed node, stop the gang."""
+        node = st.notice.node if st.notice else ""
+        signal = st.notice.signal if st.notice else "unknown"
+        out.events.extend(Event(*n) for n in spot.record(st, node=node, signal=signal, acked=acked, now=now, cfg=self.config.spot))
+        st.phase = Phase.RECOVERING
+        st.message = f"{signal} on {node}: moving the gang from the checkpoint at step {st.progress.checkpoint_step or 0}"
+        self._release(job, st, [n for n in nodes if n.name == node or n.interrupted], out, now)
+
+    def _replan_rest(self, job: Job, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime) -> bool:
+        """After an interruption: plan the remaining work (spot.replan); False when nothing fits now."""
+        rec = spot.open_record(st)
+        assert st.plan is not None and rec is not None
+        spot.settle_loss(st)
+        request = self._request(job, st.plan)
+        survivors = [n for n in nodes if n.ready and not n.deleting and spot.node_notice(n, now, self.config.spot) is None]
+        # The survivors can carry on only as the first k nodes of their pool (names are <pool>-<i>).
+        k = len(survivors)
+        keep = k if k and {n.name for n in survivors} == set(node_names(replace(request, count=k))) else 0
+        rp = spot.replan(
+            job.spec,
+            job.name,
+            st.plan,
+            interruptions=st.interruptions,
+            done_samples=(rec.checkpoint_step or 0) * job.spec.global_batch,
+            deadline_h=self._deadline_hours(job, now),
+            unavailable=frozenset((u.instance_type, u.capacity_type) for u in st.unavailable),
+            planner=self.planner,
+            survivors=keep,
+        )
+        rec.action = rp.action
+        if rp.result is None or rp.result.chosen is None:
+            st.phase = Phase.PLANNING
+            st.plan = None
+            st.message = f"no plan for the rest right now: {rp.action}"
+            out.events.append(Event("Warning", "Infeasible", st.message[:1000]))
+            return False
+        total = st.plan.total_samples
+        st.plan = plan_status(rp.result, job.generation, now)
+        st.plan.total_samples = total
+        st.plan.why = rp.action
+        st.gpus, st.instance_type, st.capacity_type = st.plan.gpus, st.plan.instance_type, st.plan.capacity_type
+        set_condition(st, "Planned", True, "Replanned", st.plan.summary, now, job.generation)
+        out.events.append(Event("Normal", "Replanned", rp.action[:1000]))
+        out.planned = True
+        return True
 
     def _recovering(
         self,
@@ -687,6 +753,9 @@ class Reconciler:
             self._release(job, st, lost, out, now)
         if any(True for _ in pods):
             st.message = "waiting for the old workers to go"
+            return
+        rec = spot.open_record(st)
+        if rec is not None and not rec.action and not self._replan_rest(job, st, nodes, out, now):
             return
         self._begin_gang(st, out, now, first=False)
         st.message = f"restarting the gang (attempt {st.attempt})"

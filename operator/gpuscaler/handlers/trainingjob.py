@@ -21,9 +21,9 @@ from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
 from gpuscaler.cloud import JOB_LABEL, JobRef, NodePoolProvider, job_label_value, make_provider
-from gpuscaler.cloud.provider import node_state
 from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors
+from gpuscaler.handlers.interruptions import SpotConfig, observe_node
 from gpuscaler.handlers.policy import (
     Governance,
     PolicySource,
@@ -93,6 +93,12 @@ def build(settings: Settings, api: Any) -> Operator:
         backoff_limit=settings.backoff_limit,
         master_port=settings.master_port,
         default_image=settings.default_image,
+        spot=SpotConfig(
+            interruption_backoff_s=settings.interruption_backoff_s,
+            node_not_ready_grace_s=settings.node_not_ready_grace_s,
+            soft_notice_wait_s=settings.soft_notice_wait_s,
+            annotation_notice_s=settings.annotation_notice_s,
+        ),
     )
     reconciler = Reconciler(provider, workers, planner, catalog, config, observer=observer_from_settings(settings, catalog))
     return Operator(settings, catalog, policies, provider, workers, reconciler, {})
@@ -137,8 +143,8 @@ def job_pods(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Any]:
 
 
 def job_nodes(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Any]:
-    """Index: nodes by the job label value."""
-    return {labels[JOB_LABEL]: node_state(dict(body))}
+    """Index: nodes by the job label value, with their interruption signals."""
+    return {labels[JOB_LABEL]: observe_node(dict(body))}
 
 
 def policy_objects(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:

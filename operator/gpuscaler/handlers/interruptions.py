@@ -1,0 +1,550 @@
+"""Spot interruptions: detect a node's notice, checkpoint within it, re-plan what is left, resume.
+
+Called by :class:`gpuscaler.handlers.reconcile.Reconciler` (its Running, Checkpointing, Recovering
+and Starting phases) and by the node index of :mod:`gpuscaler.handlers.trainingjob`
+(:func:`observe_node`). Nothing here talks to the API server except through the worker client the
+loop passes in; what is decided is kept in the job's status (``notice``, ``interruptionHistory``,
+``unavailable``), so a restarted operator carries on where it was.
+
+The sequence, for a notice with a deadline (AWS spot-itn: 2 min; GKE: 30 s)::
+
+    Running --notice--> Checkpointing: gpuscaler.io/checkpoint-requested=<id> on every worker
+            --rank 0 acks <id> (or the workers exit, or the deadline passes)--> Recovering:
+              record {time, node, signal, checkpointStep}, leave the reclaimed spot offering out
+              of plans for settings.interruption_backoff_s, delete the workers (SIGTERM: the
+              runtime saves once more and exits 75), release the noticed node
+            --old workers gone--> re-plan the REMAINING samples in the REMAINING hours:
+              same capacity elsewhere, another instance type, on-demand (after
+              policy.spot.maxInterruptions, below policy.spot.minHoursToDeadline, or when another
+              reclaim would miss the deadline), or the surviving nodes with more accumulation
+            --> Provisioning --> Starting --> Running ("Recovered": recoverySeconds, lostSteps)
+
+A hard loss (the node deleted or NotReady past the grace period, a worker exiting 75 with no
+notice) skips the handshake and resumes from the last periodic checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Literal
+
+from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.status import (
+    InterruptionRecord,
+    NoticeStatus,
+    PlanStatus,
+    TrainingJobStatus,
+    UnavailableOffering,
+)
+from gpuscaler.catalog import CapacityType
+from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION, NodeState, node_state
+from gpuscaler.handlers import policy as governance
+from gpuscaler.kube.workers import PodState
+from gpuscaler.planner import PlanResult, choose_recovery, remaining_spec, survivors_spec
+from gpuscaler.policy.models import SpotRules
+from gpuscaler.runtime import constants as rc
+
+HISTORY_LIMIT = 20
+"""Interruption records kept in the status (the count keeps going)."""
+
+Note = tuple[str, str, str]
+"""An Event to post: (type, reason, message); the loop turns it into its own Event."""
+
+Planner = Callable[[TrainingJobSpec, str, float | None, frozenset[tuple[str, str]]], PlanResult]
+
+
+@dataclass(frozen=True)
+class NoticeSource:
+    """One way a node announces its end, and how long the job then has."""
+
+    signal: str
+    """Short name recorded in the status and Events."""
+    kind: Literal["taint", "annotation", "not-ready", "gone", "exit"]
+    key: str
+    """Taint key or annotation key (empty when the kind says it all)."""
+    notice_s: float | None
+    """Seconds from the notice to the node's end; None: a soft notice (no deadline); 0: none at all."""
+    meaning: str
+
+
+NOTICE_SOURCES: tuple[NoticeSource, ...] = (
+    # AWS EC2 spot interruption notice, turned into a taint by aws-node-termination-handler (IMDS or
+    # queue mode). EC2 stops or terminates the instance two minutes after the notice.
+    NoticeSource(
+        "aws-spot-itn",
+        "taint",
+        "aws-node-termination-handler/spot-itn",
+        120.0,
+        "AWS spot interruption notice",
+    ),
+    # GKE spot / preemptible VM preemption: GKE taints the node and the VM gets an ACPI soft-off;
+    # it is gone 30 s later. The shortest notice there is: the handshake must fit in it.
+    NoticeSource(
+        "gke-termination",
+        "taint",
+        "cloud.google.com/impending-node-termination",
+        30.0,
+        "GKE node termination (preemption)",
+    ),
+    # Karpenter tainted the node before draining it (consolidation, drift, expiry, or its own spot
+    # interruption handling). The drain SIGTERMs the workers, which then have their
+    # terminationGracePeriodSeconds: 30 s by default.
+    NoticeSource("karpenter-disrupted", "taint", "karpenter.sh/disrupted", 30.0, "Karpenter disruption"),
+    # Anything else (a custom handler, a maintenance script, a test): the annotation's value is an
+    # RFC 3339 deadline, or a reason; with a reason the notice is settings.annotation_notice_s.
+    NoticeSource("annotation", "annotation", INTERRUPTION_ANNOTATION, 30.0, "interruption notice annotation"),
+    # AWS rebalance recommendation: the instance is at elevated risk of a reclaim, with no deadline.
+    # Checkpoint soon and move while moving is cheap (wait at most settings.soft_notice_wait_s).
+    NoticeSource(
+        "aws-rebalance",
+        "taint",
+        "aws-node-termination-handler/rebalance-recommendation",
+        None,
+        "AWS rebalance recommendation",
+    ),
+    # The node stopped reporting (NotReady past settings.node_not_ready_grace_s): its workers are
+    # out of reach, so there is no handshake; resume from the last periodic checkpoint.
+    NoticeSource("node-not-ready", "not-ready", "", 0.0, "node NotReady past the grace period"),
+    # The Node object vanished with no notice (a hard loss; also a deletion with no taint before
+    # it, as the job's nodes in deletion are already out of the gang): resume from the last
+    # periodic checkpoint.
+    NoticeSource("node-deleted", "gone", "", 0.0, "node deleted without notice"),
+    # A worker exited 75 (it checkpointed on SIGTERM: evicted, or its node drained) and no notice
+    # was seen: resume from that checkpoint.
+    NoticeSource("worker-preempted", "exit", "", 0.0, "worker stopped on SIGTERM (exit 75)"),
+)
+"""Every interruption signal gpuscaler understands. When several apply to one node, the earliest
+deadline wins (a soft notice has none); on a tie the earlier entry."""
+
+SOURCES = {s.signal: s for s in NOTICE_SOURCES}
+
+
+@dataclass(frozen=True)
+class SpotConfig:
+    """The settings of interruption handling (from :class:`gpuscaler.settings.Settings`)."""
+
+    interruption_backoff_s: float = 1800.0
+    node_not_ready_grace_s: float = 60.0
+    soft_notice_wait_s: float = 30.0
+    annotation_notice_s: float = 30.0
+
+
+# ------------------------------------------------------------------------------ detection
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One interruption signal on a node, as observed."""
+
+    signal: str
+    value: str = ""
+    """The annotation's value, or the taint's value."""
+    since: datetime | None = None
+    """When the signal started, if the object says (taint timeAdded, NotReady transition time)."""
+
+
+@dataclass(frozen=True)
+class NoticedNode(NodeState):
+    """A :class:`NodeState` with the interruption signals found on the Node (the node index's value)."""
+
+    signals: tuple[Signal, ...] = ()
+
+
+def _time(text: object) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def observe_node(node: dict[str, object]) -> NoticedNode:
+    """The node as the loop sees it, with every signal of :data:`NOTICE_SOURCES` it carries."""
+    base = node_state(node)
+    meta: dict[str, object] = node.get("metadata") or {}  # type: ignore[assignment]
+    spec: dict[str, object] = node.get("spec") or {}  # type: ignore[assignment]
+    status: dict[str, object] = node.get("status") or {}  # type: ignore[assignment]
+    ann: dict[str, str] = meta.get("annotations") or {}  # type: ignore[assignment]
+    taints: list[dict[str, str]] = spec.get("taints") or []  # type: ignore[assignment]
+    conds: list[dict[str, str]] = status.get("conditions") or []  # type: ignore[assignment]
+    found: list[Signal] = []
+    for src in NOTICE_SOURCES:
+        if src.kind == "taint":
+            found += [
+                Signal(src.signal, str(t.get("value") or ""), _time(t.get("timeAdded")))
+                for t in taints
+                if t.get("key") == src.key
+            ]
+        elif src.kind == "annotation" and src.key in ann:
+            found.append(Signal(src.signal, str(ann[src.key])))
+        elif src.kind == "not-ready":
+            # Only read while the job runs, when every node of the gang has been Ready.
+            ready = next((c for c in conds if c.get("type") == "Ready"), None)
+            if ready is not None and ready.get("status") != "True":
+                since = _time(ready.get("lastTransitionTime"))
+                found.append(Signal(src.signal, str(ready.get("reason") or ""), since))
+    values = {f.name: getattr(base, f.name) for f in fields(NodeState)}
+    return NoticedNode(**values, signals=tuple(found))
+
+
+@dataclass(frozen=True)
+class Notice:
+    """The interruption of one node, as the loop acts on it."""
+
+    node: str
+    source: NoticeSource
+    detail: str
+    deadline: datetime | None
+    """When the node goes; None for a soft notice."""
+
+    @property
+    def hard(self) -> bool:
+        """No time for a checkpoint (notice 0): resume from the last periodic one."""
+        return self.source.notice_s == 0
+
+    def describe(self) -> str:
+        extra = f" ({self.detail})" if self.detail else ""
+        return f"{self.source.meaning}{extra}"
+
+
+def _deadline(sig: Signal, src: NoticeSource, now: datetime, cfg: SpotConfig) -> datetime | None:
+    if src.kind == "annotation":
+        at = _time(sig.value)
+        return at if at is not None else now + timedelta(seconds=cfg.annotation_notice_s)
+    if src.notice_s is None:
+        return None
+    return (sig.since or now) + timedelta(seconds=src.notice_s) if src.notice_s else now
+
+
+def node_notice(node: NodeState, now: datetime, cfg: SpotConfig) -> Notice | None:
+    """The most urgent interruption of one node now, or None (see :data:`NOTICE_SOURCES`)."""
+    signals = list(node.signals) if isinstance(node, NoticedNode) else []
+    if not signals and node.interrupted:  # a NodeState built elsewhere: the provider's reading
+        signals = [Signal("annotation", node.interrupted)]
+    best: tuple[float, int, Notice] | None = None
+    for sig in signals:
+        src = SOURCES[sig.signal]
+        if src.kind == "not-ready":
+            since = sig.since or now
+            if (now - since).total_seconds() < cfg.node_not_ready_grace_s:
+                continue
+        dl = _deadline(sig, src, now, cfg)
+        detail = sig.value if src.kind in ("annotation", "not-ready") else ""
+        key = (dl.timestamp() if dl else float("inf"), NOTICE_SOURCES.index(src))
+        if best is None or key < best[:2]:
+            best = (*key, Notice(node.name, src, detail, dl))
+    return best[2] if best else None
+
+
+def detect(nodes: Iterable[NodeState], now: datetime, cfg: SpotConfig) -> Notice | None:
+    """The most urgent notice among the job's nodes (earliest deadline), or None."""
+    found = [n for n in (node_notice(x, now, cfg) for x in nodes) if n is not None]
+    if not found:
+        return None
+    return min(found, key=lambda n: (n.deadline.timestamp() if n.deadline else float("inf"), n.node))
+
+
+# ------------------------------------------------------------------------------ the handshake
+
+
+def request_id(now: datetime, attempt: int) -> str:
+    """The checkpoint request id: time and gang attempt, unique per notice."""
+    return f"{now.strftime('%Y%m%dT%H%M%S')}-{now.microsecond // 1000:03d}-a{attempt}"
+
+
+def begin_handshake(
+    st: TrainingJobStatus,
+    notice: Notice,
+    pods: list[PodState],
+    annotate: Callable[[str, dict[str, str]], None],
+    now: datetime,
+) -> list[Note]:
+    """Ask every live worker for a checkpoint now (phase Checkpointing), or note a hard loss.
+
+    Args:
+        st: The status (``notice`` is set).
+        notice: What was detected.
+        pods: The job's worker pods.
+        annotate: ``annotate(pod_name, annotations)``.
+        now: The time.
+
+    Returns:
+        The Interrupted event.
+    """
+    rid = request_id(now, st.attempt)
+    st.notice = NoticeStatus(
+        node=notice.node,
+        signal=notice.source.signal,
+        reason=notice.describe(),
+        noticed_at=now,
+        deadline=notice.deadline,
+        request_id="" if notice.hard else rid,
+    )
+    when = (
+        "no notice: resuming from the last periodic checkpoint"
+        if notice.hard
+        else f"checkpoint requested ({rid}), "
+        + (
+            f"{(notice.deadline - now).total_seconds():.0f} s to the deadline"
+            if notice.deadline
+            else "no deadline"
+        )
+    )
+    if not notice.hard:
+        for p in pods:
+            if not p.deleting and not p.succeeded and not p.failed:
+                annotate(p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid})
+    st.message = f"node {notice.node}: {notice.describe()}; {when}"
+    return [("Warning", "Interrupted", st.message)]
+
+
+def handshake_done(
+    st: TrainingJobStatus, pods: list[PodState], now: datetime, cfg: SpotConfig
+) -> tuple[bool, bool]:
+    """Whether to stop waiting for the checkpoint, and whether it was acknowledged.
+
+    Done when rank 0 (the writer: it answers for the job) acknowledged the request, when every
+    worker has exited, or when the notice's deadline (a soft notice: ``soft_notice_wait_s``) passed.
+    """
+    n = st.notice
+    if n is None or not n.request_id:
+        return True, False
+    live = [p for p in pods if not p.deleting and not p.succeeded]
+    acked = any(p.checkpoint_ack == n.request_id for p in pods if p.rank == 0) or (
+        bool(live) and all(p.checkpoint_ack == n.request_id for p in live)
+    )
+    exited = all(p.failed for p in live)
+    limit = n.deadline or n.noticed_at + timedelta(seconds=cfg.soft_notice_wait_s)
+    return acked or exited or now >= limit, acked
+
+
+def record(
+    st: TrainingJobStatus,
+    *,
+    node: str,
+    signal: str,
+    acked: bool,
+    now: datetime,
+    cfg: SpotConfig,
+) -> list[Note]:
+    """Count the interruption, add its record and back off the reclaimed spot offering.
+
+    The record's ``checkpointStep``/``lostSteps`` are filled when the old workers are gone
+    (:func:`settle_loss`) and refined when the new ones report where they resumed.
+    """
+    plan = st.plan
+    when = st.notice.noticed_at if st.notice is not None else now
+    st.interruptions += 1
+    st.interruption_history.append(
+        InterruptionRecord(
+            time=when,
+            node=node,
+            signal=signal,
+            instance_type=plan.instance_type if plan else "",
+            capacity_type=plan.capacity_type if plan else "",
+            checkpoint_acked=acked,
+            checkpoint_step=st.progress.checkpoint_step,
+            step_reached=st.progress.step,
+        )
+    )
+    st.interruption_history = st.interruption_history[-HISTORY_LIMIT:]
+    st.notice = None
+    if plan is not None and plan.capacity_type == CapacityType.SPOT.value and cfg.interruption_backoff_s > 0:
+        st.unavailable = [
+            u
+            for u in st.unavailable
+            if (u.instance_type, u.capacity_type) != (plan.instance_type, plan.capacity_type)
+        ]
+        st.unavailable.append(
+            UnavailableOffering(
+                instance_type=plan.instance_type,
+                capacity_type=plan.capacity_type,
+                until=now + timedelta(seconds=cfg.interruption_backoff_s),
+                reason=f"spot reclaim of {node} ({signal})",
+            )
+        )
+    step = st.progress.checkpoint_step
+    text = f"{signal} on {node}: " + (
+        f"checkpoint at step {step} confirmed"
+        if acked
+        else f"resuming from the last checkpoint (step {step or 0})"
+    )
+    return [("Normal" if acked else "Warning", "Checkpointed" if acked else "CheckpointMissed", text)]
+
+
+def open_record(st: TrainingJobStatus) -> InterruptionRecord | None:
+    """The latest interruption not recovered from yet."""
+    last = st.interruption_history[-1] if st.interruption_history else None
+    return last if last is not None and last.recovery_seconds is None else None
+
+
+def settle_loss(st: TrainingJobStatus) -> None:
+    """With the old workers gone: the checkpoint resumed from and the steps lost, as reported."""
+    rec = open_record(st)
+    if rec is None:
+        return
+    rec.step_reached = max(rec.step_reached, st.progress.step)
+    rec.checkpoint_step = st.progress.checkpoint_step
+    rec.lost_steps = max(rec.step_reached - (rec.checkpoint_step or 0), 0)
+
+
+def refine_loss(st: TrainingJobStatus, pods: list[PodState], now: datetime) -> None:
+    """The new gang reports the checkpoint it resumed from: the exact loss of the latest record.
+
+    A worker's ``checkpoint-step`` is the step it resumed from until its next checkpoint, one
+    interval later; so this looks only until 0.9 of an interval after the recovery. It matters
+    when the workers' last checkpoint (the one on SIGTERM) was saved but not reported.
+    """
+    if not st.interruption_history or st.plan is None:
+        return
+    rec = st.interruption_history[-1]
+    if rec.lost_steps is None:
+        return
+    if rec.recovery_seconds is not None:
+        settled = rec.time + timedelta(
+            seconds=rec.recovery_seconds + 0.9 * st.plan.checkpoint_interval_seconds
+        )
+        if now > settled:
+            return
+    resumed = [p.checkpoint_step for p in pods if p.attempt == st.attempt and p.checkpoint_step is not None]
+    if not resumed or (rec.checkpoint_step is not None and min(resumed) <= rec.checkpoint_step):
+        return
+    before = rec.lost_steps
+    rec.checkpoint_step = min(resumed)
+    rec.lost_steps = max(rec.step_reached - rec.checkpoint_step, 0)
+    if rec.recovery_seconds is not None:
+        st.lost_steps = max(st.lost_steps + rec.lost_steps - before, 0)
+
+
+def recovered(st: TrainingJobStatus, now: datetime) -> str:
+    """The new gang runs: close the open record (recovery time, lost work). Returns a summary."""
+    rec = open_record(st)
+    if rec is None:
+        return ""
+    if rec.lost_steps is None:
+        settle_loss(st)
+    rec.recovery_seconds = round(max((now - rec.time).total_seconds(), 0.0), 1)
+    st.recovery_seconds = round(st.recovery_seconds + rec.recovery_seconds, 1)
+    st.lost_steps += rec.lost_steps or 0
+    return f"{rec.recovery_seconds:.0f} s after the {rec.signal} notice, {rec.lost_steps or 0} step(s) lost"
+
+
+# ------------------------------------------------------------------------------ re-planning
+
+
+def spot_rules() -> SpotRules:
+    """The spot rules of the policy governing this reconcile (the handler sets it), else defaults."""
+    gov = governance.current.get()
+    return gov.policy.spot if gov is not None else SpotRules()
+
+
+@dataclass
+class Replan:
+    """The outcome of re-planning after an interruption."""
+
+    result: PlanResult | None
+    action: str
+    """What was chosen and why (the record's ``action``, the Replanned event)."""
+    elastic: bool = False
+
+
+def replan(
+    spec: TrainingJobSpec,
+    name: str,
+    plan: PlanStatus,
+    *,
+    interruptions: int,
+    done_samples: float,
+    deadline_h: float | None,
+    unavailable: frozenset[tuple[str, str]],
+    planner: Planner,
+    survivors: int = 0,
+    rules: SpotRules | None = None,
+) -> Replan:
+    """Plan the remaining work after an interruption.
+
+    Spot stays allowed unless the policy says otherwise: after ``spot.maxInterruptions``
+    interruptions, or with less than ``spot.minHoursToDeadline`` hours left, the re-plan is
+    on-demand only. If the spot plan it finds could not absorb one more reclaim (restart plus one
+    checkpoint interval) before the deadline, on-demand is taken instead. With ``survivors`` nodes
+    of the plan still up, the planner also plans the rest on them alone (more accumulation, same
+    global batch) and :func:`gpuscaler.planner.choose_recovery` picks.
+
+    Args:
+        spec: The job's spec.
+        name: The job's name.
+        plan: The plan that was interrupted (its total samples and offering).
+        interruptions: Interruptions so far, this one included.
+        done_samples: Samples in the checkpoint the job resumes from.
+        deadline_h: Hours left to the deadline (None: no deadline).
+        unavailable: Offerings in back-off, the reclaimed one included.
+        planner: The loop's planner.
+        survivors: Ready nodes of the plan not under notice (0: none to continue on).
+        rules: Spot rules (default: the governing policy's).
+
+    Returns:
+        The new plan result (None when no plan) and the reason.
+    """
+    rules = rules or spot_rules()
+    reasons: list[str] = []
+    on_demand = False
+    if plan.capacity_type == CapacityType.SPOT.value:
+        if interruptions >= rules.max_interruptions:
+            on_demand = True
+            reasons.append(
+                f"{interruptions} interruption(s) reached policy spot.maxInterruptions {rules.max_interruptions}"
+            )
+        elif deadline_h is not None and deadline_h < rules.min_hours_to_deadline:
+            on_demand = True
+            reasons.append(
+                f"{deadline_h:.2f} h to the deadline < policy spot.minHoursToDeadline {rules.min_hours_to_deadline:g} h"
+            )
+    rest = remaining_spec(spec, plan.total_samples, done_samples, on_demand_only=on_demand)
+    result = planner(rest, name, deadline_h, unavailable)
+    chosen = result.chosen
+    if (
+        not on_demand
+        and chosen is not None
+        and chosen.capacity is CapacityType.SPOT
+        and deadline_h is not None
+    ):
+        worst = chosen.expected_hours + (spec.checkpoint.restart_seconds + chosen.outlook.interval_s) / 3600
+        if worst > deadline_h:
+            safe = planner(
+                remaining_spec(spec, plan.total_samples, done_samples, on_demand_only=True),
+                name,
+                deadline_h,
+                unavailable,
+            )
+            if safe.chosen is not None:
+                reasons.append(
+                    f"spot would put the deadline at risk: another reclaim makes {worst:.2f} h > {deadline_h:.2f} h left"
+                )
+                result, chosen, on_demand = safe, safe.chosen, True
+    left = rest.training.samples or 0
+    what = f"re-planned the remaining {left:,.0f} samples"
+    if deadline_h is not None:
+        what += f" in {deadline_h:.2f} h"
+    if survivors > 0 and survivors < plan.nodes and not on_demand:
+        back = unavailable - {(plan.instance_type, plan.capacity_type)}
+        small = survivors_spec(
+            rest, plan.instance_type, CapacityType(plan.capacity_type), survivors, plan.gpus_per_node
+        )
+        alt = planner(small, name, deadline_h, back)
+        choice = choose_recovery(chosen, alt.chosen, spec.objective)
+        if choice.elastic and alt.chosen is not None:
+            return Replan(alt, f"{what}: {choice.why}", elastic=True)
+        reasons.append(choice.why)
+    if chosen is None:
+        return Replan(result, f"{what}: no feasible plan ({result.why})")
+    moved = (
+        "same offering"
+        if (chosen.instance.name, chosen.capacity.value) == (plan.instance_type, plan.capacity_type)
+        else f"moved from {plan.instance_type} {plan.capacity_type}"
+    )
+    head = "on-demand fallback" if on_demand else f"{chosen.capacity.value}, {moved}"
+    why = "; ".join(reasons) or result.why
+    return Replan(result, f"{what}: {chosen.label} ({head}; {why})")
