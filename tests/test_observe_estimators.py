@@ -16,7 +16,15 @@ from gpuscaler.observe.estimators import (
     robust_rate,
     since,
 )
-from gpuscaler.observe.summary import FB_FREE, FB_USED, GPU_UTIL, SAMPLES_METRIC, TENSOR_ACTIVE, Series, summarise
+from gpuscaler.observe.summary import (
+    FB_FREE,
+    FB_USED,
+    GPU_UTIL,
+    SAMPLES_METRIC,
+    TENSOR_ACTIVE,
+    Series,
+    summarise,
+)
 
 
 def counter(rate: float, seconds: int, step: float = 1.0, start: float = 1000.0, v0: float = 0.0) -> list[tuple[float, float]]:
@@ -76,7 +84,7 @@ def test_reset_to_zero_is_left_out_too() -> None:
 def test_gap_is_left_out() -> None:
     a = counter(100.0, 60)
     b = counter(100.0, 60, start=a[-1][0] + 300, v0=a[-1][1] + 100.0 * 30)  # 5 min away, only 30 s of work done
-    ivs, resets, gaps = intervals(a + b)
+    _ivs, resets, gaps = intervals(a + b)
     assert gaps == 1 and resets == 0
     r = robust_rate(a + b, window_s=10)
     assert r is not None and r.rate == pytest.approx(100.0)
