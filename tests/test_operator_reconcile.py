@@ -242,7 +242,7 @@ def test_worker_pod_manifest() -> None:
     )
     pod = worker_pod(wp, 1)
     c = pod["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert pod["metadata"]["name"] == "bert-worker-1" and c["image"] == "me/train"
     assert env["WORLD_SIZE"] == "2" and env["NODE_RANK"] == "1" and env["X"] == "1"
     assert env["MASTER_ADDR"] == "bert-worker-0.bert-workers.ml.svc" and env["NPROC_PER_NODE"] == "8"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscaler.runtime import constants as rc
+from gpuscaler.runtime.kube_reporter import ENV_POD_NAME, ENV_POD_NAMESPACE
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RANK_LABEL = "gpuscaler.io/rank"
@@ -100,6 +101,15 @@ def launch_env(plan: WorkerPlan, rank: int) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
+def pod_identity_env() -> list[dict[str, Any]]:
+    """``POD_NAME`` and ``POD_NAMESPACE`` from the downward API: the runtime's
+    :class:`~gpuscaler.runtime.kube_reporter.KubeReporter` patches its own pod's annotations with them."""
+    return [
+        {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+
+
 def worker_pod(plan: WorkerPlan, rank: int) -> dict[str, Any]:
     """The Pod of one rank, from the job's template with the operator's fields set over it."""
     template = copy.deepcopy(plan.template or {})
@@ -111,7 +121,7 @@ def worker_pod(plan: WorkerPlan, rank: int) -> dict[str, Any]:
     main = containers[0]
     main.setdefault("name", DEFAULT_CONTAINER)
     main.setdefault("image", plan.default_image)
-    ours = launch_env(plan, rank)
+    ours: list[dict[str, Any]] = [*launch_env(plan, rank), *pod_identity_env()]
     names = {e["name"] for e in ours}
     main["env"] = [e for e in main.get("env") or [] if e.get("name") not in names] + ours
     resources = main.setdefault("resources", {})

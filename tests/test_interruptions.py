@@ -1,0 +1,357 @@
+"""Spot interruptions: the notice table, the re-plan decision, lost-work accounting, the loop's handshake."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gpuscaler.api import Objective, TrainingJobSpec
+from gpuscaler.api.status import Phase, PlanStatus, Progress, TrainingJobStatus
+from gpuscaler.cloud import NodeState
+from gpuscaler.handlers import interruptions as spot
+from gpuscaler.handlers.reconcile import Job, LoopConfig, Reconciler, plan_status
+from gpuscaler.kube.workers import pod_state
+from gpuscaler.planner import choose_recovery, plan, remaining_spec, survivors_spec
+from gpuscaler.policy import Policy
+from gpuscaler.policy.models import SpotRules
+from gpuscaler.runtime import constants as rc
+from test_operator_reconcile import CATALOG, FakeProvider, FakeWorkers
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+CFG = spot.SpotConfig(node_not_ready_grace_s=60, soft_notice_wait_s=30, annotation_notice_s=30)
+SPEC = {
+    "workload": {"model": "resnet50"},
+    "globalBatch": 256,
+    "training": {"steps": 400},
+    "maxDuration": "2h",
+    "constraints": {
+        "instanceTypes": ["p3.2xlarge", "g5.xlarge", "g4dn.xlarge", "g6.xlarge"],
+        "minGpus": 1,
+        "maxGpus": 1,
+        "spot": "preferred",
+    },
+    "checkpoint": {"intervalSeconds": 10, "restartSeconds": 20},
+}
+
+
+def node(name: str = "n0", *, taints: list[dict[str, str]] | None = None, ann: dict[str, str] | None = None,
+         ready: str = "True", since: datetime = T0) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z", "annotations": ann or {},
+                     "labels": {"node.kubernetes.io/instance-type": "g4dn.xlarge", "karpenter.sh/capacity-type": "spot"}},
+        "spec": {"taints": taints or []},
+        "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "KubeletStopped",
+                                   "lastTransitionTime": since.isoformat().replace("+00:00", "Z")}]},
+    }
+
+
+def notice_of(body: dict[str, Any], now: datetime = T0) -> spot.Notice | None:
+    return spot.node_notice(spot.observe_node(body), now, CFG)
+
+
+# ------------------------------------------------------------------------------ the notice table
+
+
+@pytest.mark.parametrize(
+    ("taint", "signal", "seconds"),
+    [
+        ("aws-node-termination-handler/spot-itn", "aws-spot-itn", 120),
+        ("cloud.google.com/impending-node-termination", "gke-termination", 30),
+        ("karpenter.sh/disrupted", "karpenter-disrupted", 30),
+    ],
+)
+def test_taints_map_to_notices_with_their_deadlines(taint: str, signal: str, seconds: int) -> None:
+    n = notice_of(node(taints=[{"key": taint, "effect": "NoSchedule"}]))
+    assert n is not None and n.source.signal == signal and not n.hard
+    assert n.deadline == T0 + timedelta(seconds=seconds)
+
+
+def test_taint_time_added_starts_the_clock() -> None:
+    added = T0 - timedelta(seconds=100)
+    body = node(taints=[{"key": "aws-node-termination-handler/spot-itn", "effect": "NoExecute",
+                         "timeAdded": added.isoformat()}])
+    n = notice_of(body)
+    assert n is not None and n.deadline == added + timedelta(seconds=120)
+
+
+def test_rebalance_is_soft_and_the_earliest_deadline_wins() -> None:
+    soft = notice_of(node(taints=[{"key": "aws-node-termination-handler/rebalance-recommendation"}]))
+    assert soft is not None and soft.source.signal == "aws-rebalance" and soft.deadline is None
+    both = notice_of(node(taints=[{"key": "aws-node-termination-handler/rebalance-recommendation"},
+                                  {"key": "aws-node-termination-handler/spot-itn"}]))
+    assert both is not None and both.source.signal == "aws-spot-itn"
+    later = (T0 + timedelta(seconds=90)).isoformat()
+    gke = notice_of(node(taints=[{"key": "cloud.google.com/impending-node-termination"}],
+                         ann={"gpuscaler.io/interruption-notice": later}))
+    assert gke is not None and gke.source.signal == "gke-termination"
+
+
+def test_annotation_with_a_deadline_or_a_reason() -> None:
+    at = T0 + timedelta(seconds=75)
+    n = notice_of(node(ann={"gpuscaler.io/interruption-notice": at.isoformat().replace("+00:00", "Z")}))
+    assert n is not None and n.source.signal == "annotation" and n.deadline == at
+    r = notice_of(node(ann={"gpuscaler.io/interruption-notice": "host maintenance"}))
+    assert r is not None and r.deadline == T0 + timedelta(seconds=30) and "host maintenance" in r.describe()
+
+
+def test_not_ready_counts_only_past_the_grace_period_and_is_a_hard_loss() -> None:
+    body = node(ready="Unknown", since=T0)
+    assert notice_of(body, T0 + timedelta(seconds=30)) is None
+    n = notice_of(body, T0 + timedelta(seconds=61))
+    assert n is not None and n.source.signal == "node-not-ready" and n.hard
+    assert notice_of(node()) is None
+
+
+def test_the_table_is_ordered_and_every_signal_is_unique() -> None:
+    names = [s.signal for s in spot.NOTICE_SOURCES]
+    assert len(names) == len(set(names))
+    assert names.index("aws-spot-itn") < names.index("aws-rebalance")
+    assert {s.key for s in spot.NOTICE_SOURCES if s.kind == "taint"} >= {
+        "aws-node-termination-handler/spot-itn", "aws-node-termination-handler/rebalance-recommendation",
+        "karpenter.sh/disrupted", "cloud.google.com/impending-node-termination"}
+
+
+def test_detect_picks_the_most_urgent_node() -> None:
+    a = spot.observe_node(node("a", taints=[{"key": "aws-node-termination-handler/spot-itn"}]))
+    b = spot.observe_node(node("b", taints=[{"key": "cloud.google.com/impending-node-termination"}]))
+    n = spot.detect([a, b, spot.observe_node(node("c"))], T0, CFG)
+    assert n is not None and n.node == "b"
+
+
+# ------------------------------------------------------------------------------ re-plan decision
+
+
+def spec(**changes: Any) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({**SPEC, **changes})
+
+
+def planner_with(policy: Policy) -> spot.Planner:
+    def p(s: TrainingJobSpec, name: str, dl: float | None, un: frozenset[tuple[str, str]]) -> Any:
+        return plan(s, CATALOG, policy, name=name, deadline_h=dl, unavailable=un)
+    return p
+
+
+def first_plan(s: TrainingJobSpec) -> PlanStatus:
+    return plan_status(plan(s, CATALOG, Policy(), name="j"), 1, T0)
+
+
+def test_replan_moves_to_another_spot_offering_and_plans_only_the_rest() -> None:
+    s = spec()
+    ps = first_plan(s)
+    assert (ps.instance_type, ps.capacity_type) == ("g4dn.xlarge", "spot")
+    rp = spot.replan(s, "j", ps, interruptions=1, done_samples=200 * 256, deadline_h=1.5,
+                     unavailable=frozenset({("g4dn.xlarge", "spot")}), planner=planner_with(Policy()))
+    assert rp.result is not None and rp.result.chosen is not None
+    assert rp.result.chosen.capacity.value == "spot" and rp.result.chosen.instance.name != "g4dn.xlarge"
+    assert rp.result.job.total_samples == 200 * 256
+    assert "moved from g4dn.xlarge spot" in rp.action and "remaining 51,200 samples" in rp.action
+
+
+def test_replan_falls_back_to_on_demand_after_max_interruptions() -> None:
+    s = spec()
+    ps = first_plan(s)
+    rules = SpotRules(max_interruptions=3)
+    rp = spot.replan(s, "j", ps, interruptions=3, done_samples=0, deadline_h=1.5, unavailable=frozenset(),
+                     planner=planner_with(Policy()), rules=rules)
+    assert rp.result is not None and rp.result.chosen is not None
+    assert rp.result.chosen.capacity.value == "on-demand"
+    assert "on-demand fallback" in rp.action and "maxInterruptions 3" in rp.action
+    two = spot.replan(s, "j", ps, interruptions=2, done_samples=0, deadline_h=1.5, unavailable=frozenset(),
+                      planner=planner_with(Policy()), rules=rules)
+    assert two.result is not None and two.result.chosen is not None and two.result.chosen.capacity.value == "spot"
+
+
+def test_replan_goes_on_demand_close_to_the_deadline() -> None:
+    s = spec()
+    ps = first_plan(s)
+    rules = SpotRules(min_hours_to_deadline=0.5)
+    rp = spot.replan(s, "j", ps, interruptions=1, done_samples=0, deadline_h=0.4, unavailable=frozenset(),
+                     planner=planner_with(Policy()), rules=rules)
+    assert rp.result is not None and rp.result.chosen is not None
+    assert rp.result.chosen.capacity.value == "on-demand" and "minHoursToDeadline" in rp.action
+
+
+def test_replan_goes_on_demand_when_another_reclaim_would_miss_the_deadline() -> None:
+    s = spec(checkpoint={"intervalSeconds": 10, "restartSeconds": 600})
+    ps = first_plan(s)
+    # the rest takes about 0.12 h on spot; 600 s of restart more would miss a 0.25 h deadline
+    rp = spot.replan(s, "j", ps, interruptions=1, done_samples=0, deadline_h=0.25, unavailable=frozenset(),
+                     planner=planner_with(Policy()), rules=SpotRules())
+    assert rp.result is not None and rp.result.chosen is not None
+    assert rp.result.chosen.capacity.value == "on-demand" and "deadline at risk" in rp.action
+
+
+def test_remaining_spec_keeps_at_least_one_step() -> None:
+    s = spec()
+    assert remaining_spec(s, 1000.0, 5000.0).training.samples == 256
+    assert remaining_spec(s, 102400.0, 0.0, on_demand_only=True).constraints.spot.value == "never"
+
+
+def test_elastic_recovery_when_replacement_is_scarce_or_slower() -> None:
+    s = spec(constraints={**SPEC["constraints"], "instanceTypes": ["p4d.24xlarge"], "minGpus": 16, "maxGpus": 16},
+             training={"steps": 20000}, maxDuration="24h")
+    two = plan(s, CATALOG, Policy()).chosen
+    assert two is not None and two.nodes == 2
+    one = plan(survivors_spec(s, "p4d.24xlarge", two.capacity, 1, 8), CATALOG, Policy()).chosen
+    assert one is not None and one.nodes == 1
+    # the global batch is kept: each GPU now carries twice the samples per step
+    assert one.micro_batch * one.accumulation * one.gpus == two.micro_batch * two.accumulation * two.gpus == 256
+    assert choose_recovery(None, one, Objective.CHEAPEST).elastic
+    assert not choose_recovery(two, None, Objective.CHEAPEST).elastic
+    # replacement capacity that takes an hour to arrive: the survivors finish sooner
+    slow = choose_recovery(two, one, Objective.FASTEST, provisioning_s=3600)
+    assert slow.elastic and "survivors" in slow.why
+    quick = choose_recovery(two, one, Objective.FASTEST, provisioning_s=0)
+    assert not quick.elastic
+
+
+# ------------------------------------------------------------------------------ lost work
+
+
+def test_lost_work_accounting() -> None:
+    st = TrainingJobStatus(plan=first_plan(spec()), progress=Progress(step=130, checkpoint_step=100), attempt=1)
+    notes = spot.record(st, node="n0", signal="node-deleted", acked=False, now=T0, cfg=CFG)
+    assert notes[0][1] == "CheckpointMissed" and st.interruptions == 1
+    assert [(u.instance_type, u.capacity_type) for u in st.unavailable] == [("g4dn.xlarge", "spot")]
+    spot.settle_loss(st)
+    rec = st.interruption_history[-1]
+    assert rec.checkpoint_step == 100 and rec.step_reached == 130 and rec.lost_steps == 30
+    # the new gang reports it resumed from step 120 (the SIGTERM checkpoint was not reported)
+    st.attempt = 2
+    pod = pod_state({"metadata": {"name": "w", "labels": {"gpuscaler.io/attempt": "2"},
+                                  "annotations": {rc.ANNOTATION_CHECKPOINT_STEP: "120"}}, "status": {"phase": "Running"}})
+    summary = spot.recovered(st, T0 + timedelta(seconds=12))
+    assert rec.recovery_seconds == 12 and st.recovery_seconds == 12 and st.lost_steps == 30 and "30 step" in summary
+    spot.refine_loss(st, [pod], T0 + timedelta(seconds=13))
+    assert rec.checkpoint_step == 120 and rec.lost_steps == 10 and st.lost_steps == 10
+    # a checkpoint a full interval later is not mistaken for the resume point
+    later = replace(pod, checkpoint_step=125)
+    spot.refine_loss(st, [later], T0 + timedelta(seconds=60))
+    assert rec.checkpoint_step == 120
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+class SpotWorld:
+    def __init__(self, **config: Any) -> None:
+        self.now = T0
+        self.provider = FakeProvider()
+        self.workers = FakeWorkers()
+        self.status = TrainingJobStatus()
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.phases: dict[str, str] = {}
+        self.loop = Reconciler(self.provider, self.workers, planner_with(Policy()), CATALOG,
+                               LoopConfig(spot=CFG, **config), lambda: self.now)
+
+    def step(self, job: Job, seconds: float = 1.0) -> list[str]:
+        self.now += timedelta(seconds=seconds)
+        for names in self.provider.ensured:
+            for n in names:
+                self.nodes.setdefault(n, node(n))
+        self.provider.ensured.clear()
+        for n in self.provider.released:
+            self.nodes.pop(n, None)
+        self.provider.released.clear()
+        pods = [pod_state(dict(b, status={"phase": self.phases.get(b["metadata"]["name"], "Running")}))
+                for b in self.workers.pods()]
+        states: list[NodeState] = [spot.observe_node(b) for b in self.nodes.values()]
+        out = self.loop.step(job, self.status, pods, states)
+        self.status = out.status
+        return [e.reason for e in out.events]
+
+    def annotate(self, **ann: str) -> None:
+        for b in self.workers.pods():
+            b["metadata"].setdefault("annotations", {}).update(ann)
+
+
+def run_to(w: SpotWorld, job: Job, phase: Phase, limit: int = 20) -> list[str]:
+    seen: list[str] = []
+    for _ in range(limit):
+        seen += w.step(job)
+        if w.status.phase is phase:
+            return seen
+    raise AssertionError(f"never reached {phase}: {w.status.phase} {w.status.message}")
+
+
+def test_notice_checkpoint_replan_resume() -> None:
+    w = SpotWorld()
+    job = Job("ns", "job", "uid-1", 1, T0, spec())
+    run_to(w, job, Phase.RUNNING)
+    assert w.status.capacity_type == "spot" and w.status.instance_type == "g4dn.xlarge"
+    w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "150", rc.ANNOTATION_CHECKPOINT_STEP: "100"})
+    w.step(job)
+    name = next(iter(w.nodes))
+    w.nodes[name]["spec"]["taints"] = [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]
+    reasons = w.step(job)
+    assert w.status.phase is Phase.CHECKPOINTING and "Interrupted" in reasons
+    assert w.status.notice is not None and w.status.notice.signal == "aws-spot-itn"
+    rid = w.status.notice.request_id
+    assert all(b["metadata"]["annotations"][rc.ANNOTATION_CHECKPOINT_REQUESTED] == rid for b in w.workers.pods())
+    w.step(job)
+    assert w.status.phase is Phase.CHECKPOINTING, "waits for the ack"
+    w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: rid, rc.ANNOTATION_CHECKPOINT_STEP: "152",
+                  rc.ANNOTATION_PROGRESS_STEP: "152"})
+    reasons = w.step(job)
+    assert w.status.phase is Phase.RECOVERING and "Checkpointed" in reasons and w.status.interruptions == 1
+    assert name in w.provider.released, "the noticed node is released"
+    reasons = run_to(w, job, Phase.RUNNING)
+    assert "Replanned" in reasons and "Recovered" in reasons
+    assert w.status.instance_type != "g4dn.xlarge" and w.status.capacity_type == "spot"
+    rec = w.status.interruption_history[-1]
+    assert rec.signal == "aws-spot-itn" and rec.checkpoint_acked and rec.checkpoint_step == 152
+    assert rec.lost_steps == 0 and rec.recovery_seconds is not None and rec.recovery_seconds > 0
+    assert "moved from g4dn.xlarge spot" in rec.action
+    assert w.status.plan is not None and w.status.plan.total_samples == 400 * 256
+
+
+def test_notice_without_an_ack_moves_at_the_deadline() -> None:
+    w = SpotWorld()
+    job = Job("ns", "job", "uid-1", 1, T0, spec())
+    run_to(w, job, Phase.RUNNING)
+    name = next(iter(w.nodes))
+    w.nodes[name]["spec"]["taints"] = [{"key": "cloud.google.com/impending-node-termination"}]
+    w.step(job)
+    assert w.status.phase is Phase.CHECKPOINTING
+    w.step(job, seconds=20)
+    assert w.status.phase is Phase.CHECKPOINTING
+    reasons = w.step(job, seconds=11)
+    assert w.status.phase is Phase.RECOVERING and "CheckpointMissed" in reasons
+
+
+def test_node_deleted_without_notice_resumes_from_the_periodic_checkpoint() -> None:
+    w = SpotWorld()
+    job = Job("ns", "job", "uid-1", 1, T0, spec())
+    run_to(w, job, Phase.RUNNING)
+    w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "170", rc.ANNOTATION_CHECKPOINT_STEP: "160"})
+    w.step(job)
+    name = next(iter(w.nodes))
+    for b in w.workers.pods():
+        b.setdefault("spec", {})["nodeName"] = name
+    del w.nodes[name]
+    reasons = w.step(job)
+    assert w.status.phase is Phase.RECOVERING and "Interrupted" in reasons
+    run_to(w, job, Phase.RUNNING)
+    rec = w.status.interruption_history[-1]
+    assert rec.signal == "node-deleted" and not rec.checkpoint_acked and rec.lost_steps == 10
+    assert w.status.lost_steps == 10
+
+
+def test_three_interruptions_then_on_demand() -> None:
+    w = SpotWorld()
+    job = Job("ns", "job", "uid-1", 1, T0, spec())
+    run_to(w, job, Phase.RUNNING)
+    seen = []
+    for _ in range(3):
+        seen.append((w.status.instance_type, w.status.capacity_type))
+        name = next(iter(w.nodes))
+        w.nodes[name]["spec"]["taints"] = [{"key": "aws-node-termination-handler/spot-itn"}]
+        w.step(job)
+        w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else ""})
+        run_to(w, job, Phase.RUNNING)
+    assert all(c == "spot" for _, c in seen) and len({i for i, _ in seen}) == 3
+    assert w.status.capacity_type == "on-demand" and w.status.interruptions == 3
+    assert "maxInterruptions" in w.status.interruption_history[-1].action
