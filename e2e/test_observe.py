@@ -12,6 +12,8 @@ another plan is now cheaper, moves to it at its next checkpoint and not before.
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -127,7 +129,7 @@ def test_observe_matching_job_is_left_alone(
 
 
 def test_observe_input_bound_job_gets_the_condition(
-    dev_cluster: E2ECluster, custom: Any, namespace: str, prometheus: PrometheusServer,
+    dev_cluster: E2ECluster, custom: Any, namespace: str, prometheus: PrometheusServer, tmp_path: Path,
     observing_operator: Callable[..., OperatorProcess],
 ) -> None:
     observing_operator()
@@ -144,6 +146,17 @@ def test_observe_input_bound_job_gets_the_condition(
     seen = observed(custom, namespace, "starved")
     assert seen["ratio"] == pytest.approx(0.5, abs=0.08) and seen["gpuUtil"] == pytest.approx(30.0)
     assert get_job(custom, namespace, "starved")["status"]["plan"]["instanceType"] == "p3.2xlarge"
+    # the report: status through the API, live metrics and the plot from Prometheus
+    plot = tmp_path / "starved.png"
+    report = subprocess.run(
+        [sys.executable, "-m", "gpuscaler.cli", "report", "starved", "-n", namespace, "--prometheus", prometheus.url,
+         "--plot", str(plot)],
+        env=dev_cluster.env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert report.returncode == 0, report.stderr
+    assert "InputBound (LowGPUUtilization)" in report.stdout and "starved-worker-0" in report.stdout, report.stdout
+    assert "projected $" in report.stdout and plot.stat().st_size > 10_000
+    print("\n" + report.stdout)
 
 
 def test_observe_slow_job_is_corrected_and_replanned_at_its_checkpoint(

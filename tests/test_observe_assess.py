@@ -260,3 +260,20 @@ def test_status_round_trips() -> None:
     wire = st.model_dump(mode="json", by_alias=True, exclude_none=True)
     assert wire["observed"]["efficiencyByGpu"] == {"A10G": 0.7} and wire["observed"]["replanPending"] is True
     assert TrainingJobStatus.model_validate(wire).observed == o
+
+
+def test_report_renders_prediction_observation_cost_and_bottlenecks() -> None:
+    from gpuscaler.observe.cli import projected_cost, render
+
+    spec = job_spec(["p3.2xlarge"])
+    st = running_status(spec)
+    assert st.plan is not None
+    obs = Observer(FakeSource(metrics(0.5 * st.plan.throughput, gpu_util=30.0, tensor_active=0.1)), CFG, CATALOG)
+    obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=30), planner_for(spec))
+    st.cost_usd = 0.10
+    left_h, total = projected_cost(st)
+    assert left_h is not None and total is not None
+    assert left_h == pytest.approx(st.plan.total_samples / (0.5 * st.plan.throughput) / 3600, rel=1e-3)
+    assert total == pytest.approx(0.10 + left_h * st.plan.usd_per_hour)
+    text = render("j", "ns", st)
+    assert "InputBound (LowGPUUtilization)" in text and "ratio 50%" in text and "projected $" in text
