@@ -1,0 +1,221 @@
+"""End to end: spot interruptions on the real control plane, with the training played by real processes.
+
+Each test runs the operator (a subprocess, kwok provider) and :class:`spot_harness.Harness`, which
+starts a local process with the runtime library for every Running worker pod (see its docstring).
+A node is then interrupted the way a cloud would: an AWS NTH ``spot-itn`` taint, GKE's
+termination taint, a deletion with no notice, three reclaims in a row, a reclaim close to the
+deadline. Every job must end Succeeded with the final weights bit-identical to an uninterrupted
+run, and lose at most one checkpoint interval of steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import test_operator
+from e2e_helpers import E2ECluster, wait_for
+from spot_harness import Harness, reference_weights
+from test_operator import OperatorProcess, apply, event_reasons, get_job, job_nodes, wait_phase
+
+pytestmark = pytest.mark.timeout(240)
+
+crd = test_operator.crd
+custom = test_operator.custom
+operator = test_operator.operator
+"""The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
+
+INTERVAL_S = 10
+"""spec.checkpoint.intervalSeconds (the CRD's minimum)."""
+STEP_S = 0.03
+"""Sleep per training step: at most INTERVAL_S / STEP_S steps fit in one checkpoint interval."""
+STEPS_PER_INTERVAL = int(INTERVAL_S / STEP_S)
+SPOT_TYPES = ["g4dn.xlarge", "g5.xlarge", "g6.xlarge", "p3.2xlarge"]
+"""One-GPU AWS types with spot prices; the planner's first choice is g4dn.xlarge spot."""
+
+
+def spot_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuscaler.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workload": {"model": "resnet50"},
+            "globalBatch": 256,
+            "training": {"steps": steps},
+            "maxDuration": "4h",
+            "constraints": {"instanceTypes": SPOT_TYPES, "minGpus": 1, "maxGpus": 1, "spot": "preferred"},
+            "checkpoint": {"intervalSeconds": INTERVAL_S, "restartSeconds": 30, "dir": "/checkpoints"},
+            "template": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/gpuscaler/trainer:e2e"}]}},
+            **spec,
+        },
+    }
+
+
+@pytest.fixture
+def harness(dev_cluster: E2ECluster, core: Any, namespace: str, tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def start(job: str, steps: int) -> Harness:
+        h = Harness(core, namespace, job, tmp_path / job, str(dev_cluster.kubeconfig), steps, step_sleep=STEP_S)
+        made.append(h.start())
+        return h
+
+    yield start
+    for h in made:
+        h.stop()
+        err = h.work / "workers.stderr"
+        if err.exists():
+            print(err.read_text(errors="replace")[-3000:])
+
+
+POLICY = "name: e2e-spot\nminCheckpointIntervalS: 10\n"
+"""The default policy allows checkpoint intervals of 300 s and more; these tests checkpoint every 10 s."""
+
+
+def start_operator(operator: Callable[..., OperatorProcess], tmp_path: Path, extra: str = "") -> OperatorProcess:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY + extra)
+    return operator(GPUSCALER_POLICY_FILE=str(policy))
+
+
+def taint(core: Any, node: str, key: str) -> None:
+    body = core.read_node(node)
+    taints = [*(body.spec.taints or []), {"key": key, "effect": "NoSchedule"}]
+    core.patch_node(node, {"spec": {"taints": taints}})
+
+
+def running_node(core: Any, ns: str, name: str) -> str:
+    nodes = [n for n in job_nodes(core, ns, name) if not n.metadata.deletion_timestamp]
+    assert len(nodes) == 1, [n.metadata.name for n in nodes]
+    return str(nodes[0].metadata.name)
+
+
+def progressed(h: Harness, steps: int, timeout: float = 60) -> None:
+    wait_for(lambda: h.rank0_step() >= steps, timeout=timeout, interval=0.1, what=f"rank 0 past step {steps}")
+
+
+def finish(custom: Any, h: Harness, ns: str, name: str, steps: int, timeout: float = 120) -> dict[str, Any]:
+    job = wait_phase(custom, ns, name, "Succeeded", timeout=timeout)
+    assert not h.errors, h.errors
+    assert h.weights.exists(), "rank 0 wrote no final weights"
+    assert np.array_equal(np.load(h.weights), reference_weights(steps)), "weights differ from the uninterrupted run"
+    st: dict[str, Any] = job["status"]
+    for rec in st.get("interruptionHistory", []):
+        assert rec["lostSteps"] <= STEPS_PER_INTERVAL, rec
+        assert rec["recoverySeconds"] is not None, rec
+    # what the processes really redid: last step of each run vs where the next one resumed
+    runs = h.steps_reached()
+    for (done, _), (_, start) in itertools.pairwise(runs):
+        assert start is not None and done - start <= STEPS_PER_INTERVAL, runs
+    return st
+
+
+def interrupt_with_taint(
+    dev_cluster: E2ECluster, core: Any, custom: Any, ns: str, harness: Callable[..., Harness], key: str, signal: str
+) -> dict[str, Any]:
+    steps = 700
+    apply(dev_cluster, ns, spot_job("tj", steps))
+    h = harness("tj", steps)
+    wait_phase(custom, ns, "tj", "Running", timeout=60)
+    progressed(h, 150)
+    node = running_node(core, ns, "tj")
+    taint(core, node, key)
+    st = finish(custom, h, ns, "tj", steps)
+    assert st["interruptions"] == 1 and st["capacityType"] == "spot", st
+    rec = st["interruptionHistory"][0]
+    assert rec["signal"] == signal and rec["node"] == node and rec["checkpointAcked"], rec
+    assert rec["instanceType"] == "g4dn.xlarge" and st["instanceType"] != "g4dn.xlarge", st
+    assert rec["lostSteps"] <= 5, rec  # a checkpoint at the notice: at most the steps the report lagged
+    reasons = event_reasons(core, ns, "tj")
+    for r in ("Interrupted", "Checkpointed", "Replanned", "Recovered", "Succeeded"):
+        assert r in reasons, reasons
+    return st
+
+
+def test_spot_aws_itn_checkpoints_replans_and_resumes(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    harness: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    start_operator(operator, tmp_path)
+    interrupt_with_taint(dev_cluster, core, custom, namespace, harness, "aws-node-termination-handler/spot-itn", "aws-spot-itn")
+
+
+def test_spot_gke_termination_fits_the_30s_notice(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    harness: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    start_operator(operator, tmp_path)
+    st = interrupt_with_taint(
+        dev_cluster, core, custom, namespace, harness, "cloud.google.com/impending-node-termination", "gke-termination"
+    )
+    assert st["interruptionHistory"][0]["recoverySeconds"] < 30, st["interruptionHistory"]
+
+
+def test_spot_node_deleted_without_notice_resumes_from_periodic_checkpoint(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    harness: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    start_operator(operator, tmp_path)
+    steps = 800
+    apply(dev_cluster, namespace, spot_job("tj", steps))
+    h = harness("tj", steps)
+    wait_phase(custom, namespace, "tj", "Running", timeout=60)
+    progressed(h, STEPS_PER_INTERVAL + 60)  # past the first periodic checkpoint, mid-interval
+    node = running_node(core, namespace, "tj")
+    core.delete_node(node)
+    st = finish(custom, h, namespace, "tj", steps)
+    rec = st["interruptionHistory"][0]
+    assert rec["signal"] == "node-deleted" and not rec["checkpointAcked"] and rec["checkpointStep"] >= 1, rec
+    assert st["interruptions"] == 1 and st["lostSteps"] == rec["lostSteps"]
+
+
+def test_spot_three_interruptions_fall_back_to_on_demand(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    harness: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    start_operator(operator, tmp_path)
+    steps = 900
+    apply(dev_cluster, namespace, spot_job("tj", steps))
+    h = harness("tj", steps)
+    seen = []
+    for i in range(3):
+        job = wait_phase(custom, namespace, "tj", "Running", timeout=60)
+        seen.append((job["status"]["instanceType"], job["status"]["capacityType"]))
+        progressed(h, 100 * (i + 1))
+        taint(core, running_node(core, namespace, "tj"), "aws-node-termination-handler/spot-itn")
+        wait_for(lambda n=i: get_job(custom, namespace, "tj")["status"].get("interruptions", 0) > n, timeout=30,
+                 what=f"interruption {i + 1}")
+    st = finish(custom, h, namespace, "tj", steps, timeout=150)
+    assert [c for _, c in seen] == ["spot"] * 3 and len({i for i, _ in seen}) == 3, seen
+    assert st["interruptions"] == 3 and st["capacityType"] == "on-demand", st
+    assert "maxInterruptions 3" in st["interruptionHistory"][-1]["action"], st["interruptionHistory"][-1]
+
+
+def test_spot_interruption_close_to_the_deadline_goes_on_demand(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    harness: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    start_operator(operator, tmp_path, "spot:\n  minHoursToDeadline: 0.5\n")
+    steps = 1000
+    # spot is allowed for the first 20 s only: then less than 0.5 h is left to the deadline
+    deadline = (datetime.now(UTC) + timedelta(minutes=30, seconds=20)).replace(microsecond=0)
+    doc = spot_job("tj", steps)
+    del doc["spec"]["maxDuration"]
+    doc["spec"]["deadline"] = deadline.isoformat().replace("+00:00", "Z")
+    t0 = datetime.now(UTC)
+    apply(dev_cluster, namespace, doc)
+    h = harness("tj", steps)
+    job = wait_phase(custom, namespace, "tj", "Running", timeout=60)
+    assert job["status"]["capacityType"] == "spot", job["status"]
+    wait_for(lambda: datetime.now(UTC) - t0 > timedelta(seconds=22), timeout=40, what="the slack to shrink")
+    taint(core, running_node(core, namespace, "tj"), "aws-node-termination-handler/spot-itn")
+    st = finish(custom, h, namespace, "tj", steps)
+    assert st["capacityType"] == "on-demand" and st["interruptions"] == 1, st
+    assert "minHoursToDeadline" in st["interruptionHistory"][0]["action"], st["interruptionHistory"]
