@@ -22,6 +22,9 @@ echo "==> calibration is reproducible from its data"
 echo "==> dev-cluster binaries (cached after the first build)"
 scripts/ci-cluster-deps.sh
 
+echo "==> Prometheus (Debian package) for the observe e2e"
+scripts/ci-prometheus.sh
+
 echo "==> tests: unit and end-to-end"
 set +e
 "$PYTHON" -m pytest tests e2e -p no:cacheprovider "$@"
