@@ -276,7 +276,7 @@ class Harness:
         out = []
         for pl in sorted(self.played.values(), key=lambda p: p.started):
             ev = self.events(pl)
-            done = max((e["done"] for e in ev if e["e"] == "step"), default=0)
+            done = max((e.get("done", e.get("step", 0)) for e in ev if e["e"] in ("step", "preempted")), default=0)
             start = next((e["start"] for e in ev if e["e"] == "resume"), None)
             out.append((done, start))
         return out

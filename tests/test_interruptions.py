@@ -297,8 +297,9 @@ def test_notice_checkpoint_replan_resume() -> None:
                   rc.ANNOTATION_PROGRESS_STEP: "152"})
     reasons = w.step(job)
     assert w.status.phase is Phase.RECOVERING and "Checkpointed" in reasons and w.status.interruptions == 1
-    assert name in w.provider.released, "the noticed node is released"
+    assert name in w.nodes, "the noticed node stays until its workers have stopped"
     reasons = run_to(w, job, Phase.RUNNING)
+    assert name not in w.nodes
     assert "Replanned" in reasons and "Recovered" in reasons
     assert w.status.instance_type != "g4dn.xlarge" and w.status.capacity_type == "spot"
     rec = w.status.interruption_history[-1]

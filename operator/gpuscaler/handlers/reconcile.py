@@ -695,7 +695,8 @@ class Reconciler:
         out.events.extend(Event(*n) for n in spot.record(st, node=node, signal=signal, acked=acked, now=now, cfg=self.config.spot))
         st.phase = Phase.RECOVERING
         st.message = f"{signal} on {node}: moving the gang from the checkpoint at step {st.progress.checkpoint_step or 0}"
-        self._release(job, st, [n for n in nodes if n.name == node or n.interrupted], out, now)
+        # a node that still runs the workers goes once they have stopped (SIGTERM: one more checkpoint)
+        self._release(job, st, [n for n in nodes if n.name == node and not n.ready], out, now)
 
     def _replan_rest(self, job: Job, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime) -> bool:
         """After an interruption: plan the remaining work (spot.replan); False when nothing fits now."""
@@ -748,7 +749,7 @@ class Reconciler:
         for p in pods:
             if not p.deleting:
                 self.workers.delete_pod(job.namespace, p.name)
-        lost = [n for n in nodes if n.interrupted]
+        lost = [n for n in nodes if n.interrupted and (not n.ready or not any(p.node == n.name for p in pods))]
         if lost:
             self._release(job, st, lost, out, now)
         if any(True for _ in pods):
