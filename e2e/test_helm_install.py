@@ -4,7 +4,9 @@ The operator pod cannot run here (no image, and kwok runs nothing), so the opera
 locally with the chart's ServiceAccount credentials (a token from ``kubectl create token`` in a
 kubeconfig of its own): it must plan, provision a kwok node, start a worker and write the status
 of a TrainingJob without a single Forbidden. ``kubectl auth can-i --as`` checks each verb the
-chart grants, and some it must not.
+chart grants, and some it must not; for the karpenter and clusterapi providers against the real
+upstream CRDs (from the Go module cache, as in ``test_providers_crds.py``), since ``can-i`` only
+resolves ``nodepools.karpenter.sh`` and the like through discovery.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+import test_providers_crds as upstream
 from e2e_helpers import E2ECluster, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -94,6 +97,23 @@ def release(dev_cluster: E2ECluster, namespace: str) -> Iterator[Release]:
     rel = install(dev_cluster, namespace)
     yield rel
     run(dev_cluster, "helm", "uninstall", rel.name, "--namespace", namespace, check=False)
+
+
+@pytest.fixture(scope="module")
+def provider_crds(dev_cluster: E2ECluster) -> list[str]:
+    """Karpenter's NodePool/NodeClaim and Cluster API's MachineDeployment/Machine CRDs, installed."""
+    karpenter = upstream.module_dir(upstream.KARPENTER_MODULE, upstream.KARPENTER_VERSION)
+    capi = upstream.module_dir(upstream.CLUSTER_API_MODULE, upstream.CLUSTER_API_VERSION)
+    bases = capi / "core" / "config" / "crd" / "bases"
+    return upstream.install_crds(
+        dev_cluster.api,
+        [
+            karpenter / "pkg/apis/crds/karpenter.sh_nodepools.yaml",
+            karpenter / "pkg/apis/crds/karpenter.sh_nodeclaims.yaml",
+            bases / "cluster.x-k8s.io_machinedeployments.yaml",
+            bases / "cluster.x-k8s.io_machines.yaml",
+        ],
+    )
 
 
 def sa_kubeconfig(cluster: E2ECluster, rel: Release, path: Path) -> Path:
@@ -196,7 +216,7 @@ def test_service_account_can_do_what_the_operator_needs(release: Release) -> Non
     assert not missing, f"the chart's ServiceAccount cannot: {missing}"
 
 
-def test_service_account_cannot_do_more(release: Release) -> None:
+def test_service_account_cannot_do_more(release: Release, provider_crds: list[str]) -> None:
     denied = [
         ("get", "secrets"),
         ("delete", "secrets"),
@@ -212,6 +232,11 @@ def test_service_account_cannot_do_more(release: Release) -> None:
         ("create", "customresourcedefinitions.apiextensions.k8s.io"),
         ("update", "trainingjobs.gpuscaler.io/status"),  # patch only
         ("get", "services/proxy"),
+        # other providers' rules: the default (kwok) release has none of them
+        ("get", "nodepools.karpenter.sh"),
+        ("list", "nodeclaims.karpenter.sh"),
+        ("list", "machinedeployments.cluster.x-k8s.io"),
+        ("patch", "machinedeployments.cluster.x-k8s.io/scale"),
     ]
     granted = [(v, r) for v, r in denied if release.can(v, r, release.namespace)]
     assert not granted, f"the chart's ServiceAccount may also: {granted}"
@@ -237,6 +262,76 @@ def test_namespaced_mode_is_confined(dev_cluster: E2ECluster, namespace: str, co
     finally:
         run(dev_cluster, "helm", "uninstall", rel.name, "-n", namespace, check=False)
         core.delete_namespace(other)
+
+
+def test_karpenter_provider_rules_only_with_providername_karpenter(
+    dev_cluster: E2ECluster, namespace: str, release: Release, provider_crds: list[str]
+) -> None:
+    """providerName=karpenter grants the NodePool/NodeClaim verbs the karpenter provider calls,
+    and takes away kwok's node create/delete; the kwok release next to it has no karpenter rules."""
+    name = f"gs-karp-{uuid.uuid4().hex[:5]}"
+    rel = install(
+        dev_cluster,
+        namespace,
+        "-f",
+        str(CHART / "ci" / "karpenter-values.yaml"),
+        "--set",
+        f"settings.peering={name}",  # one ClusterKopfPeering per release
+    )
+    try:
+        assert rel.deployment_env()["GPUSCALER_PROVIDER_NAME"] == "karpenter"
+        allowed = [
+            *[(v, "nodepools.karpenter.sh") for v in ("get", "create", "update")],
+            *[(v, "nodeclaims.karpenter.sh") for v in ("list", "delete")],
+            *[(v, "nodes") for v in ("get", "list", "watch")],
+        ]
+        denied = [
+            ("delete", "nodepools.karpenter.sh"),
+            ("create", "nodeclaims.karpenter.sh"),
+            ("create", "nodes"),
+            ("delete", "nodes"),
+            ("patch", "nodes"),
+            ("list", "machinedeployments.cluster.x-k8s.io"),
+        ]
+        assert not [a for a in allowed if not rel.can(*a)], "karpenter release misses rules"
+        assert not [d for d in denied if rel.can(*d)], "karpenter release may do more"
+        # the kwok release installed next to it: node create, nothing of karpenter's
+        assert release.can("create", "nodes") and not release.can("get", "nodepools.karpenter.sh")
+    finally:
+        run(dev_cluster, "helm", "uninstall", rel.name, "-n", namespace, check=False)
+    wait_for(
+        lambda: not rel.can("get", "nodepools.karpenter.sh"),
+        timeout=30,
+        interval=0.5,
+        what="uninstall removing the karpenter rules",
+    )
+
+
+def test_clusterapi_provider_rules_are_confined_to_its_namespace(
+    dev_cluster: E2ECluster, namespace: str, provider_crds: list[str]
+) -> None:
+    name = f"gs-capi-{uuid.uuid4().hex[:5]}"
+    rel = install(
+        dev_cluster,
+        namespace,
+        "--set",
+        "settings.providerName=clusterapi",
+        "--set",
+        f"settings.clusterapiNamespace={namespace}",
+        "--set",
+        f"settings.peering={name}",
+    )
+    try:
+        md = "machinedeployments.cluster.x-k8s.io"
+        assert rel.can("list", md, namespace) and rel.can("get", f"{md}/scale", namespace)
+        assert rel.can("patch", f"{md}/scale", namespace)
+        assert rel.can("patch", "machines.cluster.x-k8s.io", namespace)
+        assert rel.can("patch", "nodes")  # adoption labels the registered nodes
+        elsewhere = f"{namespace[:50]}-other"
+        assert not rel.can("list", md, elsewhere) and not rel.can("patch", f"{md}/scale", elsewhere)
+        assert not rel.can("delete", md, namespace) and not rel.can("create", "nodes")
+    finally:
+        run(dev_cluster, "helm", "uninstall", rel.name, "-n", namespace, check=False)
 
 
 def test_operator_runs_a_job_with_the_charts_credentials(

