@@ -2,14 +2,18 @@
 # Build: docker build -t ghcr.io/gpuscaler/gpuscaler:0.1.0 .   (see helm/gpuscaler/README.md)
 
 # ---- builder: a virtualenv with gpuscaler and its operator extras (kopf, kubernetes, prometheus-client)
+# plus the extras of the chosen providers and features: aws (eks: boto3), gcp (gke:
+# google-cloud-container), observe (Prometheus-observed performance: prometheus-api-client).
+# Example: docker build --build-arg EXTRAS=operator,aws,observe -t ghcr.io/gpuscaler/gpuscaler:0.1.0-eks .
 FROM python:3.11-slim-bookworm AS builder
+ARG EXTRAS=operator,aws,gcp,observe
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-RUN pip install ".[operator]" && gpuscaler --version
+RUN pip install ".[${EXTRAS}]" && gpuscaler --version
 
 # ---- runtime: the virtualenv only; no compilers, no pip cache, no source tree
 FROM python:3.11-slim-bookworm

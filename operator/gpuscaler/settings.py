@@ -18,7 +18,7 @@ class Settings(BaseSettings):
     # --- Node pools
     provider_name: str = Field(
         default="kwok",
-        description="Node-pool provider: kwok, static (later eks, gke, karpenter, clusterapi).",
+        description="Node-pool provider: kwok (fake nodes), static (existing nodes), eks, gke, karpenter, clusterapi.",
     )
     kwok_provisioning_delay_s: float = Field(
         default=2.0, ge=0, description="Seconds the kwok provider waits before a fake node appears."
