@@ -211,6 +211,10 @@ def test_service_account_can_do_what_the_operator_needs(release: Release) -> Non
         *[(v, "pods", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
         *[(v, "services", None) for v in ("list", "watch", "create", "delete")],
         *[(v, "nodes", None) for v in ("get", "list", "watch", "create", "delete")],  # kwok provider
+        # the workers' identity in a job namespace (ServiceAccount, Role and RoleBinding gpuscaler-worker)
+        ("create", "serviceaccounts", None),
+        ("create", "roles.rbac.authorization.k8s.io", None),
+        ("create", "rolebindings.rbac.authorization.k8s.io", None),
     ]
     missing = [(v, r) for v, r, n in allowed if not release.can(v, r, n)]
     assert not missing, f"the chart's ServiceAccount cannot: {missing}"
@@ -229,6 +233,17 @@ def test_service_account_cannot_do_more(release: Release, provider_crds: list[st
         ("delete", "trainingjobs.gpuscaler.io"),
         ("patch", "nodes"),
         ("create", "clusterroles.rbac.authorization.k8s.io"),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+        # the workers' identity: create only, and no way around RBAC's escalation check
+        ("get", "serviceaccounts"),
+        ("delete", "serviceaccounts"),
+        ("create", "serviceaccounts/token"),
+        ("update", "roles.rbac.authorization.k8s.io"),
+        ("delete", "roles.rbac.authorization.k8s.io"),
+        ("patch", "rolebindings.rbac.authorization.k8s.io"),
+        ("escalate", "roles.rbac.authorization.k8s.io"),
+        ("bind", "roles.rbac.authorization.k8s.io"),
+        ("bind", "clusterroles.rbac.authorization.k8s.io"),
         ("create", "customresourcedefinitions.apiextensions.k8s.io"),
         ("update", "trainingjobs.gpuscaler.io/status"),  # patch only
         ("get", "services/proxy"),
@@ -254,6 +269,8 @@ def test_namespaced_mode_is_confined(dev_cluster: E2ECluster, namespace: str, co
             "patch", "trainingjobs.gpuscaler.io", namespace
         )
         assert rel.can("patch", "kopfpeerings.kopf.dev", namespace)
+        for res in ("serviceaccounts", "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io"):
+            assert rel.can("create", res, namespace) and not rel.can("create", res, other), res
         assert not rel.can("create", "pods", other) and not rel.can(
             "list", "trainingjobs.gpuscaler.io", other
         )
@@ -392,6 +409,13 @@ def test_operator_runs_a_job_with_the_charts_credentials(
         )
         pods = core.list_namespaced_pod(namespace, label_selector="gpuscaler.io/job").items
         assert pods and all(p.spec.node_name for p in pods)
+        # the workers' identity, created under the chart's RBAC (which passed the escalation check)
+        assert all(p.spec.service_account_name == "gpuscaler-worker" for p in pods)
+        rbac = client.RbacAuthorizationV1Api(dev_cluster.api)
+        assert core.read_namespaced_service_account("gpuscaler-worker", namespace)
+        role = rbac.read_namespaced_role("gpuscaler-worker", namespace)
+        assert [(r.resources, r.verbs) for r in role.rules] == [(["pods"], ["get", "patch"])]
+        assert rbac.read_namespaced_role_binding("gpuscaler-worker", namespace).role_ref.name == "gpuscaler-worker"
         # delete while the operator runs: its finalizer releases the worker and the kwok node
         run(dev_cluster, "kubectl", "delete", "trainingjob", "rbac", "-n", namespace, "--timeout=60s")
     finally:

@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuscaler.cloud.registry import PROVIDERS
 from gpuscaler.devcluster import build
+from gpuscaler.kube.workers import WORKER_RULES, WORKER_SERVICE_ACCOUNT, worker_rbac
 from gpuscaler.policy import load_policies
 from gpuscaler.runtime.metrics import RuntimeMetrics
 from gpuscaler.settings import Settings
@@ -359,15 +360,50 @@ def test_cluster_rbac_is_least_privilege() -> None:
         assert ("", "pods", verb) in got
     assert ("", "services", "create") in got
     assert ("", "nodes", "create") in got  # kwok provider (the default)
+    assert got >= WORKER_IDENTITY  # the workers' ServiceAccount, Role and RoleBinding per job namespace
     # Never: wildcards, secrets, workloads it does not manage, writes to policies.
     assert not any("*" in t for t in got)
     assert not any(res in ("secrets", "configmaps", "deployments", "jobs") for _, res, _ in got)
     assert not any(res == "gpuscalingpolicies" and v not in ("get", "list", "watch") for _, res, v in got)
+    assert not any(v in ("escalate", "bind", "impersonate") for _, _, v in got)
+    assert not any(res in ("clusterroles", "clusterrolebindings") for _, res, _ in got)
     text = (CHART / "templates" / "rbac.yaml").read_text(encoding="utf-8")
     assert "# Framework:" in text and "# Application:" in text
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "gpuscaler-system"
     assert not {"Role", "RoleBinding"} & kinds(docs)
+
+
+WORKER_IDENTITY = {
+    ("", "serviceaccounts", "create"),
+    ("rbac.authorization.k8s.io", "roles", "create"),
+    ("rbac.authorization.k8s.io", "rolebindings", "create"),
+}
+"""kube/workers.py worker_rbac: created if absent in each job namespace, never read, changed or deleted."""
+
+
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster", "namespaced"])
+def test_worker_identity_is_create_only_and_within_the_operators_own_rules(
+    tmp_path: Path, namespaced: bool
+) -> None:
+    """The operator may create the workers' ServiceAccount, Role and RoleBinding, nothing more on
+    them; and it holds every permission of the workers' Role where it creates it (Kubernetes'
+    escalation check refuses a Role, or a RoleBinding to it, granting more than the creator holds)."""
+    docs = render("-f", values_file(tmp_path, {"rbac": {"namespaced": namespaced}}), namespace="team-a")
+    role = one(docs, "Role" if namespaced else "ClusterRole")
+    got = set(rules(role))
+    assert got >= WORKER_IDENTITY
+    on_identity = {t for t in got if t[1] in ("serviceaccounts", "roles", "rolebindings")}
+    assert on_identity == WORKER_IDENTITY
+    granted = {(g, r, v) for rule in WORKER_RULES for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == {("", "pods", "get"), ("", "pods", "patch")}
+    assert granted <= got, "the workers' Role grants what the operator does not hold"
+    if namespaced:
+        assert not {t for t in rules(one(docs, "ClusterRole")) if t[1] in ("serviceaccounts", "roles", "rolebindings")}
+    worker_docs = worker_rbac("ns")
+    assert [d["kind"] for d in worker_docs] == ["ServiceAccount", "Role", "RoleBinding"]
+    assert all(d["metadata"]["name"] == WORKER_SERVICE_ACCOUNT for d in worker_docs)
+    assert all(d["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpuscaler"} for d in worker_docs)
 
 
 def provider_docs(tmp_path: Path, provider: str, **extra: Any) -> list[dict[str, Any]]:
@@ -496,6 +532,7 @@ def test_namespaced_mode() -> None:
     namespaced = set(rules(role))
     assert ("gpuscaler.io", "trainingjobs", "watch") in namespaced
     assert ("kopf.dev", "kopfpeerings", "patch") in namespaced
+    assert namespaced >= WORKER_IDENTITY
     cluster = set(rules(one(docs, "ClusterRole")))
     # cluster-wide: only the cluster-scoped reads
     assert {res for _, res, _ in cluster} == {"customresourcedefinitions", "gpuscalingpolicies", "nodes"}
@@ -565,8 +602,15 @@ def test_grafana_dashboard() -> None:
         "gpuscaler_throughput_predicted",
         "gpuscaler_throughput_observed",
         "gpuscaler_efficiency_factor",
+        "gpuscaler_interruptions_total",
+        "gpuscaler_lost_steps_total",
     ):
         assert metric in exprs
+    # interruptions come from the operator's counter, not approximated from the workers' checkpoints
+    interruptions = [p for p in dash["panels"] if p["title"].startswith("Interruption")]
+    assert interruptions and all(
+        any("gpuscaler_interruptions_total" in t["expr"] for t in p["targets"]) for p in interruptions
+    )
 
 
 METRIC_SOURCES = (

@@ -7,11 +7,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from gpuscaler.api import Objective, TrainingJobSpec
-from gpuscaler.api.status import Phase, PlanStatus, Progress, TrainingJobStatus
+from gpuscaler.api.status import ObservedStatus, Phase, PlanStatus, Progress, TrainingJobStatus
 from gpuscaler.cloud import NodeState
 from gpuscaler.handlers import interruptions as spot
+from gpuscaler.handlers import metrics
 from gpuscaler.handlers.reconcile import Job, LoopConfig, Reconciler, plan_status
 from gpuscaler.kube.workers import pod_state
 from gpuscaler.planner import choose_recovery, plan, remaining_spec, survivors_spec
@@ -356,3 +358,111 @@ def test_three_interruptions_then_on_demand() -> None:
     assert all(c == "spot" for _, c in seen) and len({i for i, _ in seen}) == 3
     assert w.status.capacity_type == "on-demand" and w.status.interruptions == 3
     assert "maxInterruptions" in w.status.interruption_history[-1].action
+
+
+# ------------------------------------------------------------------------------ observed efficiency
+
+
+def efficient_planner(policy: Policy, calls: list[dict[str, float] | None]) -> spot.Planner:
+    """The loop's planner shape (efficiency optional), recording the factors of each call."""
+    def p(s: TrainingJobSpec, name: str, dl: float | None, un: frozenset[tuple[str, str]],
+          efficiency: dict[str, float] | None = None) -> Any:
+        calls.append(None if efficiency is None else dict(efficiency))
+        return plan(s, CATALOG, policy, name=name, deadline_h=dl, unavailable=un, efficiency=efficiency)
+    return p
+
+
+def test_replan_uses_the_observed_efficiency_factors() -> None:
+    """Without factors the rest goes to g5.xlarge spot (A10G); with A10G measured at 0.3 of the
+    model the corrected model prefers another offering, and every planner call carried the factors."""
+    s = spec()
+    ps = first_plan(s)
+    back = frozenset({("g4dn.xlarge", "spot")})
+    calls: list[dict[str, float] | None] = []
+    plain = spot.replan(s, "j", ps, interruptions=1, done_samples=200 * 256, deadline_h=1.5, unavailable=back,
+                        planner=efficient_planner(Policy(), calls))
+    assert plain.result is not None and plain.result.chosen is not None
+    assert plain.result.chosen.instance.name == "g5.xlarge" and calls == [None]
+    calls.clear()
+    slow = {"A10G": 0.3}
+    fixed = spot.replan(s, "j", ps, interruptions=1, done_samples=200 * 256, deadline_h=1.5, unavailable=back,
+                        planner=efficient_planner(Policy(), calls), efficiency=slow)
+    assert fixed.result is not None and fixed.result.chosen is not None
+    assert fixed.result.chosen.instance.gpu_id != "A10G"
+    assert calls and all(c == slow for c in calls)
+    # the on-demand check and the survivors' plan use the corrected model too
+    calls.clear()
+    spot.replan(s, "j", ps, interruptions=3, done_samples=0, deadline_h=1.5, unavailable=frozenset(),
+                planner=efficient_planner(Policy(), calls), rules=SpotRules(max_interruptions=3), efficiency=slow)
+    assert calls == [slow]
+
+
+def test_the_loop_replans_an_interruption_with_status_observed() -> None:
+    calls: list[dict[str, float] | None] = []
+    w = SpotWorld()
+    w.loop.planner = efficient_planner(Policy(), calls)
+    job = Job("ns", "job", "uid-1", 1, T0, spec())
+    run_to(w, job, Phase.RUNNING)
+    w.status.observed = ObservedStatus(efficiency_by_gpu={"A10G": 0.3, "T4": 0.9}, efficiency_factor=0.9)
+    calls.clear()
+    name = next(iter(w.nodes))
+    w.nodes[name]["spec"]["taints"] = [{"key": "aws-node-termination-handler/spot-itn"}]
+    w.step(job)
+    w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else ""})
+    run_to(w, job, Phase.RUNNING)
+    assert calls and all(c == {"A10G": 0.3, "T4": 0.9} for c in calls)
+    assert w.status.plan is not None and w.status.plan.gpu_type != "A10G"
+    assert w.status.plan.efficiency_factor == {"A10G": 0.3, "T4": 0.9}.get(w.status.plan.gpu_type, 1.0)
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_interruption_metrics_count_each_recorded_interruption_once() -> None:
+    """gpuscaler_interruptions_total / gpuscaler_lost_steps_total grow with the status, once per
+    interruption, however many reconcile steps the handshake and the recovery take."""
+    w = SpotWorld()
+    job = Job("ns-metrics", "job", "uid-1", 1, T0, spec())
+    labels = {"namespace": "ns-metrics", "job": "job"}
+
+    def step(seconds: float = 1.0) -> None:
+        before = w.status
+        w.step(job, seconds)
+        metrics.observe_interruptions("ns-metrics", "job", before, w.status)
+
+    for _ in range(20):
+        step()
+        if w.status.phase is Phase.RUNNING:
+            break
+    w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "170", rc.ANNOTATION_CHECKPOINT_STEP: "160"})
+    step()
+    name = next(iter(w.nodes))
+    for b in w.workers.pods():
+        b.setdefault("spec", {})["nodeName"] = name
+    del w.nodes[name]
+    for _ in range(20):
+        step()
+        if w.status.phase is Phase.RUNNING and w.status.interruptions == 1:
+            break
+    for _ in range(5):
+        step()  # steps after the recovery count nothing more
+    assert w.status.interruptions == 1 and w.status.lost_steps == 10
+    assert counter("gpuscaler_interruptions_total", **labels, signal="node-deleted") == 1
+    assert counter("gpuscaler_lost_steps_total", **labels) == 10
+    metrics.forget_job("ns-metrics", "job")
+    assert REGISTRY.get_sample_value("gpuscaler_interruptions_total", {**labels, "signal": "node-deleted"}) is None
+
+
+def test_new_interruptions_from_two_statuses() -> None:
+    before = TrainingJobStatus(plan=first_plan(spec()), progress=Progress(step=30, checkpoint_step=20))
+    after = before.model_copy(deep=True)
+    spot.record(after, node="n0", signal="gke-termination", acked=True, now=T0, cfg=CFG)
+    after.interruptions += 1  # a worker pod deleted under the job: counted, no record
+    assert metrics.new_interruptions(before, after) == (["gke-termination", "worker-deleted"], 0)
+    assert metrics.new_interruptions(after, after) == ([], 0)
+    spot.recovered(after, T0 + timedelta(seconds=5))
+    assert metrics.new_interruptions(before, after)[1] == 10

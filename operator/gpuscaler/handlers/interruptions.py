@@ -25,10 +25,10 @@ notice) skips the handshake and resumes from the last periodic checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, Protocol
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import (
@@ -52,7 +52,22 @@ HISTORY_LIMIT = 20
 Note = tuple[str, str, str]
 """An Event to post: (type, reason, message); the loop turns it into its own Event."""
 
-Planner = Callable[[TrainingJobSpec, str, float | None, frozenset[tuple[str, str]]], PlanResult]
+
+
+class Planner(Protocol):
+    """The loop's planner (:class:`gpuscaler.handlers.reconcile.Planner`): (spec, name, hours left,
+    unavailable offerings[, efficiency per GPU id]) -> plan. ``efficiency`` is passed only when there
+    are observed factors, so a four-argument planner still serves."""
+
+    def __call__(
+        self,
+        spec: TrainingJobSpec,
+        name: str,
+        deadline_h: float | None,
+        unavailable: frozenset[tuple[str, str]],
+        /,
+        efficiency: Mapping[str, float] | None = None,
+    ) -> PlanResult: ...
 
 
 @dataclass(frozen=True)
@@ -463,6 +478,7 @@ def replan(
     planner: Planner,
     survivors: int = 0,
     rules: SpotRules | None = None,
+    efficiency: Mapping[str, float] | None = None,
 ) -> Replan:
     """Plan the remaining work after an interruption.
 
@@ -484,11 +500,20 @@ def replan(
         planner: The loop's planner.
         survivors: Ready nodes of the plan not under notice (0: none to continue on).
         rules: Spot rules (default: the governing policy's).
+        efficiency: Observed/model efficiency factors per GPU id (``status.observed.efficiency_by_gpu``):
+            every planner call of the re-plan uses the corrected model (None or empty: the model as is).
 
     Returns:
         The new plan result (None when no plan) and the reason.
     """
     rules = rules or spot_rules()
+    factors = dict(efficiency or {})
+
+    def call(s: TrainingJobSpec, un: frozenset[tuple[str, str]]) -> PlanResult:
+        if factors:
+            return planner(s, name, deadline_h, un, efficiency=factors)
+        return planner(s, name, deadline_h, un)
+
     reasons: list[str] = []
     on_demand = False
     if plan.capacity_type == CapacityType.SPOT.value:
@@ -503,7 +528,7 @@ def replan(
                 f"{deadline_h:.2f} h to the deadline < policy spot.minHoursToDeadline {rules.min_hours_to_deadline:g} h"
             )
     rest = remaining_spec(spec, plan.total_samples, done_samples, on_demand_only=on_demand)
-    result = planner(rest, name, deadline_h, unavailable)
+    result = call(rest, unavailable)
     chosen = result.chosen
     if (
         not on_demand
@@ -513,12 +538,7 @@ def replan(
     ):
         worst = chosen.expected_hours + (spec.checkpoint.restart_seconds + chosen.outlook.interval_s) / 3600
         if worst > deadline_h:
-            safe = planner(
-                remaining_spec(spec, plan.total_samples, done_samples, on_demand_only=True),
-                name,
-                deadline_h,
-                unavailable,
-            )
+            safe = call(remaining_spec(spec, plan.total_samples, done_samples, on_demand_only=True), unavailable)
             if safe.chosen is not None:
                 reasons.append(
                     f"spot would put the deadline at risk: another reclaim makes {worst:.2f} h > {deadline_h:.2f} h left"
@@ -533,7 +553,7 @@ def replan(
         small = survivors_spec(
             rest, plan.instance_type, CapacityType(plan.capacity_type), survivors, plan.gpus_per_node
         )
-        alt = planner(small, name, deadline_h, back)
+        alt = call(small, back)
         choice = choose_recovery(chosen, alt.chosen, spec.objective)
         if choice.elastic and alt.chosen is not None:
             return Replan(alt, f"{what}: {choice.why}", elastic=True)

@@ -4,9 +4,11 @@
 ``gpuscaler_cost_usd_total`` (cost so far of the jobs the operator knows),
 ``gpuscaler_throughput_predicted{namespace,job}``, ``gpuscaler_throughput_observed{namespace,job}``
 and ``gpuscaler_efficiency_factor{namespace,job}`` (observed performance, :mod:`gpuscaler.observe`;
-:func:`observe_performance`), and histograms of
+:func:`observe_performance`), the counters ``gpuscaler_interruptions_total{namespace,job,signal}``
+and ``gpuscaler_lost_steps_total{namespace,job}`` (:func:`observe_interruptions`), and histograms of
 ``gpuscaler_reconcile_duration_seconds`` and ``gpuscaler_planner_latency_seconds``. The handlers
-call :func:`observe_job` after every reconcile and :func:`forget_job` when a job is deleted.
+call :func:`observe_job` and :func:`observe_interruptions` after every reconcile and
+:func:`forget_job` when a job is deleted.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from prometheus_client import Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from gpuscaler.api.status import Phase
+from gpuscaler.api.status import Phase, TrainingJobStatus
 
 JOBS = Gauge("gpuscaler_trainingjobs", "TrainingJobs by phase.", ["phase"])
 GPUS = Gauge("gpuscaler_gpus_in_use", "GPUs of jobs whose workers run (Starting, Running, Checkpointing).")
@@ -49,7 +51,24 @@ EFFICIENCY = Gauge(
     ["namespace", "job"],
 )
 
+INTERRUPTIONS = Counter(
+    "gpuscaler_interruptions_total",
+    "Interruptions of a TrainingJob's gang recorded in its status (status.interruptions), by signal "
+    "(aws-spot-itn, gke-termination, karpenter-disrupted, annotation, aws-rebalance, node-not-ready, "
+    "node-deleted, worker-preempted; worker-deleted: a worker pod deleted under the job).",
+    ["namespace", "job", "signal"],
+)
+LOST_STEPS = Counter(
+    "gpuscaler_lost_steps_total",
+    "Training steps lost to interruptions (trained again after resuming from a checkpoint), as the "
+    "operator adds them to status.lostSteps; a later downward refinement is not subtracted.",
+    ["namespace", "job"],
+)
+UNRECORDED_SIGNAL = "worker-deleted"
+"""Signal label of an interruption counted in status.interruptions without a history record."""
+
 _lock = threading.Lock()
+_signals: dict[tuple[str, str], set[str]] = {}
 _jobs: dict[tuple[str, str], tuple[Phase, int, float]] = {}
 _GPU_PHASES = (Phase.STARTING, Phase.RUNNING, Phase.CHECKPOINTING)
 
@@ -89,12 +108,44 @@ def observe_performance(
             gauge.labels(namespace=namespace, job=name).set(value)
 
 
+def new_interruptions(before: TrainingJobStatus, after: TrainingJobStatus) -> tuple[list[str], int]:
+    """The signals of the interruptions a reconcile step recorded, and the steps it added as lost.
+
+    Level-based, so idempotent across steps: only what grew from the status read to the status
+    written counts (``interruptions``, and ``lostSteps`` upwards). The newest records of
+    ``interruptionHistory`` name the signals; a count without a record is :data:`UNRECORDED_SIGNAL`.
+    """
+    grew = max(after.interruptions - before.interruptions, 0)
+    known = {(r.time, r.node, r.signal) for r in before.interruption_history}
+    added = [r.signal for r in after.interruption_history if (r.time, r.node, r.signal) not in known][-grew:] if grew else []
+    signals = added + [UNRECORDED_SIGNAL] * (grew - len(added))
+    return signals, max(after.lost_steps - before.lost_steps, 0)
+
+
+def observe_interruptions(namespace: str, name: str, before: TrainingJobStatus, after: TrainingJobStatus) -> None:
+    """Count the interruptions and lost steps one reconcile step added to a job's status."""
+    signals, lost = new_interruptions(before, after)
+    if not signals and not lost:
+        return
+    with _lock:
+        for signal in signals:
+            INTERRUPTIONS.labels(namespace=namespace, job=name, signal=signal).inc()
+            _signals.setdefault((namespace, name), set()).add(signal)
+        if lost:
+            LOST_STEPS.labels(namespace=namespace, job=name).inc(lost)
+
+
 def forget_job(namespace: str, name: str) -> None:
     """Drop a deleted job from the metrics."""
     with _lock:
         _jobs.pop((namespace, name), None)
         with contextlib.suppress(KeyError):
             JOB_COST.remove(namespace, name)
+        for signal in _signals.pop((namespace, name), set()):
+            with contextlib.suppress(KeyError):
+                INTERRUPTIONS.remove(namespace, name, signal)
+        with contextlib.suppress(KeyError):
+            LOST_STEPS.remove(namespace, name)
         observe_performance(namespace, name, None, None, None)
         _refresh()
 

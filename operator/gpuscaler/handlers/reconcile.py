@@ -43,7 +43,14 @@ from gpuscaler.cloud import (
     node_names,
 )
 from gpuscaler.handlers import interruptions as spot
-from gpuscaler.kube.workers import PodState, WorkerPlan, headless_service, worker_pod
+from gpuscaler.kube.workers import (
+    PodState,
+    WorkerPlan,
+    headless_service,
+    uses_worker_account,
+    worker_pod,
+    worker_rbac,
+)
 from gpuscaler.observe.controller import Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult
@@ -541,6 +548,11 @@ class Reconciler:
         wp = self._worker_plan(job, st, request)
         self.workers.create_if_absent(headless_service(wp))
         have = {p.rank for p in pods if not p.deleting}
+        if len(have) < request.count and uses_worker_account(wp.template):
+            # the workers' ServiceAccount and Role (KubeReporter patches its pod); before the pods,
+            # which the ServiceAccount admission refuses while their account is missing
+            for body in worker_rbac(job.namespace):
+                self.workers.create_if_absent(body)
         made = [r for r in range(request.count) if r not in have and self.workers.create_if_absent(worker_pod(wp, r))]
         if made:
             out.events.append(
@@ -718,6 +730,7 @@ class Reconciler:
             unavailable=frozenset((u.instance_type, u.capacity_type) for u in st.unavailable),
             planner=self.planner,
             survivors=keep,
+            efficiency=st.observed.efficiency_by_gpu if st.observed else None,
         )
         rec.action = rp.action
         if rp.result is None or rp.result.chosen is None:
@@ -730,6 +743,8 @@ class Reconciler:
         st.plan = plan_status(rp.result, job.generation, now)
         st.plan.total_samples = total
         st.plan.why = rp.action
+        if st.observed is not None:
+            st.plan.efficiency_factor = st.observed.efficiency_by_gpu.get(st.plan.gpu_type, 1.0)
         st.gpus, st.instance_type, st.capacity_type = st.plan.gpus, st.plan.instance_type, st.plan.capacity_type
         set_condition(st, "Planned", True, "Replanned", st.plan.summary, now, job.generation)
         out.events.append(Event("Normal", "Replanned", rp.action[:1000]))

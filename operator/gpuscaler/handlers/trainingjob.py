@@ -265,6 +265,7 @@ def reconcile(
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
         logger.info("%s: %s", ev.reason, ev.message)
     metrics.observe_job(namespace, name, out.status.phase, out.status.gpus or 0, out.status.cost_usd)
+    metrics.observe_interruptions(namespace, name, current, out.status)
     seen = out.status.observed
     if seen is not None:
         metrics.observe_performance(namespace, name, seen.predicted, seen.throughput, seen.efficiency_factor)

@@ -40,13 +40,14 @@ def load_config() -> Any:
 
 
 class Workers:
-    """Worker pods and Services of jobs."""
+    """Worker pods and Services of jobs, and the workers' ServiceAccount, Role and RoleBinding."""
 
     def __init__(self, api: Any) -> None:
         self.core: Any = client.CoreV1Api(api)
+        self.rbac: Any = client.RbacAuthorizationV1Api(api)
 
     def create_if_absent(self, body: dict[str, Any]) -> bool:
-        """Create a Pod or Service; False when it already existed."""
+        """Create a Pod, Service, ServiceAccount, Role or RoleBinding; False when it already existed."""
         ns = body["metadata"]["namespace"]
         name = body["metadata"]["name"]
         kind = body["kind"]
@@ -55,6 +56,12 @@ class Workers:
                 self.core.create_namespaced_pod(ns, body)
             elif kind == "Service":
                 self.core.create_namespaced_service(ns, body)
+            elif kind == "ServiceAccount":
+                self.core.create_namespaced_service_account(ns, body)
+            elif kind == "Role":
+                self.rbac.create_namespaced_role(ns, body)
+            elif kind == "RoleBinding":
+                self.rbac.create_namespaced_role_binding(ns, body)
             else:
                 raise ValueError(f"create_if_absent: kind {kind} not handled")
         except ApiException as err:

@@ -8,6 +8,13 @@ One pod per node (a gang), named ``<job>-worker-<rank>``, with the torchrun-styl
 requests, the provider's node selector and tolerations, a downward-API volume carrying the pod's
 annotations (the checkpoint request) and an owner reference to the TrainingJob. Pure functions;
 :mod:`gpuscaler.kube.client` sends them.
+
+Worker identity: when the job's template names no ``serviceAccountName``, the workers run as the
+ServiceAccount ``gpuscaler-worker`` of the job's namespace, which the operator creates (with a
+Role allowing only ``get`` and ``patch`` on ``pods`` and its RoleBinding; :func:`worker_rbac`).
+That is what the runtime's :class:`~gpuscaler.runtime.kube_reporter.KubeReporter` needs to write
+its progress and checkpoint annotations on its own pod. A template that names its own
+ServiceAccount is left as it is: that account must carry ``patch`` on ``pods`` itself.
 """
 
 from __future__ import annotations
@@ -26,6 +33,15 @@ ATTEMPT_LABEL = "gpuscaler.io/attempt"
 PODINFO_VOLUME = "gpuscaler-podinfo"
 PODINFO_DIR = "/etc/gpuscaler/podinfo"
 DEFAULT_CONTAINER = "train"
+WORKER_SERVICE_ACCOUNT = "gpuscaler-worker"
+"""ServiceAccount, Role and RoleBinding name of the workers in a job's namespace (shared by its jobs)."""
+MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscaler"}
+WORKER_RULES: list[dict[str, list[str]]] = [
+    # KubeReporter patches its own pod's annotations (progress, checkpoint-step, checkpoint-ack).
+    # RBAC cannot narrow this to the caller's own pod: pod names are per job and per attempt.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+]
+"""The workers' permissions: nothing else (the operator must hold them too: RBAC's escalation check)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,37 @@ def pod_identity_env() -> list[dict[str, Any]]:
     ]
 
 
+def uses_worker_account(template: dict[str, Any] | None) -> bool:
+    """Whether the workers of this template run as :data:`WORKER_SERVICE_ACCOUNT` (it names no
+    ServiceAccount of its own; ``serviceAccount`` is the deprecated alias of ``serviceAccountName``)."""
+    spec = (template or {}).get("spec") or {}
+    return not (spec.get("serviceAccountName") or spec.get("serviceAccount"))
+
+
+def worker_rbac(namespace: str) -> list[dict[str, Any]]:
+    """The workers' ServiceAccount, Role (``pods``: get, patch) and RoleBinding in ``namespace``.
+
+    No owner reference: every job of the namespace shares them, so they stay when a job goes.
+    """
+    meta = {"name": WORKER_SERVICE_ACCOUNT, "namespace": namespace, "labels": dict(MANAGED_BY)}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(meta),
+            "rules": copy.deepcopy(WORKER_RULES),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WORKER_SERVICE_ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": WORKER_SERVICE_ACCOUNT, "namespace": namespace}],
+        },
+    ]
+
+
 def worker_pod(plan: WorkerPlan, rank: int) -> dict[str, Any]:
     """The Pod of one rank, from the job's template with the operator's fields set over it."""
     template = copy.deepcopy(plan.template or {})
@@ -142,6 +189,8 @@ def worker_pod(plan: WorkerPlan, rank: int) -> dict[str, Any]:
             },
         },
     ]
+    if uses_worker_account(template):
+        spec["serviceAccountName"] = WORKER_SERVICE_ACCOUNT
     spec["restartPolicy"] = "Never"
     spec["hostname"] = worker_hostname(plan.job_name, rank)
     spec["subdomain"] = service_name(plan.job_name)

@@ -1,23 +1,35 @@
 """gpuscaler.runtime: the library inside the training container (checkpoint, resume, notice, progress).
 
 No framework and no Kubernetes client is imported; only the standard library (``prometheus_client``
-lazily, when a metrics port is set and it is installed). Typical use::
+lazily, when a metrics port is set and it is installed; the ``kubernetes`` client lazily, on the
+first report of a :class:`KubeReporter`). Typical use in a worker the operator started::
 
-    from gpuscaler.runtime import TrainingGuard
+    from gpuscaler.runtime import KubeReporter, TrainingGuard
 
     guard = TrainingGuard.from_env(
         save=lambda state, path: torch.save(state, path),
         load=lambda path: torch.load(path),
+        reporter=KubeReporter.from_env(),
     )
     state, start = guard.resume(initial_state)
     for step in guard.steps(start, total_steps):
         state = train_step(state, step)
         guard.completed(step, state, samples=batch_size)
 
+``KubeReporter.from_env()`` reads ``POD_NAME``/``POD_NAMESPACE`` (the operator sets them through
+the downward API) and patches the worker's own pod with its progress, ``checkpoint-step`` and, on
+a spot notice, ``checkpoint-ack``: that is how the operator follows the job and finishes the
+checkpoint handshake. Outside a pod it returns None and the guard reports nowhere. It needs the
+``kubernetes`` package in the image and ``patch`` on ``pods``: the operator's ServiceAccount
+``gpuscaler-worker`` has it; a ``serviceAccountName`` of your own in the job's template must be
+given it. Reporting failures are logged and never stop the training.
+
 See :mod:`gpuscaler.runtime.guard` for the step-boundary protocol, :mod:`.checkpoint` for the
 on-disk format, :mod:`.constants` for the env variables, annotations and exit codes shared with
-the operator.
+the operator, :mod:`.kube_reporter` for the reporter.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from gpuscaler.runtime.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
 from gpuscaler.runtime.checkpoint import (
@@ -65,6 +77,23 @@ from gpuscaler.runtime.progress import (
 )
 from gpuscaler.runtime.schedule import CheckpointSchedule
 
+if TYPE_CHECKING:
+    from gpuscaler.runtime.kube_reporter import KubeReporter
+
+_LAZY = {"KubeReporter": "gpuscaler.runtime.kube_reporter"}
+"""Exported names whose module is imported on first access (``gpuscaler.runtime.KubeReporter``)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ANNOTATION_CHECKPOINT_ACK",
     "ANNOTATION_CHECKPOINT_REQUESTED",
@@ -95,6 +124,7 @@ __all__ = [
     "FileReporter",
     "GuardConfig",
     "GuardUsageError",
+    "KubeReporter",
     "LoadFn",
     "NullReporter",
     "PlanEnv",

@@ -7,9 +7,10 @@ notice is acknowledged. The pod's name and namespace come from ``POD_NAME`` and 
 which the operator sets on every worker with the downward API. The Kubernetes client is imported
 lazily, so the runtime keeps no hard dependency on it; in the pod it uses the in-cluster config,
 elsewhere ``KUBECONFIG`` (the e2e harness plays pods that way). The worker's ServiceAccount needs
-``patch`` on ``pods`` in its namespace.
+``patch`` on ``pods`` in its namespace: the operator's ``gpuscaler-worker`` account has it (it
+creates it for templates that name no ServiceAccount; docs/operator.md, "Worker identity").
 
-Use::
+Use (both names are exported by :mod:`gpuscaler.runtime`)::
 
     guard = TrainingGuard.from_env(save=..., load=..., reporter=KubeReporter.from_env())
 """
