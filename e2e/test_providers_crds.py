@@ -197,7 +197,9 @@ def test_karpenter_invalid_nodepool_is_refused(
     assert isinstance(cause, ApiException) and cause.status == 422
 
 
-def machine_deployment(name: str, instance: str, capacity: str, replicas: int = 0) -> dict[str, Any]:
+def machine_deployment(
+    name: str, instance: str, capacity: str, replicas: int = 0, node_selector: str | None = None
+) -> dict[str, Any]:
     sel = {"cluster.x-k8s.io/cluster-name": "gpu", "gpuscaler.io/pool": name}
     return {
         "apiVersion": "cluster.x-k8s.io/v1beta2",
@@ -205,6 +207,7 @@ def machine_deployment(name: str, instance: str, capacity: str, replicas: int = 
         "metadata": {
             "name": name,
             "labels": {"gpuscaler.io/instance-type": instance, "gpuscaler.io/capacity-type": capacity},
+            "annotations": {"gpuscaler.io/node-selector": node_selector} if node_selector else {},
         },
         "spec": {
             "clusterName": "gpu",
@@ -239,13 +242,20 @@ def test_clusterapi_scales_machinedeployment_through_scale_subresource(
     custom = client.CustomObjectsApi(dev_cluster.api)
     core = client.CoreV1Api(dev_cluster.api)
     md = "a100-od"
+    # Nodes of this MachineDeployment carry a label of its own (CAPI syncs node.cluster.x-k8s.io/*
+    # labels from the Machine template), so other p4d nodes in the cluster are never adopted.
+    own_key, own_value = "node.cluster.x-k8s.io/md", namespace
+    own = f"{own_key}={own_value}"
     custom.create_namespaced_custom_object(
         "cluster.x-k8s.io",
         "v1beta2",
         namespace,
         "machinedeployments",
-        machine_deployment(md, "p4d.24xlarge", "on-demand"),
-    )
+        machine_deployment(
+            md, "p4d.24xlarge", "on-demand",
+            node_selector=f"node.kubernetes.io/instance-type=p4d.24xlarge,karpenter.sh/capacity-type=on-demand,{own}",
+        ),
+    )  # fmt: skip
     # another offering's deployment, to show the label lookup picks the right one
     custom.create_namespaced_custom_object(
         "cluster.x-k8s.io",
@@ -283,6 +293,7 @@ def test_clusterapi_scales_machinedeployment_through_scale_subresource(
                     "labels": {
                         "node.kubernetes.io/instance-type": "p4d.24xlarge",
                         "karpenter.sh/capacity-type": "on-demand",
+                        own_key: own_value,
                     },
                     "annotations": {"cluster.x-k8s.io/machine": f"{n}-machine"},
                 }

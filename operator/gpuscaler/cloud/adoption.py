@@ -22,6 +22,8 @@ from gpuscaler.cloud.provider import JOB_LABEL, PRICE_ANNOTATION, NodeRequest, P
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+CLAIM_ATTEMPTS = 5
+"""Tries to label a free node whose resourceVersion keeps moving before leaving it for the next reconcile."""
 
 
 def core_api(api: Any) -> Any:
@@ -66,9 +68,20 @@ class NodeAdopter:
         for node in self.group_nodes(selector):
             if have + len(adopted) >= request.count:
                 break
-            labels = node.metadata.labels or {}
-            if labels.get(JOB_LABEL):
-                continue
+            if self._claim(node, request):
+                adopted.append(node.metadata.name)
+        return adopted
+
+    def _claim(self, node: Any, request: NodeRequest, attempts: int = CLAIM_ATTEMPTS) -> bool:
+        """Label one node with the request's job unless another job holds it.
+
+        A conflict (409) only says the node changed since it was read (the node lifecycle
+        controller updates new nodes' taints and conditions right after they register), so the
+        node is read again and the claim retried while it is still free.
+        """
+        for _ in range(attempts):
+            if (node.metadata.labels or {}).get(JOB_LABEL):
+                return False
             body = {
                 "metadata": {
                     "resourceVersion": node.metadata.resource_version,
@@ -78,14 +91,21 @@ class NodeAdopter:
             }
             try:
                 self.core.patch_node(node.metadata.name, body)
+                return True
             except ApiException as err:
-                if err.status in (HTTP_CONFLICT, HTTP_NOT_FOUND):
-                    continue  # changed or gone meanwhile: someone else's now, try the next one
-                raise ProviderError(
-                    f"adopting node {node.metadata.name} for {request.job.key}, {err.reason}"
-                ) from err
-            adopted.append(node.metadata.name)
-        return adopted
+                if err.status == HTTP_NOT_FOUND:
+                    return False
+                if err.status != HTTP_CONFLICT:
+                    raise ProviderError(
+                        f"adopting node {node.metadata.name} for {request.job.key}, {err.reason}"
+                    ) from err
+            try:
+                node = self.core.read_node(node.metadata.name)
+            except ApiException as err:
+                if err.status == HTTP_NOT_FOUND:
+                    return False
+                raise ProviderError(f"reading node {node.metadata.name}, {err.reason}") from err
+        return False
 
     def free_count(self, selector: str) -> int:
         """Nodes of the group that no job holds."""
