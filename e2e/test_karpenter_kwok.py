@@ -1,166 +1,39 @@
 """The karpenter provider with the REAL Karpenter controller (its kwok cloud provider) on the local control plane.
 
-Karpenter ships a fake cloud, the ``kwok`` main package of ``sigs.k8s.io/karpenter``: it launches
-NodeClaims as Node objects annotated ``kwok.x-k8s.io/node=fake``, which the dev cluster's kwok
-then plays (Ready, runs pods). It is built once with the dev cluster's build machinery and cached
-as ``karpenter-kwok-<version>``, and given an instance-type file made from gpuscaler's catalog
-(GPU capacity, spot and on-demand prices). The test proves the whole path: gpuscaler's NodePool +
-a pending worker pod with the plan's nodeSelector -> Karpenter creates a node of exactly that
-instance and capacity type, labelled with the job -> the pod runs there -> after the pod is gone
-(or the provider releases the node) Karpenter removes the node.
+The controller, its build and its catalog-made instance types are in :mod:`karpenter_helpers`. The
+test proves the whole path: gpuscaler's NodePool + a pending worker pod with the plan's
+nodeSelector -> Karpenter creates a node of exactly that instance and capacity type, labelled with
+the job -> the pod runs there -> after the pod is gone (or the provider releases the node)
+Karpenter removes the node. ``test_karpenter_operator.py`` runs the operator itself on it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e_helpers import E2ECluster, gpu_pod, wait_for
-from gpuscaler.catalog import CapacityType, load_catalog
+from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud import JOB_LABEL, JobRef, NodeRequest
 from gpuscaler.cloud.karpenter import KarpenterProvider, NodeClassRef
 from gpuscaler.cloud.provider import node_state
-from gpuscaler.devcluster import build
-from test_providers_crds import KARPENTER_CRDS, KARPENTER_MODULE, KARPENTER_VERSION, install_crds, module_dir
-
-KARPENTER_KWOK = build.Component("karpenter-kwok", KARPENTER_VERSION, ("karpenter-kwok",))
-"""The cache entry of Karpenter's kwok-provider controller (7-8 minutes to build on 2 cores, once)."""
-
-INSTANCE_TYPES = ("p4d.24xlarge", "g5.xlarge", "g5.12xlarge")
-ZONE = "test-zone-a"
-CAT = load_catalog()
-
-
-def _build_karpenter_kwok(tmp: Path, log: build.Log, logfile: Path) -> None:
-    build._wrapper_build(
-        KARPENTER_KWOK,
-        tmp=tmp,
-        requires={KARPENTER_MODULE: KARPENTER_VERSION},
-        packages=[f"{KARPENTER_MODULE}/kwok"],
-        ldflags="-s -w",
-        log=log,
-        logfile=logfile,
-    )
-    (tmp / "out" / "kwok").rename(tmp / "out" / "karpenter-kwok")
-
-
-build.BUILDERS.setdefault(KARPENTER_KWOK.name, _build_karpenter_kwok)
-
-
-def instance_types_json() -> list[dict[str, Any]]:
-    """Karpenter-kwok's instance-type file from the catalog rows (resources and prices)."""
-    out = []
-    for name in INSTANCE_TYPES:
-        inst = CAT.instance(name)
-        offerings = []
-        for cap in CapacityType:
-            price = inst.price(cap)
-            if price is None:
-                continue
-            offerings.append(
-                {
-                    "Price": price,
-                    "Available": True,
-                    "Requirements": [
-                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [cap.value]},
-                        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [ZONE]},
-                    ],
-                }
-            )
-        out.append(
-            {
-                "name": name,
-                "offerings": offerings,
-                "architecture": "amd64",
-                "operatingSystems": ["linux"],
-                "resources": {
-                    "cpu": str(inst.vcpu),
-                    "memory": f"{int(inst.memory_gib)}Gi",
-                    "nvidia.com/gpu": str(inst.gpu_count),
-                    "pods": "110",
-                },
-            }
-        )
-    return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from karpenter_helpers import CAT, INSTANCE_TYPES, NODE_CLASS, run_karpenter
+from karpenter_helpers import job_nodes as _job_nodes
+from karpenter_helpers import tail as _tail
 
 
 @pytest.fixture(scope="module")
 def karpenter(dev_cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Karpenter (kwok provider) running against the dev cluster; yields its log file."""
-    install_crds(
-        dev_cluster.api, [module_dir(KARPENTER_MODULE, KARPENTER_VERSION) / f for f in KARPENTER_CRDS]
-    )
-    binary = build.ensure(KARPENTER_KWOK) / "karpenter-kwok"
-    work = tmp_path_factory.mktemp("karpenter")
-    types = work / "instance-types.json"
-    types.write_text(json.dumps(instance_types_json()))
-    log = work / "karpenter.log"
-    env = dict(
-        dev_cluster.env,
-        KUBECONFIG=str(dev_cluster.kubeconfig),
-        SYSTEM_NAMESPACE="kube-system",
-        DISABLE_LEADER_ELECTION="true",
-        METRICS_PORT=str(_free_port()),
-        HEALTH_PROBE_PORT=str(_free_port()),
-        INSTANCE_TYPES_FILE_PATH=str(types),
-        BATCH_IDLE_DURATION="1s",
-        BATCH_MAX_DURATION="3s",
-        LOG_LEVEL="info",
-    )
-    with log.open("w") as fh:
-        proc = subprocess.Popen([str(binary)], env=env, stdout=fh, stderr=subprocess.STDOUT)
-    try:
-        time.sleep(2)
-        if proc.poll() is not None:
-            pytest.fail(f"karpenter-kwok exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        custom = client.CustomObjectsApi(dev_cluster.api)
-        try:
-            custom.create_cluster_custom_object(
-                "karpenter.kwok.sh",
-                "v1alpha1",
-                "kwoknodeclasses",
-                {
-                    "apiVersion": "karpenter.kwok.sh/v1alpha1",
-                    "kind": "KWOKNodeClass",
-                    "metadata": {"name": "default"},
-                },
-            )
-        except ApiException as err:
-            if err.status != 409:
-                raise
+    """Karpenter (kwok provider) for this module; yields its log file."""
+    with run_karpenter(dev_cluster, tmp_path_factory.mktemp("karpenter")) as log:
         yield log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _job_nodes(core: Any, job: JobRef) -> list[Any]:
-    return list(core.list_node(label_selector=f"{JOB_LABEL}={job.label}").items)
-
-
-def _tail(log: Path) -> str:
-    return "\n".join(log.read_text().splitlines()[-30:])
 
 
 def test_karpenter_provisions_the_plan_and_removes_it(
@@ -171,7 +44,7 @@ def test_karpenter_provisions_the_plan_and_removes_it(
     pool = f"gpuscaler-{uuid.uuid4().hex[:5]}"
     provider = KarpenterProvider(
         dev_cluster.api,
-        node_class=NodeClassRef("karpenter.kwok.sh", "KWOKNodeClass", "default"),
+        node_class=NodeClassRef.parse(NODE_CLASS),
         instance_types=INSTANCE_TYPES,
         nodepool=pool,
         gpu_limit=32,
@@ -181,7 +54,8 @@ def test_karpenter_provisions_the_plan_and_removes_it(
     inst = CAT.instance("p4d.24xlarge")
     req = NodeRequest(job, inst, CapacityType.SPOT, 1, inst.spot_usd_hr or 0.0)
     try:
-        sched = provider.scheduling(req)  # also ensures the NodePool (manages_nodes is False)
+        assert provider.ensure_nodes(req, []) == []  # the NodePool; Karpenter launches for the pod
+        sched = provider.scheduling(req)
         t0 = time.monotonic()
         pod = gpu_pod("worker-0", 8, node_selector=sched.node_selector)
         pod["spec"]["tolerations"] = sched.tolerations
@@ -222,6 +96,7 @@ def test_karpenter_provisions_the_plan_and_removes_it(
         job2 = JobRef(namespace, "gpt")
         inst2 = CAT.instance("g5.xlarge")
         req2 = NodeRequest(job2, inst2, CapacityType.ON_DEMAND, 1, inst2.ondemand_usd_hr)
+        provider.ensure_nodes(req2, [])
         sched2 = provider.scheduling(req2)
         pod2 = gpu_pod("gpt-0", 1, node_selector=sched2.node_selector)
         pod2["spec"]["tolerations"] = sched2.tolerations

@@ -25,6 +25,7 @@ CATALOG = load_catalog()
 class FakeProvider:
     name = "fake"
     manages_nodes = True
+    provisions_for_pods = False
 
     def __init__(self, capacity: int | None = None) -> None:
         self.capacity = capacity
@@ -221,6 +222,90 @@ def test_lost_node_recovers_with_same_names() -> None:
         body.setdefault("spec", {})["nodeName"] = sorted(node_names(w.loop._request(job, w.status.plan)))[0]  # type: ignore[arg-type]
     reasons = w.step(job)
     assert "Interrupted" in reasons and w.status.phase is Phase.RECOVERING and w.status.interruptions == 1
+
+
+class FakePodProvisioner(FakeProvider):
+    """Like Karpenter: ensure_nodes prepares its objects; nodes come for the pending pods, named by it."""
+
+    provisions_for_pods = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared: list[tuple[str, int]] = []
+
+    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
+        self.prepared.append((request.instance.name, len(existing)))
+        return []
+
+
+def _launch(w: World, names: list[str], ready: bool = False) -> None:
+    """Play Karpenter: nodes of the planned offering, no price annotation, names of its own."""
+    plan = w.status.plan
+    assert plan is not None
+    for n in names:
+        w.nodes[n] = NodeState(n, plan.instance_type, plan.capacity_type, ready, w.now, 0.0)
+
+
+def test_pod_provisioner_gets_pods_first_and_its_nodes_are_the_jobs() -> None:
+    w = World(FakePodProvisioner())
+    prov = w.provider
+    assert isinstance(prov, FakePodProvisioner)
+    job = make_job()
+    w.step(job)
+    assert prov.prepared == [("p4d.24xlarge", 0)], "ensure_nodes is called for every provider"
+    assert w.status.phase is Phase.STARTING
+    assert sorted(p["metadata"]["name"] for p in w.workers.pods()) == ["job-worker-0", "job-worker-1"]
+    assert w.status.message == "0/2 workers running; 0/2 nodes Ready"
+    _launch(w, ["ip-10-0-0-7", "ip-10-0-0-9"])
+    w.step(job)
+    assert not prov.released, "nodes named by the provider are not mistaken for an earlier plan's"
+    assert w.status.nodes == ["ip-10-0-0-7", "ip-10-0-0-9"] and len(prov.prepared) == 1
+    w.ready()
+    assert "NodesReady" in w.step(job)
+    assert "NodesReady" not in w.step(job), "posted once"
+    w.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
+    assert "Started" in w.step(job) and w.status.phase is Phase.RUNNING
+    w.phases = {"job-worker-0": "Succeeded", "job-worker-1": "Succeeded"}
+    reasons = w.step(job, seconds=3600)
+    assert w.status.phase is Phase.SUCCEEDED and "ScaledDown" in reasons
+    assert sorted(prov.released) == ["ip-10-0-0-7", "ip-10-0-0-9"] and w.status.nodes == []
+    hourly = CATALOG.instance("p4d.24xlarge").ondemand_usd_hr
+    assert w.status.released_cost_usd == pytest.approx(2 * hourly, rel=0.01), "priced from the catalog"
+
+
+def test_pod_provisioner_gang_timeout_runs_on_pod_scheduling() -> None:
+    w = World(FakePodProvisioner(), gang_timeout_s=60, capacity_backoff_s=900)
+    prov = w.provider
+    assert isinstance(prov, FakePodProvisioner)
+    job = make_job()
+    w.step(job)
+    first = w.status.plan
+    assert first is not None
+    _launch(w, ["ip-10-0-0-7"], ready=True)  # one of two: the gang never starts
+    w.phases = {"job-worker-0": "Running"}
+    w.step(job)
+    assert w.status.phase is Phase.STARTING
+    reasons = w.step(job, seconds=120)
+    assert "GangTimeout" in reasons and "Planned" in reasons
+    assert prov.released == ["ip-10-0-0-7"] and {"job-worker-0", "job-worker-1"} <= set(w.workers.deleted)
+    assert [u.instance_type for u in w.status.unavailable] == [first.instance_type]
+    assert w.status.plan is not None and w.status.plan.instance_type != first.instance_type
+    second = w.status.plan.instance_type
+    # the released node is still observed (being deleted): it belongs to the earlier plan
+    w.nodes = {"ip-10-0-0-7": NodeState("ip-10-0-0-7", first.instance_type, first.capacity_type, True, w.now, 0.0, deleting=True)}
+    w.step(job)
+    assert w.status.phase is Phase.STARTING and w.status.attempt == 2
+    assert [t for t, _ in prov.prepared] == [first.instance_type, second], "ensure_nodes again for the new gang"
+    assert not prov.released
+
+
+def test_pod_provisioner_releases_nodes_of_another_offering() -> None:
+    w = World(FakePodProvisioner())
+    job = make_job()
+    w.step(job)
+    w.nodes["old-node"] = NodeState("old-node", "p3.2xlarge", "spot", True, w.now, 1.0)
+    assert "ScaledDown" in w.step(job)
+    assert w.provider.released == ["old-node"]
 
 
 def test_unknown_workload_fails_with_the_reason() -> None:

@@ -9,10 +9,11 @@ GPU taint; and it puts the plan on the worker pods (:meth:`KarpenterProvider.sch
 the job label. The pool requires ``gpuscaler.io/job`` with ``Exists``, so Karpenter copies the pod's
 job label onto the node it launches: nodes are per job and the operator's node index finds them.
 
-``manages_nodes`` is False: the reconcile loop must create the worker pods at once (Karpenter acts
-on them) rather than wait for nodes first; the gang timeout then runs on pod scheduling. Because
-the loop does not call :meth:`ensure_nodes` for such providers, :meth:`scheduling` ensures the
-NodePool too (once per instance type per process; a cheap read otherwise).
+``provisions_for_pods`` is True: the reconcile loop calls :meth:`ensure_nodes` when a gang starts
+(it creates or updates the NodePool and launches nothing), then creates the worker pods at once
+(Karpenter acts on them) rather than wait for nodes first; the gang timeout runs on the pods being
+scheduled and Running. The loop knows the job's nodes by their offering (Karpenter names them), and
+``manages_nodes`` is True: they are the job's own, released when it ends or is re-planned.
 
 Scale-down is Karpenter's: ``consolidationPolicy: WhenEmpty`` removes a job's nodes once its pods
 are gone. :meth:`release_nodes` hastens it by deleting the nodes' NodeClaims (Karpenter drains and
@@ -74,7 +75,8 @@ class KarpenterProvider:
     """Keeps the gpuscaler NodePool; Karpenter does the provisioning."""
 
     name = "karpenter"
-    manages_nodes = False
+    manages_nodes = True
+    provisions_for_pods = True
 
     def __init__(
         self,
@@ -107,7 +109,6 @@ class KarpenterProvider:
         self.taint_key = taint_key
         self.consolidate_after = consolidate_after
         self.extra_requirements = list(extra_requirements or [])
-        self._ensured: set[str] = set()
 
     def manifest(self) -> dict[str, Any]:
         """The NodePool as gpuscaler wants it."""
@@ -149,7 +150,6 @@ class KarpenterProvider:
         """
         if instance_type and instance_type not in self.instance_types:
             self.instance_types = sorted({*self.instance_types, instance_type})
-            self._ensured.clear()
         want = self.manifest()
         try:
             have = self.custom.get_cluster_custom_object(GROUP, VERSION, "nodepools", self.nodepool)
@@ -184,9 +184,14 @@ class KarpenterProvider:
     # ------------------------------------------------------------------ the Protocol
 
     def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
-        """Ensure the NodePool admits the request; Karpenter makes the nodes for the pending pods."""
+        """Create or update the NodePool so it admits the request; returns ``[]``.
+
+        Karpenter makes the nodes for the worker pods once the loop has created them.
+
+        Raises:
+            ProviderError: the NodePool could not be read or written, with its cause.
+        """
         self.ensure_nodepool(request.instance.name)
-        self._ensured.add(request.instance.name)
         return []
 
     def release_nodes(self, job: JobRef, nodes: list[NodeState]) -> list[str]:
@@ -219,9 +224,7 @@ class KarpenterProvider:
         return deleted
 
     def scheduling(self, request: NodeRequest) -> Scheduling:
-        """Pods select the offering, the pool and the job; ensures the pool first (see module doc)."""
-        if request.instance.name not in self._ensured:
-            self.ensure_nodes(request, [])
+        """Pods select the offering, the pool and the job (no API call)."""
         return Scheduling(
             node_selector={
                 INSTANCE_TYPE_LABEL: request.instance.name,

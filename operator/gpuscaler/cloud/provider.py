@@ -107,11 +107,25 @@ class NodePoolProvider(Protocol):
 
     name: str
     manages_nodes: bool
-    """False for providers that only steer pods onto existing nodes (``static``): the loop then
-    skips waiting for nodes and measures the gang timeout on pod scheduling instead."""
+    """True when the job's nodes are the provider's, made or adopted for the job (kwok, eks, gke,
+    clusterapi, karpenter): the loop releases them and treats a worker whose node vanished as
+    interrupted. False for providers that only steer pods onto existing nodes (``static``): the
+    loop then skips waiting for nodes and measures the gang timeout on pod scheduling instead."""
+    provisions_for_pods: bool
+    """True when the provider creates capacity in response to *pending pods* (Karpenter): the loop
+    still calls :meth:`ensure_nodes` first (to prepare the provider's own objects, e.g. the
+    NodePool), then creates the worker pods at once instead of waiting for Ready nodes, and
+    measures the gang timeout on the pods being scheduled and Running. The job's nodes are then
+    named by the provider, so the loop recognises them by offering (instance type and capacity
+    type) instead of by :func:`node_names`. False for every provider that makes the nodes itself
+    before the pods exist (kwok, eks, gke, clusterapi) and for ``static``."""
 
     def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
         """Create the request's nodes that do not exist yet; return the names created now.
+
+        Called by the loop for every provider when a gang starts and, for providers that make
+        their nodes before the pods (``provisions_for_pods`` False), on each step until the nodes
+        are Ready. A provider that provisions for pods prepares its objects here and returns ``[]``.
 
         Args:
             request: The offering and node count of the plan.

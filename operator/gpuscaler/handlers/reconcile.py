@@ -257,6 +257,8 @@ class Reconciler:
         st = status.model_copy(deep=True)
         out = Outcome(st)
         pods = [p for p in pods if p.owner_uid in (None, job.uid)]
+        if self.provider.provisions_for_pods:  # nodes the provider launched carry no price annotation
+            nodes = [self._priced(n) for n in nodes]
         st.unavailable = [u for u in st.unavailable if u.until > now]
         st.observed_generation = job.generation
 
@@ -288,9 +290,7 @@ class Reconciler:
 
         assert st.plan is not None
         request = self._request(job, st.plan)
-        mine = set(node_names(request))
-        current = [n for n in nodes if n.name in mine and not n.deleting]
-        stale = [n for n in nodes if n.name not in mine and not n.deleting]
+        current, stale = self._split_nodes(request, nodes)
         if stale:  # nodes of an earlier plan (a re-plan moved the job elsewhere): scale down
             self._release(job, st, stale, out, now)
 
@@ -414,6 +414,31 @@ class Reconciler:
         st.attempt += 1
         st.message = "provisioning nodes"
 
+    def _split_nodes(self, request: NodeRequest, nodes: list[NodeState]) -> tuple[list[NodeState], list[NodeState]]:
+        """The live nodes of the current plan, and those of an earlier plan (to release).
+
+        Nodes the operator names are known by :func:`node_names`; nodes a provider launches for the
+        pods (``provisions_for_pods``, e.g. Karpenter) by their offering.
+        """
+        if self.provider.provisions_for_pods:
+            offering = (request.instance.name, request.capacity.value)
+            ours = [(n.instance_type, n.capacity_type) == offering for n in nodes]
+        else:
+            mine = set(node_names(request))
+            ours = [n.name in mine for n in nodes]
+        live = [(n, o) for n, o in zip(nodes, ours, strict=True) if not n.deleting]
+        return [n for n, o in live if o], [n for n, o in live if not o]
+
+    def _priced(self, node: NodeState) -> NodeState:
+        """A node without the price annotation (one Karpenter launched) priced from the catalog."""
+        if node.usd_per_hour or not node.instance_type:
+            return node
+        try:
+            price = self.catalog.instance(node.instance_type).price(CapacityType(node.capacity_type))
+        except (UnknownIdError, ValueError):
+            return node
+        return replace(node, usd_per_hour=price or 0.0)
+
     def _request(self, job: Job, plan: PlanStatus) -> NodeRequest:
         inst = self.catalog.instance(plan.instance_type)
         return NodeRequest(
@@ -475,10 +500,6 @@ class Reconciler:
         out: Outcome,
         now: datetime,
     ) -> None:
-        if not self.provider.manages_nodes:
-            st.phase = Phase.STARTING
-            self._starting(job, st, request, pods, nodes, out, now)
-            return
         short = ""
         try:
             created = self.provider.ensure_nodes(request, nodes)
@@ -493,6 +514,12 @@ class Reconciler:
                     f"for {request.count} planned node(s): {', '.join(created[:5])}",
                 )
             )
+        if not self.provider.manages_nodes or self.provider.provisions_for_pods:
+            # pods first: static steers them onto existing nodes, Karpenter provisions for them;
+            # the gang timeout then runs on the workers being scheduled and Running (_starting)
+            st.phase = Phase.STARTING
+            self._starting(job, st, request, pods, nodes, out, now)
+            return
         ready = [n for n in nodes if n.ready]
         st.nodes = sorted(n.name for n in nodes)
         if len(ready) >= request.count:
@@ -574,9 +601,24 @@ class Reconciler:
             self._running(job, st, request, pods, nodes, out, now)
             return
         st.message = f"{len(running)}/{request.count} workers running"
+        if self.provider.provisions_for_pods:
+            self._nodes_for_pods(job, st, request, nodes, out, now)
         if self._gang_timed_out(st, now):
             why = f"only {len(running)} of {request.count} workers started within {self.config.gang_timeout_s:g}s"
             self._give_up_offering(job, st, pods, nodes, out, now, why)
+
+    def _nodes_for_pods(
+        self, job: Job, st: TrainingJobStatus, request: NodeRequest, nodes: list[NodeState], out: Outcome, now: datetime
+    ) -> None:
+        """While the workers wait for nodes a provider launches for them: status.nodes, NodesReady."""
+        st.nodes = sorted(n.name for n in nodes)
+        ready = sum(n.ready for n in nodes)
+        st.message += f"; {ready}/{request.count} nodes Ready"
+        was = any(c.type == "NodesReady" and c.status == "True" for c in st.conditions)
+        set_condition(st, "NodesReady", ready >= request.count, "NodesReady" if ready >= request.count else "Provisioning",
+                      f"{ready}/{request.count} node(s) Ready", now, job.generation)
+        if ready >= request.count and not was:
+            out.events.append(Event("Normal", "NodesReady", f"all {request.count} node(s) Ready"))
 
     def _lost(
         self,
