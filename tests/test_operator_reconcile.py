@@ -25,6 +25,7 @@ CATALOG = load_catalog()
 class FakeProvider:
     name = "fake"
     manages_nodes = True
+    names_nodes = True
     provisions_for_pods = False
 
     def __init__(self, capacity: int | None = None) -> None:
@@ -228,6 +229,7 @@ class FakePodProvisioner(FakeProvider):
     """Like Karpenter: ensure_nodes prepares its objects; nodes come for the pending pods, named by it."""
 
     provisions_for_pods = True
+    names_nodes = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -361,3 +363,35 @@ def test_status_change_throttles_the_clock() -> None:
     assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 1}) == "none"
     assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 2}) == "clock"
     assert status_change({"phase": "Running"}, {"phase": "Succeeded"}) == "state"
+
+
+class FakeNodeGroup(FakeProvider):
+    """Like eks/gke/clusterapi: scales a node group; the cloud names the nodes that register."""
+
+    names_nodes = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requested = 0
+
+    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
+        self.requested = max(self.requested, request.count)
+        return []
+
+
+def test_node_group_nodes_with_cloud_names_are_the_jobs_not_an_earlier_plans() -> None:
+    w = World(FakeNodeGroup())
+    job = make_job()
+    w.step(job)
+    assert w.status.phase is Phase.PROVISIONING and w.provider.requested == 2
+    _launch(w, ["ip-10-1-2-3", "ip-10-1-2-4"], ready=True)  # registered and adopted by the provider
+    reasons = w.step(job)
+    assert not w.provider.released, "adopted nodes are kept, not released as strangers"
+    assert "NodesReady" in reasons and w.status.phase is Phase.STARTING
+    assert w.status.nodes == ["ip-10-1-2-3", "ip-10-1-2-4"]
+    w.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
+    assert "Started" in w.step(job)
+    w.phases = {"job-worker-0": "Succeeded", "job-worker-1": "Succeeded"}
+    w.step(job, seconds=3600)
+    assert w.status.phase is Phase.SUCCEEDED
+    assert sorted(w.provider.released) == ["ip-10-1-2-3", "ip-10-1-2-4"]

@@ -52,6 +52,7 @@ class ClusterApiProvider:
 
     name = "clusterapi"
     manages_nodes = True
+    names_nodes = False
     provisions_for_pods = False
 
     def __init__(

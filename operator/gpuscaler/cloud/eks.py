@@ -120,6 +120,7 @@ class EksProvider:
 
     name = "eks"
     manages_nodes = True
+    names_nodes = False
     provisions_for_pods = False
 
     def __init__(

@@ -93,6 +93,7 @@ class GkeProvider:
 
     name = "gke"
     manages_nodes = True
+    names_nodes = False
     provisions_for_pods = False
 
     def __init__(

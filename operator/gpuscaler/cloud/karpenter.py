@@ -76,6 +76,7 @@ class KarpenterProvider:
 
     name = "karpenter"
     manages_nodes = True
+    names_nodes = False
     provisions_for_pods = True
 
     def __init__(

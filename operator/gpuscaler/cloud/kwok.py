@@ -40,6 +40,7 @@ class KwokProvider:
 
     name = "kwok"
     manages_nodes = True
+    names_nodes = True
     provisions_for_pods = False
 
     def __init__(

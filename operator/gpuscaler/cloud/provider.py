@@ -111,13 +111,16 @@ class NodePoolProvider(Protocol):
     clusterapi, karpenter): the loop releases them and treats a worker whose node vanished as
     interrupted. False for providers that only steer pods onto existing nodes (``static``): the
     loop then skips waiting for nodes and measures the gang timeout on pod scheduling instead."""
+    names_nodes: bool
+    """True when the job's nodes get the names of :func:`node_names` (kwok creates them so); the
+    loop then knows them by name. False when the cloud names them (eks, gke and clusterapi adopt
+    what their node groups register; Karpenter names its own): the loop knows the job's nodes by
+    their offering (instance type and capacity type) instead."""
     provisions_for_pods: bool
     """True when the provider creates capacity in response to *pending pods* (Karpenter): the loop
     still calls :meth:`ensure_nodes` first (to prepare the provider's own objects, e.g. the
     NodePool), then creates the worker pods at once instead of waiting for Ready nodes, and
-    measures the gang timeout on the pods being scheduled and Running. The job's nodes are then
-    named by the provider, so the loop recognises them by offering (instance type and capacity
-    type) instead of by :func:`node_names`. False for every provider that makes the nodes itself
+    measures the gang timeout on the pods being scheduled and Running. False for every provider that makes the nodes itself
     before the pods exist (kwok, eks, gke, clusterapi) and for ``static``."""
 
     def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:

@@ -22,6 +22,7 @@ class StaticProvider:
 
     name = "static"
     manages_nodes = False
+    names_nodes = False
     provisions_for_pods = False
 
     def __init__(self, toleration_key: str = "nvidia.com/gpu") -> None:

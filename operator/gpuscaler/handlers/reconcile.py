@@ -257,8 +257,7 @@ class Reconciler:
         st = status.model_copy(deep=True)
         out = Outcome(st)
         pods = [p for p in pods if p.owner_uid in (None, job.uid)]
-        if self.provider.provisions_for_pods:  # nodes the provider launched carry no price annotation
-            nodes = [self._priced(n) for n in nodes]
+        nodes = [self._priced(n) for n in nodes]  # nodes a cloud named may carry no price annotation
         st.unavailable = [u for u in st.unavailable if u.until > now]
         st.observed_generation = job.generation
 
@@ -417,10 +416,11 @@ class Reconciler:
     def _split_nodes(self, request: NodeRequest, nodes: list[NodeState]) -> tuple[list[NodeState], list[NodeState]]:
         """The live nodes of the current plan, and those of an earlier plan (to release).
 
-        Nodes the operator names are known by :func:`node_names`; nodes a provider launches for the
-        pods (``provisions_for_pods``, e.g. Karpenter) by their offering.
+        Nodes the operator names are known by :func:`node_names`; nodes the cloud names (adopted
+        from a node group, or launched by Karpenter for the pods: ``names_nodes`` False) by their
+        offering.
         """
-        if self.provider.provisions_for_pods:
+        if not self.provider.names_nodes:
             offering = (request.instance.name, request.capacity.value)
             ours = [(n.instance_type, n.capacity_type) == offering for n in nodes]
         else:
