@@ -23,6 +23,7 @@ from gpuscaler.catalog import Precision, UnknownIdError, load_catalog
 from gpuscaler.perfmodel import ParallelConfig, PrecisionUnsupportedError, estimate
 from gpuscaler.planner import JobError, PlanResult, plan
 from gpuscaler.policy import Policy, PolicyConflictError, PolicyFileError, load_policies, policy_for_namespace
+from gpuscaler.validation import format_validation
 
 EXTENSIONS = (
     "gpuscaler.devcluster.cli",  # dev-cluster up|down|env|build (local control plane)
@@ -53,16 +54,6 @@ def _money(x: float) -> str:
     return f"${x:,.2f}" if x < 100 else f"${x:,.0f}"
 
 
-def _format_validation(err: ValidationError, what: str) -> str:
-    lines = [f"{what} is invalid:"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        value = e.get("input")
-        shown = f" (got {value!r})" if value is not None and not isinstance(value, dict) else ""
-        lines.append(f"  {loc}: {e['msg']}{shown}")
-    return "\n".join(lines)
-
-
 def load_job(path: str) -> TrainingJob:
     """Read a TrainingJob YAML file (the same document ``kubectl apply`` takes)."""
     try:
@@ -76,7 +67,7 @@ def load_job(path: str) -> TrainingJob:
     try:
         return TrainingJob.model_validate(raw)
     except ValidationError as err:
-        raise UsageError(_format_validation(err, path)) from err
+        raise UsageError(format_validation(err, path)) from err
 
 
 def _load_policy(path: str | None, namespace: str | None) -> Policy | None:
@@ -88,7 +79,7 @@ def _load_policy(path: str | None, namespace: str | None) -> Policy | None:
     except FileNotFoundError as err:
         raise UsageError(f"{path}: no such file") from err
     except ValidationError as err:
-        raise UsageError(_format_validation(err, f"policy {path}")) from err
+        raise UsageError(format_validation(err, f"policy {path}")) from err
     except (PolicyFileError, PolicyConflictError) as err:
         raise UsageError(f"policy {path}: {err}") from err
 

@@ -55,9 +55,12 @@ Note = tuple[str, str, str]
 
 
 class Planner(Protocol):
-    """The loop's planner (:class:`gpuscaler.handlers.reconcile.Planner`): (spec, name, hours left,
-    unavailable offerings[, efficiency per GPU id]) -> plan. ``efficiency`` is passed only when there
-    are observed factors, so a four-argument planner still serves."""
+    """The loop's planner (the reconcile loop and the re-plan after a notice share it).
+
+    (spec, name, hours left to the deadline, unavailable offerings[, efficiency per GPU id]) -> plan.
+    ``efficiency`` (observed / model throughput per GPU id, from ``status.observed``) is passed only
+    when the job has one, so a four-argument planner still serves jobs that were never observed.
+    """
 
     def __call__(
         self,

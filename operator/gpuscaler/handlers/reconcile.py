@@ -43,6 +43,7 @@ from gpuscaler.cloud import (
     node_names,
 )
 from gpuscaler.handlers import interruptions as spot
+from gpuscaler.handlers.interruptions import Planner
 from gpuscaler.kube.workers import (
     PodState,
     WorkerPlan,
@@ -70,24 +71,6 @@ class WorkerClient(Protocol):
     def delete_pod(self, namespace: str, name: str) -> bool: ...
     def delete_service(self, namespace: str, name: str) -> bool: ...
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
-
-
-class Planner(Protocol):
-    """(spec, name, hours left to the deadline, unavailable offerings[, efficiency per GPU id]) -> plan.
-
-    ``efficiency`` (observed / model throughput per GPU id, from ``status.observed``) is passed only
-    when the job has one, so a four-argument planner still serves jobs that were never observed.
-    """
-
-    def __call__(
-        self,
-        spec: TrainingJobSpec,
-        name: str,
-        deadline_h: float | None,
-        unavailable: frozenset[tuple[str, str]],
-        /,
-        efficiency: Mapping[str, float] | None = None,
-    ) -> PlanResult: ...
 
 
 @dataclass(frozen=True)

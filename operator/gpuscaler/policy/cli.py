@@ -17,18 +17,9 @@ from pydantic import ValidationError
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, UnknownIdError, load_catalog, normalize
 from gpuscaler.policy.evaluate import PolicyConflictError, policy_for_namespace
 from gpuscaler.policy.models import Policy, PolicyFileError, load_policies
+from gpuscaler.validation import format_validation
 
 EXIT_INVALID = 2
-
-
-def _format_validation(err: ValidationError, what: str) -> str:
-    lines = [f"{what} is invalid:"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        value = e.get("input")
-        shown = f" (got {value!r})" if value is not None and not isinstance(value, dict) else ""
-        lines.append(f"  {loc}: {e['msg']}{shown}")
-    return "\n".join(lines)
 
 
 def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
@@ -168,7 +159,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"gpuscaler: {err}", file=sys.stderr)
         return EXIT_INVALID
     except ValidationError as err:
-        print(f"gpuscaler: {_format_validation(err, f'policy {args.file}')}", file=sys.stderr)
+        print(f"gpuscaler: {format_validation(err, f'policy {args.file}')}", file=sys.stderr)
         return EXIT_INVALID
     catalog = load_catalog()
     errors = [f"policy {p.name}: {e}" for p in policies for e in unknown_ids(p, catalog)]
