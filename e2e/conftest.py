@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,28 @@ def core(dev_cluster: E2ECluster) -> Any:
 def batch(dev_cluster: E2ECluster) -> Any:
     """``BatchV1Api`` as cluster admin."""
     return client.BatchV1Api(dev_cluster.api)
+
+
+@pytest.fixture(scope="session")
+def crd(dev_cluster: E2ECluster) -> None:
+    """gpuscaler's generated CRDs (TrainingJob, GPUScalingPolicy), installed and Established."""
+    root = Path(__file__).resolve().parents[1] / "crds"
+    for name, crd_name in (
+        ("trainingjob.yaml", "trainingjobs"),
+        ("gpuscalingpolicy.yaml", "gpuscalingpolicies"),
+    ):
+        for args in (
+            ["apply", "-f", str(root / name)],
+            ["wait", "--for=condition=Established", f"crd/{crd_name}.gpuscaler.io", "--timeout=60s"],
+        ):
+            subprocess.run(
+                ["kubectl", *args],
+                env=dev_cluster.env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=90,
+            )
 
 
 @pytest.fixture

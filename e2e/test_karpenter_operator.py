@@ -25,7 +25,6 @@ from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.cloud import JobRef
 from karpenter_helpers import NODE_CLASS, job_nodes, run_karpenter, tail
 from test_operator import (
-    ROOT,
     OperatorProcess,
     apply,
     event_reasons,
@@ -44,12 +43,6 @@ def karpenter(dev_cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory)
     """Karpenter (kwok provider) for this module; yields its log file."""
     with run_karpenter(dev_cluster, tmp_path_factory.mktemp("karpenter")) as log:
         yield log
-
-
-@pytest.fixture(scope="module")
-def trainingjob_crd(dev_cluster: E2ECluster) -> None:
-    kubectl(dev_cluster, "apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
-    kubectl(dev_cluster, "wait", "--for=condition=Established", "crd/trainingjobs.gpuscaler.io", "--timeout=30s")
 
 
 @pytest.fixture
@@ -74,7 +67,7 @@ def nodepool(dev_cluster: E2ECluster) -> Iterator[str]:
 def test_operator_runs_a_job_on_karpenter(
     dev_cluster: E2ECluster,
     karpenter: Path,
-    trainingjob_crd: None,
+    crd: None,
     nodepool: str,
     namespace: str,
     tmp_path: Path,

@@ -49,19 +49,13 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def trainingjob_crd(dev_cluster: E2ECluster) -> None:
-    kubectl(dev_cluster, "apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
-    kubectl(dev_cluster, "wait", "--for=condition=Established", "crd/trainingjobs.gpuscaler.io", "--timeout=30s")
-
-
-@pytest.fixture(scope="module")
 def custom(dev_cluster: E2ECluster) -> Any:
     return client.CustomObjectsApi(dev_cluster.api)
 
 
 @pytest.fixture
 def observing_operator(
-    dev_cluster: E2ECluster, trainingjob_crd: None, namespace: str, tmp_path: Path, prometheus: PrometheusServer
+    dev_cluster: E2ECluster, crd: None, namespace: str, tmp_path: Path, prometheus: PrometheusServer
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Start an operator for this test's namespace, observing through the test Prometheus."""
     started: list[OperatorProcess] = []

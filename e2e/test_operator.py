@@ -40,13 +40,6 @@ def kubectl(cluster: E2ECluster, *args: str, stdin: str | None = None, check: bo
 
 
 @pytest.fixture(scope="session")
-def crd(dev_cluster: E2ECluster) -> None:
-    """The generated TrainingJob CRD, installed and Established."""
-    kubectl(dev_cluster, "apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
-    kubectl(dev_cluster, "wait", "--for=condition=Established", "crd/trainingjobs.gpuscaler.io", "--timeout=30s")
-
-
-@pytest.fixture(scope="session")
 def custom(dev_cluster: E2ECluster) -> Any:
     return client.CustomObjectsApi(dev_cluster.api)
 

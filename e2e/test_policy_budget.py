@@ -9,8 +9,6 @@ Pending and provisions nothing; a policy change applies on the next reconcile, n
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ import yaml
 from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
+from test_operator import OperatorProcess, kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -28,50 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUP, VERSION = "gpuscaler.io", "v1alpha1"
 
 
-def kubectl(cluster: E2ECluster, *args: str, stdin: str | None = None) -> str:
-    res = subprocess.run(
-        ["kubectl", *args],
-        input=stdin,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stderr}"
-    return res.stdout
-
-
 @pytest.fixture
-def operator(dev_cluster: E2ECluster, namespace: str, tmp_path: Path) -> Iterator[None]:
-    for crd in ("trainingjob.yaml", "gpuscalingpolicy.yaml"):
-        kubectl(dev_cluster, "apply", "-f", str(ROOT / "crds" / crd))
-    kubectl(
-        dev_cluster,
-        "wait",
-        "--for=condition=Established",
-        "crd/gpuscalingpolicies.gpuscaler.io",
-        "--timeout=30s",
-    )
-    env = dict(
-        dev_cluster.env,
-        GPUSCALER_NAMESPACE=namespace,
-        GPUSCALER_METRICS_PORT="0",
-        GPUSCALER_HEALTH_PORT="0",
-        GPUSCALER_RECONCILE_INTERVAL_S="0.5",
-        GPUSCALER_KWOK_PROVISIONING_DELAY_S="1",
-        GPUSCALER_WATCH_POLICIES="true",
-    )
-    log = tmp_path / "operator.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=env, stdout=out, stderr=out
-        )
+def operator(dev_cluster: E2ECluster, crd: None, namespace: str, tmp_path: Path) -> Iterator[None]:
+    op = OperatorProcess(dev_cluster, namespace, tmp_path / "operator.log", GPUSCALER_WATCH_POLICIES="true")
+    op.start()
     yield
     kubectl(dev_cluster, "delete", "trainingjobs", "--all", "-n", namespace, "--timeout=60s")
-    proc.terminate()
-    proc.wait(15)
-    print(log.read_text(errors="replace")[-3000:])
+    op.stop()
+    print(op.log.read_text(errors="replace")[-3000:])
 
 
 def policy(name: str, namespace: str, usd_per_job: float) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from test_operator import OperatorProcess, apply, event_reasons, get_job, job_no
 
 pytestmark = pytest.mark.timeout(240)
 
-crd = test_operator.crd
 custom = test_operator.custom
 operator = test_operator.operator
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""

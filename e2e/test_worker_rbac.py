@@ -27,7 +27,6 @@ from gpuscaler.runtime import KubeReporter
 from gpuscaler.runtime.progress import Progress
 from test_operator import OperatorProcess, apply, get_job, job_manifest, job_pods, kubectl, wait_phase
 
-crd = test_operator.crd
 custom = test_operator.custom
 operator = test_operator.operator
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
