@@ -153,3 +153,42 @@ def test_risk_maths() -> None:
     assert calm.deadline_miss_probability == 0
     assert risky.expected_hours > calm.expected_hours
     assert 0 < risky.deadline_miss_probability < 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["resnet50", "bert-large-seq512", "llama-7b", "gpt2-small"]),
+    st.sampled_from(["g4dn.xlarge", "g5.12xlarge", "p4d.24xlarge", "p5.48xlarge"]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([64, 96, 256, 1000, 4096]),
+)
+def test_configure_picks_the_largest_micro_batch_that_fits(wid: str, iname: str, nodes: int, batch: int) -> None:
+    from gpuscaler.catalog import Precision
+    from gpuscaler.perfmodel import ParallelConfig, memory_per_gpu
+    from gpuscaler.planner import configure
+
+    w, inst = CAT.workload(wid), CAT.instance(iname)
+    cfg, why = configure(w, inst, nodes, Precision.AMP, batch)
+    gpus = inst.gpu_count * nodes
+    if batch % gpus:
+        assert cfg is None and "divisible" in why
+        return
+    per_gpu = batch // gpus
+    options = [(0, False), (0, True)] + ([(1, True), (2, True), (3, True)] if gpus > 1 else [])
+    expected = None
+    for zero, ckpt in options:  # brute force: first option, then largest micro-batch, that fits
+        fitting = [
+            m for m in range(per_gpu, 0, -1)
+            if per_gpu % m == 0 and memory_per_gpu(w, inst.gpu, ParallelConfig(
+                micro_batch=m, precision=Precision.AMP, gpus_per_node=inst.gpu_count, nodes=nodes,
+                accumulation=per_gpu // m, zero_stage=zero, activation_checkpointing=ckpt)).fits
+        ]  # fmt: skip
+        if fitting:
+            expected = (fitting[0], zero, ckpt)
+            break
+    if expected is None:
+        assert cfg is None and "does not fit" in why
+    else:
+        assert cfg is not None
+        assert (cfg.micro_batch, cfg.zero_stage, cfg.activation_checkpointing) == expected
+        assert cfg.micro_batch * cfg.accumulation * gpus == batch

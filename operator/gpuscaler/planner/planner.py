@@ -250,34 +250,38 @@ def configure(
     if global_batch % gpus:
         return None, f"global batch {global_batch} is not divisible by {gpus} GPUs"
     per_gpu = global_batch // gpus
-    base = ParallelConfig(
-        micro_batch=1,
-        precision=precision,
-        gpus_per_node=inst.gpu_count,
-        nodes=nodes,
-        network_gbps=inst.network_gbps,
-        vcpus_per_node=inst.vcpu,
-    )
     options = [(0, False), (0, True)] + ([(1, True), (2, True), (3, True)] if gpus > 1 else [])
+    divisors = _divisors_desc(per_gpu)  # largest micro-batch first
     smallest = math.inf
-    divisors = _divisors_desc(per_gpu)
     for zero, ckpt in options:
-        for micro in divisors:
-            cfg = ParallelConfig(
+
+        def config(micro: int, zero: int = zero, ckpt: bool = ckpt) -> ParallelConfig:
+            return ParallelConfig(
                 micro_batch=micro,
                 precision=precision,
-                gpus_per_node=base.gpus_per_node,
+                gpus_per_node=inst.gpu_count,
                 nodes=nodes,
                 accumulation=per_gpu // micro,
                 zero_stage=zero,
                 activation_checkpointing=ckpt,
-                network_gbps=base.network_gbps,
-                vcpus_per_node=base.vcpus_per_node,
+                network_gbps=inst.network_gbps,
+                vcpus_per_node=inst.vcpu,
             )
-            mem = memory_per_gpu(workload, inst.gpu, cfg)
-            if mem.fits:
-                return cfg, ""
-            smallest = min(smallest, mem.total)
+
+        # Memory grows with the micro-batch, so "fits" flips once along the descending divisors:
+        # bisect for the first (largest) micro-batch that fits.
+        lowest = memory_per_gpu(workload, inst.gpu, config(divisors[-1]))
+        if not lowest.fits:
+            smallest = min(smallest, lowest.total)
+            continue
+        lo, hi = 0, len(divisors) - 1  # divisors[hi] fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if memory_per_gpu(workload, inst.gpu, config(divisors[mid])).fits:
+                hi = mid
+            else:
+                lo = mid + 1
+        return config(divisors[hi]), ""
     return None, (
         f"does not fit: needs {smallest / 1e9:.1f} GB per GPU even at micro-batch 1 with activation "
         f"checkpointing{' and ZeRO-3' if gpus > 1 else ''}; {inst.gpu_id} has {inst.gpu.memory_gb:g} GB"
