@@ -30,27 +30,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuscaler.catalog.loader import INSTANCE_COLUMNS
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "operator" / "gpuscaler" / "catalog" / "data" / "instances.csv"
 DEFAULT_MD = Path("/work/shared/data/hardware_and_cloud.md")
 DEFAULT_ADVISOR = Path("/work/shared/data/aws_spot_advisor.json")
 
-COLUMNS = [
-    "name",
-    "provider",
-    "region",
-    "gpu_id",
-    "gpu_count",
-    "vcpu",
-    "memory_gib",
-    "network_gbps",
-    "ondemand_usd_hr",
-    "spot_usd_hr",
-    "spot_discount_pct",
-    "interruption_bucket",
-    "price_date",
-    "source",
-]
+COLUMNS = list(INSTANCE_COLUMNS)
 
 KP_DATE = "2026-07-20"
 SP_DATE = "undated-skypilot-v6"

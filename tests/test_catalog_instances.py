@@ -8,25 +8,10 @@ from importlib import resources
 
 import pytest
 
-from gpuscaler.catalog.loader import Index, parse_gpus, parse_instances, read_rows
+from gpuscaler.catalog.loader import INSTANCE_COLUMNS, Index, parse_gpus, parse_instances, read_rows
 from gpuscaler.catalog.models import GPU, CapacityType, InstanceType
 
-COLUMNS = [
-    "name",
-    "provider",
-    "region",
-    "gpu_id",
-    "gpu_count",
-    "vcpu",
-    "memory_gib",
-    "network_gbps",
-    "ondemand_usd_hr",
-    "spot_usd_hr",
-    "spot_discount_pct",
-    "interruption_bucket",
-    "price_date",
-    "source",
-]
+COLUMNS = list(INSTANCE_COLUMNS)
 
 GPU_IDS = [
     "V100-16GB",

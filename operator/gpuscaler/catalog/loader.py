@@ -25,6 +25,12 @@ SCHEMA_VERSION = 1
 
 T = TypeVar("T")
 
+INSTANCE_COLUMNS = (
+    "name", "provider", "region", "gpu_id", "gpu_count", "vcpu", "memory_gib", "network_gbps",
+    "ondemand_usd_hr", "spot_usd_hr", "spot_discount_pct", "interruption_bucket", "price_date", "source",
+)  # fmt: skip
+"""The header of ``instances.csv`` (schema 1), in order; its generator writes exactly these."""
+
 
 class CatalogError(ValueError):
     """A catalog data file is malformed (wrong schema version, bad value)."""
@@ -138,6 +144,8 @@ def parse_gpus(rows: list[dict[str, str]]) -> Index[GPU]:
 def parse_instances(rows: list[dict[str, str]], gpus: Index[GPU]) -> Index[InstanceType]:
     index: Index[InstanceType] = Index("instance")
     for r in rows:
+        if tuple(r) != INSTANCE_COLUMNS:
+            raise CatalogError(f"instances.csv: columns {list(r)}, expected {list(INSTANCE_COLUMNS)}")
         gpu = gpus.get(r["gpu_id"])
         spot = _opt_float(r["spot_usd_hr"])
         if spot is None and r.get("spot_discount_pct"):
