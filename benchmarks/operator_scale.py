@@ -11,37 +11,21 @@ operator's peak resident memory (``VmHWM`` from ``/proc``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpuscaler.devcluster.cluster import existing_or_private
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@contextlib.contextmanager
-def cluster(kubeconfig: str | None) -> Iterator[tuple[str, dict[str, str]]]:
-    if kubeconfig:
-        yield kubeconfig, dict(os.environ, KUBECONFIG=kubeconfig)
-        return
-    from gpuscaler.devcluster.build import ensure_all
-    from gpuscaler.devcluster.cluster import Cluster
-
-    c = Cluster(ensure_all(), name=f"bench-op-{os.getpid()}")
-    c.start()
-    try:
-        yield str(c.kubeconfig), c.env()
-    finally:
-        c.stop()
 
 
 def job(i: int) -> dict[str, Any]:
@@ -73,11 +57,24 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
     ns = f"bench-{os.getpid()}"
-    with cluster(args.kubeconfig) as (_kubeconfig, env):
-        run = lambda *a, **kw: subprocess.run(["kubectl", *a], env=env, check=True, capture_output=True, text=True, **kw)  # noqa: E731
+    with existing_or_private(args.kubeconfig, f"bench-op-{os.getpid()}") as (_kubeconfig, env):
+        def run(*a: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["kubectl", *a], env=env, check=True, capture_output=True, text=True, **kw)
+
         run("apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
         for _ in range(30):  # the CRD can take a moment to be listed after apply
-            ok = subprocess.run(["kubectl", "wait", "--for=condition=Established", "crd/trainingjobs.gpuscaler.io", "--timeout=5s"], env=env, capture_output=True, check=False)
+            ok = subprocess.run(
+                [
+                    "kubectl",
+                    "wait",
+                    "--for=condition=Established",
+                    "crd/trainingjobs.gpuscaler.io",
+                    "--timeout=5s",
+                ],
+                env=env,
+                capture_output=True,
+                check=False,
+            )
             if ok.returncode == 0:
                 break
             time.sleep(0.5)
@@ -91,7 +88,9 @@ def main() -> int:
             GPUSCALER_RECONCILE_INTERVAL_S="1",
         )
         log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
-        op = subprocess.Popen([sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log)
+        op = subprocess.Popen(
+            [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log
+        )
         try:
             time.sleep(3)
             docs = yaml.safe_dump_all([job(i) for i in range(args.jobs)])
@@ -100,7 +99,14 @@ def main() -> int:
             applied = time.monotonic() - t0
             running: dict[str, float] = {}
             while len(running) < args.jobs and time.monotonic() - t0 < args.timeout:
-                out = run("get", "trainingjobs", "-n", ns, "-o", "jsonpath={range .items[*]}{.metadata.name} {.metadata.creationTimestamp} {.status.phase}{'\\n'}{end}").stdout
+                out = run(
+                    "get",
+                    "trainingjobs",
+                    "-n",
+                    ns,
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.name} {.metadata.creationTimestamp} {.status.phase}{'\\n'}{end}",
+                ).stdout
                 now = time.time()
                 for line in out.splitlines():
                     name, created, phase = [*line.split(" "), "", ""][:3]
@@ -118,7 +124,9 @@ def main() -> int:
             return 1
         p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
         print(f"jobs: {args.jobs} applied in {applied:.1f}s (one kubectl apply); Running: {len(lat)}")
-        print(f"creation-to-Running latency (1 s timestamp resolution): median {statistics.median(lat):.1f}s, p95 {p95:.1f}s, all {lat[-1]:.1f}s")
+        print(
+            f"creation-to-Running latency (1 s timestamp resolution): median {statistics.median(lat):.1f}s, p95 {p95:.1f}s, all {lat[-1]:.1f}s"
+        )
         print(f"kwok provisioning delay {args.delay}s, reconcile interval 1s")
         print(f"operator peak RSS: {peak:.0f} MiB")
         if not args.kubeconfig:

@@ -17,18 +17,18 @@ Prints the median and p95 over the runs and whether the handshake fits a 30 s no
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gpuscaler.devcluster.cluster import existing_or_private
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
@@ -37,22 +37,6 @@ from spot_harness import Harness  # noqa: E402
 
 NOTICE_S = 30.0
 """GKE's notice: the shortest there is, and what the handshake must fit in."""
-
-
-@contextlib.contextmanager
-def cluster(kubeconfig: str | None) -> Iterator[tuple[str, dict[str, str]]]:
-    if kubeconfig:
-        yield kubeconfig, dict(os.environ, KUBECONFIG=kubeconfig)
-        return
-    from gpuscaler.devcluster.build import ensure_all
-    from gpuscaler.devcluster.cluster import Cluster
-
-    c = Cluster(ensure_all(), name=f"bench-spot-{os.getpid()}")
-    c.start()
-    try:
-        yield str(c.kubeconfig), c.env()
-    finally:
-        c.stop()
 
 
 def job(name: str, steps: int) -> dict[str, Any]:
@@ -72,7 +56,9 @@ def job(name: str, steps: int) -> dict[str, Any]:
                 "spot": "preferred",
             },
             "checkpoint": {"intervalSeconds": 10, "restartSeconds": 30},
-            "template": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/trainer:bench"}]}},
+            "template": {
+                "spec": {"containers": [{"name": "train", "image": "registry.invalid/trainer:bench"}]}
+            },
         },
     }
 
@@ -102,36 +88,75 @@ def main() -> int:
     from kubernetes import client, config
 
     ckpt, running = [], []
-    with cluster(args.kubeconfig) as (kubeconfig, env), tempfile.TemporaryDirectory() as tmp:
+    with (
+        existing_or_private(args.kubeconfig, f"bench-spot-{os.getpid()}") as (kubeconfig, env),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         api = config.new_client_from_config(config_file=kubeconfig)
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        subprocess.run(["kubectl", "apply", "-f", str(ROOT / "crds" / "trainingjob.yaml")], env=env, check=True,
-                       capture_output=True)
-        subprocess.run(["kubectl", "wait", "--for=condition=Established", "crd/trainingjobs.gpuscaler.io",
-                        "--timeout=30s"], env=env, check=True, capture_output=True)
+        subprocess.run(
+            ["kubectl", "apply", "-f", str(ROOT / "crds" / "trainingjob.yaml")],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                "kubectl",
+                "wait",
+                "--for=condition=Established",
+                "crd/trainingjobs.gpuscaler.io",
+                "--timeout=30s",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         ns = f"bench-spot-{os.getpid()}"
         core.create_namespace({"metadata": {"name": ns}})
-        wait(lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items),
-             30, "the default ServiceAccount")
+        wait(
+            lambda: any(
+                sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items
+            ),
+            30,
+            "the default ServiceAccount",
+        )
         policy = Path(tmp) / "policy.yaml"
         policy.write_text("name: bench\nminCheckpointIntervalS: 10\n")
-        op_env = dict(env, GPUSCALER_NAMESPACE=ns, GPUSCALER_METRICS_PORT="0", GPUSCALER_HEALTH_PORT="0",
-                      GPUSCALER_RECONCILE_INTERVAL_S="0.5", GPUSCALER_KWOK_PROVISIONING_DELAY_S="1",
-                      GPUSCALER_POLICY_FILE=str(policy))
+        op_env = dict(
+            env,
+            GPUSCALER_NAMESPACE=ns,
+            GPUSCALER_METRICS_PORT="0",
+            GPUSCALER_HEALTH_PORT="0",
+            GPUSCALER_RECONCILE_INTERVAL_S="0.5",
+            GPUSCALER_KWOK_PROVISIONING_DELAY_S="1",
+            GPUSCALER_POLICY_FILE=str(policy),
+        )
         log = (Path(tmp) / "operator.log").open("wb")
-        op = subprocess.Popen([sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env,
-                              stdout=log, stderr=log)
+        op = subprocess.Popen(
+            [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log
+        )
         try:
             for i in range(args.runs):
                 name = f"tj-{i}"
 
                 def status(name: str = name) -> dict[str, Any]:
-                    obj = custom.get_namespaced_custom_object("gpuscaler.io", "v1alpha1", ns, "trainingjobs", name)
+                    obj = custom.get_namespaced_custom_object(
+                        "gpuscaler.io", "v1alpha1", ns, "trainingjobs", name
+                    )
                     return dict(obj.get("status") or {})
 
-                subprocess.run(["kubectl", "apply", "-n", ns, "-f", "-"], input=yaml.safe_dump(job(name, 5000)),
-                               text=True, env=env, check=True, capture_output=True)
-                h = Harness(core, ns, name, Path(tmp) / name, kubeconfig, 5000, step_sleep=args.step_sleep).start()
+                subprocess.run(
+                    ["kubectl", "apply", "-n", ns, "-f", "-"],
+                    input=yaml.safe_dump(job(name, 5000)),
+                    text=True,
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                )
+                h = Harness(
+                    core, ns, name, Path(tmp) / name, kubeconfig, 5000, step_sleep=args.step_sleep
+                ).start()
                 try:
                     try:
                         wait(lambda s=status: s().get("phase") == "Running", 60, f"{name} Running")
@@ -139,8 +164,11 @@ def main() -> int:
                         print(status(), file=sys.stderr)
                         raise
                     wait(lambda h=h: h.rank0_step() >= 150, 60, "150 steps")
-                    node = next(n for n in core.list_node(label_selector="gpuscaler.io/job").items
-                                if n.metadata.labels["gpuscaler.io/job"] == f"{ns}.{name}")
+                    node = next(
+                        n
+                        for n in core.list_node(label_selector="gpuscaler.io/job").items
+                        if n.metadata.labels["gpuscaler.io/job"] == f"{ns}.{name}"
+                    )
                     taints = [*(node.spec.taints or []), {"key": args.taint, "effect": "NoSchedule"}]
                     t0 = time.monotonic()
                     core.patch_node(node.metadata.name, {"spec": {"taints": taints}})
@@ -153,8 +181,11 @@ def main() -> int:
 
                     wait(acked, NOTICE_S * 2, "checkpoint ack")
                     ckpt.append(time.monotonic() - t0)
-                    wait(lambda s=status: s().get("phase") == "Running" and s().get("interruptions") == 1,
-                         120, "Running again")
+                    wait(
+                        lambda s=status: s().get("phase") == "Running" and s().get("interruptions") == 1,
+                        120,
+                        "Running again",
+                    )
                     running.append(time.monotonic() - t0)
                     # the new worker resumes and reports where: then the status has the exact loss
                     wait(lambda h=h: len(h.steps_reached()) > 1 and h.steps_reached()[1][0] > 0, 30, "resume")
@@ -162,25 +193,36 @@ def main() -> int:
                     rec = status()["interruptionHistory"][0]
                     runs = h.steps_reached()
                     redone = runs[0][0] - (runs[1][1] or 0)
-                    print(f"run {i + 1}: checkpoint done {ckpt[-1]:.2f} s, Running again {running[-1]:.2f} s "
-                          f"(status: recoverySeconds {rec['recoverySeconds']}, lostSteps {rec['lostSteps']}, "
-                          f"steps really redone {redone}; "
-                          f"{rec['action'][:90]}...)", flush=True)
+                    print(
+                        f"run {i + 1}: checkpoint done {ckpt[-1]:.2f} s, Running again {running[-1]:.2f} s "
+                        f"(status: recoverySeconds {rec['recoverySeconds']}, lostSteps {rec['lostSteps']}, "
+                        f"steps really redone {redone}; "
+                        f"{rec['action'][:90]}...)",
+                        flush=True,
+                    )
                 finally:
-                    custom.delete_namespaced_custom_object("gpuscaler.io", "v1alpha1", ns, "trainingjobs", name)
+                    custom.delete_namespaced_custom_object(
+                        "gpuscaler.io", "v1alpha1", ns, "trainingjobs", name
+                    )
                     h.stop()
         finally:
             op.terminate()
             op.wait(15)
             core.delete_namespace(ns)
     print()
-    print(f"notice ({args.taint}) -> checkpoint done: median {statistics.median(ckpt):.2f} s, "
-          f"p95 {pct(ckpt, 0.95):.2f} s, max {max(ckpt):.2f} s over {len(ckpt)} runs")
-    print(f"notice -> Running again:        median {statistics.median(running):.2f} s, "
-          f"p95 {pct(running, 0.95):.2f} s, max {max(running):.2f} s")
+    print(
+        f"notice ({args.taint}) -> checkpoint done: median {statistics.median(ckpt):.2f} s, "
+        f"p95 {pct(ckpt, 0.95):.2f} s, max {max(ckpt):.2f} s over {len(ckpt)} runs"
+    )
+    print(
+        f"notice -> Running again:        median {statistics.median(running):.2f} s, "
+        f"p95 {pct(running, 0.95):.2f} s, max {max(running):.2f} s"
+    )
     fits = max(ckpt) < NOTICE_S
-    print(f"the checkpoint handshake {'fits' if fits else 'does NOT fit'} a {NOTICE_S:g} s notice "
-          f"(worst {max(ckpt):.2f} s; reconcile interval 0.5 s, checkpoint of a toy model)")
+    print(
+        f"the checkpoint handshake {'fits' if fits else 'does NOT fit'} a {NOTICE_S:g} s notice "
+        f"(worst {max(ckpt):.2f} s; reconcile interval 0.5 s, checkpoint of a toy model)"
+    )
     return 0 if fits else 1
 
 

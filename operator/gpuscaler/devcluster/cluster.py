@@ -643,3 +643,17 @@ def running_cluster(**kwargs: Any) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@contextlib.contextmanager
+def existing_or_private(kubeconfig: str | None, name: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """(kubeconfig path, env) of the cluster ``kubeconfig`` names, or of a private one started here
+    (binaries built if missing) and stopped on exit. For benchmarks and scripts that take an
+    optional ``--kubeconfig``."""
+    if kubeconfig:
+        yield kubeconfig, dict(os.environ, KUBECONFIG=kubeconfig)
+        return
+    from gpuscaler.devcluster.build import ensure_all
+
+    with running_cluster(binaries=ensure_all(), name=name) as c:
+        yield str(c.kubeconfig), c.env()
