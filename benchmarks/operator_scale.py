@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from gpuscaler.devcluster.cluster import existing_or_private
+from gpuscaler.devcluster.cluster import apply_crds, existing_or_private
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,23 +61,7 @@ def main() -> int:
         def run(*a: str, **kw: Any) -> subprocess.CompletedProcess[str]:
             return subprocess.run(["kubectl", *a], env=env, check=True, capture_output=True, text=True, **kw)
 
-        run("apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
-        for _ in range(30):  # the CRD can take a moment to be listed after apply
-            ok = subprocess.run(
-                [
-                    "kubectl",
-                    "wait",
-                    "--for=condition=Established",
-                    "crd/trainingjobs.gpuscaler.io",
-                    "--timeout=5s",
-                ],
-                env=env,
-                capture_output=True,
-                check=False,
-            )
-            if ok.returncode == 0:
-                break
-            time.sleep(0.5)
+        apply_crds(env, [ROOT / "crds" / "trainingjob.yaml"], ["trainingjobs.gpuscaler.io"])
         run("create", "namespace", ns)
         op_env = dict(
             env,

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from gpuscaler.devcluster.cluster import existing_or_private
+from gpuscaler.devcluster.cluster import apply_crds, existing_or_private
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
@@ -94,24 +94,7 @@ def main() -> int:
     ):
         api = config.new_client_from_config(config_file=kubeconfig)
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        subprocess.run(
-            ["kubectl", "apply", "-f", str(ROOT / "crds" / "trainingjob.yaml")],
-            env=env,
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [
-                "kubectl",
-                "wait",
-                "--for=condition=Established",
-                "crd/trainingjobs.gpuscaler.io",
-                "--timeout=30s",
-            ],
-            env=env,
-            check=True,
-            capture_output=True,
-        )
+        apply_crds(env, [ROOT / "crds" / "trainingjob.yaml"], ["trainingjobs.gpuscaler.io"])
         ns = f"bench-spot-{os.getpid()}"
         core.create_namespace({"metadata": {"name": ns}})
         wait(

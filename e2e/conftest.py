@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from kubernetes import client, config
 
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.devcluster import build
-from gpuscaler.devcluster.cluster import Cluster
+from gpuscaler.devcluster.cluster import Cluster, apply_crds
 from gpuscaler.devcluster.nodes import NodePool, create_node_pool, delete_node_pool, wait_nodes_ready
 
 
@@ -90,22 +89,11 @@ def batch(dev_cluster: E2ECluster) -> Any:
 def crd(dev_cluster: E2ECluster) -> None:
     """gpuscaler's generated CRDs (TrainingJob, GPUScalingPolicy), installed and Established."""
     root = Path(__file__).resolve().parents[1] / "crds"
-    for name, crd_name in (
-        ("trainingjob.yaml", "trainingjobs"),
-        ("gpuscalingpolicy.yaml", "gpuscalingpolicies"),
-    ):
-        for args in (
-            ["apply", "-f", str(root / name)],
-            ["wait", "--for=condition=Established", f"crd/{crd_name}.gpuscaler.io", "--timeout=60s"],
-        ):
-            subprocess.run(
-                ["kubectl", *args],
-                env=dev_cluster.env,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=90,
-            )
+    apply_crds(
+        dev_cluster.env,
+        [root / "trainingjob.yaml", root / "gpuscalingpolicy.yaml"],
+        ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"],
+    )
 
 
 @pytest.fixture

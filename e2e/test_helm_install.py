@@ -27,6 +27,7 @@ from kubernetes import client
 
 import test_providers_crds as upstream
 from e2e_helpers import E2ECluster, wait_for
+from gpuscaler.devcluster.cluster import wait_established
 
 pytestmark = pytest.mark.e2e
 
@@ -167,13 +168,16 @@ def test_install_creates_the_chart_objects(dev_cluster: E2ECluster, release: Rel
         "Service",
         "ClusterKopfPeering",
     } <= kinds
-    for crd in (
-        "trainingjobs.gpuscaler.io",
-        "gpuscalingpolicies.gpuscaler.io",
-        "clusterkopfpeerings.kopf.dev",
-        "kopfpeerings.kopf.dev",
-    ):
-        run(dev_cluster, "kubectl", "wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+    wait_established(
+        dev_cluster.env,
+        [
+            "trainingjobs.gpuscaler.io",
+            "gpuscalingpolicies.gpuscaler.io",
+            "clusterkopfpeerings.kopf.dev",
+            "kopfpeerings.kopf.dev",
+        ],
+        timeout=30,
+    )
     listed = run(dev_cluster, "helm", "list", "-n", release.namespace, "-o", "yaml").stdout
     assert yaml.safe_load(listed)[0]["status"] == "deployed"
 

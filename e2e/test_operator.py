@@ -276,8 +276,15 @@ def test_operator_restart_mid_provisioning(dev_cluster: E2ECluster, core: Any, c
     """SIGKILL the operator while nodes are being provisioned; a new one finishes with no duplicates."""
     first = operator(GPUSCALER_KWOK_PROVISIONING_DELAY_S="4")
     apply(dev_cluster, namespace, job_manifest("bert", instance="p4d.24xlarge", gpus=16))
-    wait_for(lambda: len(job_nodes(core, namespace, "bert")) >= 1, timeout=30, what="first node")
-    assert phase_of(custom, namespace, "bert") == "Provisioning"
+    # The nodes are created inside a reconcile step and the phase is written when that step ends,
+    # so wait for both: the operator must die with nodes requested and the job still Provisioning.
+    wait_for(
+        lambda: phase_of(custom, namespace, "bert") == "Provisioning" and len(job_nodes(core, namespace, "bert")) >= 1,
+        timeout=30,
+        interval=0.1,
+        what="first node while Provisioning",
+    )
+    assert not any(p.status.phase == "Running" for p in job_pods(core, namespace, "bert"))
     first.kill()
     operator(GPUSCALER_KWOK_PROVISIONING_DELAY_S="4")
     wait_phase(custom, namespace, "bert", "Running", timeout=60)

@@ -657,3 +657,38 @@ def existing_or_private(kubeconfig: str | None, name: str) -> Iterator[tuple[str
 
     with running_cluster(binaries=ensure_all(), name=name) as c:
         yield str(c.kubeconfig), c.env()
+
+
+def apply_crds(env: dict[str, str], paths: list[Path], names: list[str], timeout: float = 60.0) -> None:
+    """``kubectl apply`` the CRD files at ``paths``, then wait until every CRD in ``names`` is Established.
+
+    The wait polls ``kubectl get`` rather than using ``kubectl wait``: for a CRD created a moment
+    earlier, ``status.conditions`` can still be null and ``kubectl wait`` then exits 1 at once
+    (".status.conditions accessor error: <nil> is of the type <nil>") instead of waiting.
+    """
+    for path in paths:
+        res = subprocess.run(["kubectl", "apply", "-f", str(path)], env=env, capture_output=True, text=True, check=False)
+        if res.returncode:
+            raise RuntimeError(f"kubectl apply -f {path} failed: {res.stderr.strip()}")
+    wait_established(env, names, timeout)
+
+
+def wait_established(env: dict[str, str], names: list[str], timeout: float = 60.0) -> None:
+    """Wait until each CustomResourceDefinition in ``names`` has condition Established=True."""
+    deadline = time.monotonic() + timeout
+    for name in names:
+        last = ""
+        while True:
+            res = subprocess.run(
+                ["kubectl", "get", "crd", name, "-o", "json"], env=env, capture_output=True, text=True, check=False
+            )
+            if res.returncode == 0:
+                conditions = (json.loads(res.stdout).get("status") or {}).get("conditions") or []
+                if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                    break
+                last = f"conditions {conditions}"
+            else:
+                last = res.stderr.strip()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established after {timeout:.0f}s (last: {last})")
+            time.sleep(0.2)
