@@ -6,12 +6,19 @@ RoleBinding, and runs the workers as that account. With a token of that account 
 :class:`~gpuscaler.runtime.kube_reporter.KubeReporter` patches its pod's progress annotations
 (the operator then shows the progress), while deleting a pod or reading a Secret is Forbidden.
 A job that names its own ServiceAccount keeps it and gets none of this.
+
+With the Helm chart's ValidatingAdmissionPolicy installed (rendered from the chart, applied to
+the real API server), that account can change only the runtime's annotations, and only on the pod
+its token is bound to: the reporter still works, everything else is refused with a message.
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,9 +50,11 @@ def can_i(cluster: E2ECluster, user: str, verb: str, resource: str, namespace: s
     return res.stdout.strip() == "yes"
 
 
-def token_client(cluster: E2ECluster, namespace: str, account: str) -> Any:
-    """An ApiClient authenticated with a short-lived token of the ServiceAccount (as in a pod)."""
-    token = kubectl(cluster, "create", "token", account, "-n", namespace, "--duration=10m").stdout.strip()
+def token_client(cluster: E2ECluster, namespace: str, account: str, pod: str | None = None) -> Any:
+    """An ApiClient authenticated with a short-lived token of the ServiceAccount; with ``pod``, the
+    token is bound to that pod, as the kubelet-projected token in the pod is."""
+    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod] if pod else []
+    token = kubectl(cluster, "create", "token", account, "-n", namespace, "--duration=10m", *bound).stdout.strip()
     admin = yaml.safe_load(Path(cluster.env["KUBECONFIG"]).read_text(encoding="utf-8"))
     cl = admin["clusters"][0]["cluster"]
     if "certificate-authority-data" not in cl and "certificate-authority" in cl:
@@ -147,3 +156,99 @@ def test_operator_gives_workers_an_identity_that_can_only_report(
         assert core.read_namespaced_pod(pod, namespace).metadata.deletion_timestamp is None
     finally:
         api.close()
+
+
+CHART = Path(__file__).resolve().parents[1] / "helm" / "gpuscaler"
+
+
+def chart_worker_policy(cluster: E2ECluster, release: str) -> str:
+    """The chart's worker admission policy and binding, as ``helm template`` renders them."""
+    res = subprocess.run(
+        ["helm", "template", release, str(CHART), "--show-only", "templates/worker-admission-policy.yaml"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return res.stdout
+
+
+def test_chart_admission_policy_confines_workers_to_their_own_pod(
+    dev_cluster: E2ECluster,
+    core: Any,
+    custom: Any,
+    namespace: str,
+    operator: Callable[..., OperatorProcess],
+) -> None:
+    operator()
+    for name in ("a", "b"):
+        apply(dev_cluster, namespace, job_manifest(name))
+    for name in ("a", "b"):
+        wait_phase(custom, namespace, name, "Running", timeout=60)
+    (pod_a,) = [p.metadata.name for p in job_pods(core, namespace, "a")]
+    (pod_b,) = [p.metadata.name for p in job_pods(core, namespace, "b")]
+    assert {p.spec.service_account_name for n in "ab" for p in job_pods(core, namespace, n)} == {WORKER}
+
+    manifest = chart_worker_policy(dev_cluster, f"vap-{uuid.uuid4().hex[:5]}")
+    kubectl(dev_cluster, "apply", "-f", "-", stdin=manifest)
+    own = token_client(dev_cluster, namespace, WORKER, pod=pod_a)
+    unbound = token_client(dev_cluster, namespace, WORKER)
+    try:
+        worker = client.CoreV1Api(own)
+
+        def refused(call: Callable[[], object]) -> str:
+            with pytest.raises(ApiException) as err:
+                call()
+            assert err.value.status == 403, err.value
+            message: str = json.loads(err.value.body)["message"]
+            return message
+
+        def enforced() -> bool:  # the API server picks the new policy up within a moment
+            try:
+                worker.patch_namespaced_pod(pod_b, namespace, {"metadata": {"annotations": {"gpuscaler.io/progress-step": "1"}}})
+            except ApiException as err:
+                return err.status == 403
+            return False
+
+        wait_for(enforced, timeout=30, interval=0.5, what="the admission policy enforced")
+
+        # the runtime's reporter, with the pod's own token, still reports progress and checkpoints
+        reporter = KubeReporter(pod_a, namespace, patch=worker.patch_namespaced_pod)
+        now = time.time()
+        reporter.report(
+            Progress(step=7, samples=7 * 256, last_checkpoint_step=5, last_checkpoint_time=now,
+                     checkpoint_ack="r1", phase="training", updated_at=now)
+        )
+        assert reporter.failures == 0, "the policy refused the runtime's own annotations"
+        assert core.read_namespaced_pod(pod_a, namespace).metadata.annotations["gpuscaler.io/checkpoint-ack"] == "r1"
+        wait_for(
+            lambda: (get_job(custom, namespace, "a").get("status") or {}).get("progress", {}).get("step") == 7,
+            timeout=30,
+            interval=0.3,
+            what="the operator reading the reported progress",
+        )
+
+        # everything else is refused, with a message that says why
+        ann = {"metadata": {"annotations": {"gpuscaler.io/progress-step": "99"}}}
+        body = refused(lambda: worker.patch_namespaced_pod(pod_b, namespace, ann))
+        assert f'this token is bound to pod "{pod_a}", the request is for pod "{pod_b}"' in body, body
+        body = refused(lambda: worker.patch_namespaced_pod(pod_a, namespace, {"metadata": {"annotations": {"evil": "1"}}}))
+        assert "may change only the annotations" in body and "evil" in body, body
+        body = refused(lambda: worker.patch_namespaced_pod(pod_a, namespace, {"metadata": {"labels": {"gpuscaler.io/job": "x"}}}))
+        assert "spec, labels" in body, body
+        body = refused(
+            lambda: client.CoreV1Api(unbound).patch_namespaced_pod(pod_a, namespace, ann)
+        )
+        assert "token bound to its pod" in body, body
+        b_ann = core.read_namespaced_pod(pod_b, namespace).metadata.annotations or {}
+        assert b_ann.get("gpuscaler.io/progress-step") != "99"
+        assert "gpuscaler.io/job" in core.read_namespaced_pod(pod_a, namespace).metadata.labels
+        assert core.read_namespaced_pod(pod_a, namespace).metadata.labels["gpuscaler.io/job"] != "x"
+
+        # other identities (the operator, an admin) are untouched by it
+        core.patch_namespaced_pod(pod_b, namespace, {"metadata": {"labels": {"checked": "yes"}}})
+    finally:
+        own.close()
+        unbound.close()
+        kubectl(dev_cluster, "delete", "-f", "-", "--ignore-not-found", stdin=manifest)

@@ -26,7 +26,9 @@ from gpuscaler.cloud.registry import PROVIDERS
 from gpuscaler.devcluster import build
 from gpuscaler.kube.workers import WORKER_RULES, WORKER_SERVICE_ACCOUNT, worker_rbac
 from gpuscaler.policy import load_policies
+from gpuscaler.runtime.constants import REPORTED_ANNOTATIONS
 from gpuscaler.runtime.metrics import RuntimeMetrics
+from gpuscaler.runtime.progress import Progress
 from gpuscaler.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -546,6 +548,47 @@ def test_namespaced_mode_defaults_to_release_namespace(tmp_path: Path) -> None:
     docs = render("-f", values_file(tmp_path, {"rbac": {"namespaced": True}}), namespace="team-a")
     assert one(docs, "Role")["metadata"]["namespace"] == "team-a"
     assert env_of(docs)["GPUSCALER_NAMESPACE"] == "team-a"
+
+
+# ------------------------------------------------------------------------------ worker admission policy
+
+
+def worker_policy(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_worker_admission_policy_allows_exactly_what_the_runtime_writes() -> None:
+    policy, binding = worker_policy(render())
+    spec = policy["spec"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"]  # every namespace the operator may serve
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+    ]
+    (match,) = spec["matchConditions"]
+    assert f":{WORKER_SERVICE_ACCOUNT}'" in match["expression"]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    allowed = re.findall(r"'([^']+)'", variables["allowed"])
+    assert allowed == list(REPORTED_ANNOTATIONS)
+    # and those are every key the runtime reports, once it has a checkpoint and an ack
+    full = Progress(step=3, samples=96, last_checkpoint_step=2, last_checkpoint_time=1.0e9,
+                    checkpoint_ack="r1", phase="training", updated_at=1.0e9)
+    assert set(full.annotations()) == set(REPORTED_ANNOTATIONS)
+    assert "authentication.kubernetes.io/pod-name" in variables["boundPod"]
+
+
+def test_worker_admission_policy_follows_namespaced_mode_and_can_be_turned_off(tmp_path: Path) -> None:
+    _, binding = worker_policy(render("-f", str(CHART / "ci" / "namespaced-values.yaml")))
+    assert binding["spec"]["matchResources"] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml-team"}}
+    }
+    off = values_file(tmp_path, {"workerAdmissionPolicy": {"enabled": False}})
+    assert not {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} & kinds(render("-f", off))
+    # Kubernetes 1.29 has no ValidatingAdmissionPolicy v1 (and no pod name in ServiceAccount tokens)
+    old = kinds(render("--kube-version", "1.29.0"))
+    assert "ValidatingAdmissionPolicy" not in old and "Deployment" in old
 
 
 # ------------------------------------------------------------------------------ optional objects

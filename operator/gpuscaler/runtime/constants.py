@@ -68,6 +68,16 @@ ANNOTATION_PROGRESS_STEP: Final = "gpuscaler.io/progress-step"
 ANNOTATION_PROGRESS_SAMPLES: Final = "gpuscaler.io/progress-samples"
 """Set from the runtime's reports: samples processed so far (across restarts)."""
 
+REPORTED_ANNOTATIONS: Final = (
+    ANNOTATION_PROGRESS_STEP,
+    ANNOTATION_PROGRESS_SAMPLES,
+    ANNOTATION_CHECKPOINT_STEP,
+    ANNOTATION_CHECKPOINT_TIME,
+    ANNOTATION_CHECKPOINT_ACK,
+)
+"""Every annotation a worker writes on its own pod (:meth:`gpuscaler.runtime.progress.Progress.annotations`);
+the Helm chart's worker admission policy allows a worker to change these and nothing else."""
+
 DOWNWARD_ANNOTATIONS_FILE: Final = "annotations"
 """File name, inside :data:`ENV_PODINFO_DIR`, of the downward API projection of
 ``metadata.annotations``."""

@@ -8,7 +8,9 @@ which the operator sets on every worker with the downward API. The Kubernetes cl
 lazily, so the runtime keeps no hard dependency on it; in the pod it uses the in-cluster config,
 elsewhere ``KUBECONFIG`` (the e2e harness plays pods that way). The worker's ServiceAccount needs
 ``patch`` on ``pods`` in its namespace: the operator's ``gpuscaler-worker`` account has it (it
-creates it for templates that name no ServiceAccount; docs/operator.md, "Worker identity").
+creates it for templates that name no ServiceAccount; docs/operator.md, "Worker identity"). Where
+the Helm chart's admission policy is installed, that account may change only these annotations and
+only on the pod its token is bound to, which the in-cluster (kubelet-projected) token is.
 
 Use (both names are exported by :mod:`gpuscaler.runtime`)::
 
