@@ -4,7 +4,7 @@ Each test runs the operator (a subprocess, kwok provider) and :class:`spot_harne
 starts a local process with the runtime library for every Running worker pod (see its docstring).
 A node is then interrupted the way a cloud would: an AWS NTH ``spot-itn`` taint, GKE's
 termination taint, a deletion with no notice, three reclaims in a row, a reclaim close to the
-deadline. Every job must end Succeeded with the final weights bit-identical to an uninterrupted
+deadline, and the reclaim of one node of two (continued elastically on the survivor). Every job must end Succeeded with the final weights bit-identical to an uninterrupted
 run, and lose at most one checkpoint interval of steps.
 """
 
@@ -218,3 +218,38 @@ def test_spot_interruption_close_to_the_deadline_goes_on_demand(
     st = finish(custom, h, namespace, "tj", steps)
     assert st["capacityType"] == "on-demand" and st["interruptions"] == 1, st
     assert "minHoursToDeadline" in st["interruptionHistory"][0]["action"], st["interruptionHistory"]
+
+
+def test_spot_reclaim_of_one_node_continues_elastically_on_the_survivor(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    harness: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    """Two spot nodes, one reclaimed near the end: new capacity would cost more than the little work
+    left, so the planner continues on the surviving node (one GPU, twice the accumulation, the same
+    global batch) and no node is provisioned."""
+    start_operator(operator, tmp_path)
+    steps = 700
+    doc = spot_job("tj", steps)
+    doc["spec"]["constraints"].update(instanceTypes=["g4dn.xlarge", "g5.xlarge"], minGpus=2, maxGpus=2)
+    apply(dev_cluster, namespace, doc)
+    h = harness("tj", steps)
+    before = wait_phase(custom, namespace, "tj", "Running", timeout=60)["status"]
+    assert (before["gpus"], before["instanceType"], before["capacityType"]) == (2, "g4dn.xlarge", "spot"), before
+    nodes = sorted(n.metadata.name for n in job_nodes(core, namespace, "tj"))
+    assert len(nodes) == 2, nodes
+    created = {n.metadata.name: n.metadata.uid for n in job_nodes(core, namespace, "tj")}
+    progressed(h, 150)
+    taint(core, nodes[1], "aws-node-termination-handler/spot-itn")
+    st = finish(custom, h, namespace, "tj", steps)
+    rec = st["interruptionHistory"][0]
+    assert st["interruptions"] == 1 and rec["node"] == nodes[1] and rec["checkpointAcked"], rec
+    assert "continue on the survivors" in rec["action"], rec["action"]
+    # the rest ran on the surviving node itself: one GPU, twice the accumulation, same global batch
+    assert (st["gpus"], st["instanceType"], st["capacityType"]) == (1, "g4dn.xlarge", "spot"), st
+    plan, first = st["plan"], before["plan"]
+    assert plan["microBatch"] * plan["accumulation"] * 1 == first["microBatch"] * first["accumulation"] * 2 == 256
+    ran_on = {pl.node for pl in h.played.values()}
+    assert ran_on == set(nodes), ran_on  # no third node: the last attempt ran on nodes[0]
+    assert [pl.node for pl in sorted(h.played.values(), key=lambda p: p.started)][-1] == nodes[0]
+    assert "Replanned" in event_reasons(core, namespace, "tj")
+    assert created[nodes[0]] and not any(n.metadata.name not in created for n in job_nodes(core, namespace, "tj"))
