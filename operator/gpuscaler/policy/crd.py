@@ -113,50 +113,86 @@ def spec_schema(openapi_schema: OpenAPIConverter) -> dict[str, Any]:
     return schema
 
 
-def gpuscalingpolicy_crd(openapi_schema: OpenAPIConverter) -> dict[str, Any]:
-    """The GPUScalingPolicy CRD as a plain dict."""
+def crd_document(
+    *,
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: list[str],
+    scope: str,
+    description: str,
+    properties: dict[str, Any],
+    printer_columns: list[dict[str, Any]],
+    status_subresource: bool = False,
+    group: str = API_GROUP,
+    version_name: str = API_VERSION,
+) -> dict[str, Any]:
+    """A CustomResourceDefinition with one served, stored version.
+
+    Shared by this module and ``gpuscaler.api.crd`` (which may import this layer, not the reverse).
+
+    Args:
+        kind, plural, singular, short_names: The resource's names.
+        scope: ``Namespaced`` or ``Cluster``.
+        description: The top-level schema's description.
+        properties: ``spec`` (and ``status``) schemas; apiVersion, kind and metadata are added.
+        printer_columns: ``additionalPrinterColumns``.
+        status_subresource: Serve ``/status``.
+        group, version_name: API group and its (only) version.
+    """
+    version: dict[str, Any] = {"name": version_name, "served": True, "storage": True}
+    if status_subresource:
+        version["subresources"] = {"status": {}}
+    version["additionalPrinterColumns"] = printer_columns
+    version["schema"] = {
+        "openAPIV3Schema": {
+            "type": "object",
+            "description": description,
+            "required": ["spec"],
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                **properties,
+            },
+        }
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{API_GROUP}", "labels": {"app.kubernetes.io/name": "gpuscaler"}},
+        "metadata": {"name": f"{plural}.{group}", "labels": {"app.kubernetes.io/name": "gpuscaler"}},
         "spec": {
-            "group": API_GROUP,
-            "scope": "Cluster",
+            "group": group,
+            "scope": scope,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": SHORT_NAMES,
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": short_names,
                 "categories": ["gpuscaler"],
             },
-            "versions": [
-                {
-                    "name": API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": (
-                                "Rules a platform team sets for gpuscaler: allowed GPU and instance types, "
-                                "regions, GPU and budget caps, spot rules, negotiated prices, checkpoint "
-                                "bounds, precisions. Cluster-scoped; spec.namespaces narrows where it applies."
-                            ),
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema(openapi_schema),
-                            },
-                        }
-                    },
-                }
-            ],
+            "versions": [version],
         },
     }
+
+
+def gpuscalingpolicy_crd(openapi_schema: OpenAPIConverter) -> dict[str, Any]:
+    """The GPUScalingPolicy CRD as a plain dict."""
+    return crd_document(
+        kind=KIND,
+        plural=PLURAL,
+        singular=SINGULAR,
+        short_names=SHORT_NAMES,
+        scope="Cluster",
+        description=(
+            "Rules a platform team sets for gpuscaler: allowed GPU and instance types, "
+            "regions, GPU and budget caps, spot rules, negotiated prices, checkpoint "
+            "bounds, precisions. Cluster-scoped; spec.namespaces narrows where it applies."
+        ),
+        properties={"spec": spec_schema(openapi_schema)},
+        printer_columns=PRINTER_COLUMNS,
+    )
 
 
 def render(openapi_schema: OpenAPIConverter) -> dict[str, str]:
