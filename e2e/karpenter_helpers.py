@@ -109,7 +109,7 @@ def run_karpenter(dev_cluster: E2ECluster, work: Path) -> Iterator[Path]:
     Installs the Karpenter CRDs and the kwok node class :data:`NODE_CLASS`; stops the controller on exit.
     """
     install_crds(
-        dev_cluster.api, [module_dir(KARPENTER_MODULE, KARPENTER_VERSION) / f for f in KARPENTER_CRDS]
+        dev_cluster, [module_dir(KARPENTER_MODULE, KARPENTER_VERSION) / f for f in KARPENTER_CRDS]
     )
     binary = build.ensure(KARPENTER_KWOK) / "karpenter-kwok"
     types = work / "instance-types.json"

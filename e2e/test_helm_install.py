@@ -107,7 +107,7 @@ def provider_crds(dev_cluster: E2ECluster) -> list[str]:
     capi = upstream.module_dir(upstream.CLUSTER_API_MODULE, upstream.CLUSTER_API_VERSION)
     bases = capi / "core" / "config" / "crd" / "bases"
     return upstream.install_crds(
-        dev_cluster.api,
+        dev_cluster,
         [
             karpenter / "pkg/apis/crds/karpenter.sh_nodepools.yaml",
             karpenter / "pkg/apis/crds/karpenter.sh_nodeclaims.yaml",

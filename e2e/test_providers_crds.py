@@ -21,13 +21,14 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e_helpers import E2ECluster, wait_for
+from e2e_helpers import E2ECluster
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, JobRef, NodeRequest, ProviderError
 from gpuscaler.cloud.clusterapi import ClusterApiProvider
 from gpuscaler.cloud.karpenter import KarpenterProvider, NodeClassRef
 from gpuscaler.cloud.provider import node_state
 from gpuscaler.devcluster import build
+from gpuscaler.devcluster.cluster import wait_established
 
 KARPENTER_MODULE = "sigs.k8s.io/karpenter"
 KARPENTER_VERSION = "v1.14.1"
@@ -63,9 +64,9 @@ def module_dir(module: str, version: str) -> Path:
     return Path(info["Dir"])
 
 
-def install_crds(api: Any, files: list[Path]) -> list[str]:
+def install_crds(cluster: E2ECluster, files: list[Path]) -> list[str]:
     """Create (or replace) CRDs from YAML files and wait until each is Established."""
-    ext = client.ApiextensionsV1Api(api)
+    ext = client.ApiextensionsV1Api(cluster.api)
     names: list[str] = []
     for f in files:
         body = yaml.safe_load(f.read_text())
@@ -80,28 +81,20 @@ def install_crds(api: Any, files: list[Path]) -> list[str]:
             ).metadata.resource_version
             ext.replace_custom_resource_definition(name, body)
         names.append(name)
-
-    def established() -> bool:
-        for n in names:
-            conds = ext.read_custom_resource_definition(n).status.conditions or []
-            if not any(c.type == "Established" and c.status == "True" for c in conds):
-                return False
-        return True
-
-    wait_for(established, timeout=60, what=f"CRDs {names} Established")
+    wait_established(cluster.env, names)
     return names
 
 
 @pytest.fixture(scope="module")
 def karpenter_crds(dev_cluster: E2ECluster) -> list[str]:
     root = module_dir(KARPENTER_MODULE, KARPENTER_VERSION)
-    return install_crds(dev_cluster.api, [root / f for f in KARPENTER_CRDS])
+    return install_crds(dev_cluster, [root / f for f in KARPENTER_CRDS])
 
 
 @pytest.fixture(scope="module")
 def capi_crds(dev_cluster: E2ECluster) -> list[str]:
     root = module_dir(CLUSTER_API_MODULE, CLUSTER_API_VERSION)
-    return install_crds(dev_cluster.api, [root / f for f in CLUSTER_API_CRDS])
+    return install_crds(dev_cluster, [root / f for f in CLUSTER_API_CRDS])
 
 
 def request(instance: str, capacity: CapacityType, count: int, job: JobRef) -> NodeRequest:
