@@ -1,7 +1,10 @@
-"""Small helpers shared by the e2e tests: polling and pod/Job manifests for fake GPU nodes."""
+"""Small helpers shared by the e2e tests: polling, pod/Job manifests for fake GPU nodes, and
+kubeconfigs that authenticate as a ServiceAccount."""
 
 from __future__ import annotations
 
+import base64
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -9,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 
 from gpuscaler.devcluster.build import Binaries
 from gpuscaler.devcluster.cluster import Cluster
@@ -28,6 +32,38 @@ class E2ECluster:
     cluster: Cluster | None = None
     """The cluster this session started, None when reusing ``GPUSCALER_E2E_KUBECONFIG``."""
     startup_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def service_account_kubeconfig(
+    cluster: E2ECluster, account: str, namespace: str, *, duration: str = "10m", pod: str | None = None
+) -> dict[str, Any]:
+    """A kubeconfig (as a dict) that authenticates with a fresh token of the ServiceAccount.
+
+    With ``pod``, the token is bound to that pod, as the kubelet-projected token in a pod is. The
+    cluster entry is the admin kubeconfig's, with the CA inlined so the result stands alone.
+    """
+    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod] if pod else []
+    token = subprocess.run(
+        ["kubectl", "create", "token", account, "-n", namespace, f"--duration={duration}", *bound],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    admin = yaml.safe_load(Path(cluster.env["KUBECONFIG"]).read_text(encoding="utf-8"))
+    cl = admin["clusters"][0]["cluster"]
+    if "certificate-authority-data" not in cl and "certificate-authority" in cl:
+        ca = base64.b64encode(Path(cl["certificate-authority"]).read_bytes()).decode()
+        cl = {"server": cl["server"], "certificate-authority-data": ca}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "dev", "cluster": cl}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": account, "namespace": namespace}}],
+        "current-context": "sa",
+    }
 
 
 GPU_TOLERATION: dict[str, str] = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}

@@ -11,7 +11,6 @@ resolves ``nodepools.karpenter.sh`` and the like through discovery.
 
 from __future__ import annotations
 
-import base64
 import socket
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import yaml
 from kubernetes import client
 
 import test_providers_crds as upstream
-from e2e_helpers import E2ECluster, wait_for
+from e2e_helpers import E2ECluster, service_account_kubeconfig, wait_for
 from gpuscaler.devcluster.cluster import wait_established
 
 pytestmark = pytest.mark.e2e
@@ -119,31 +118,7 @@ def provider_crds(dev_cluster: E2ECluster) -> list[str]:
 
 def sa_kubeconfig(cluster: E2ECluster, rel: Release, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount with a short-lived token."""
-    token = run(
-        cluster, "kubectl", "create", "token", rel.service_account, "-n", rel.namespace, "--duration=1h"
-    ).stdout.strip()
-    admin = yaml.safe_load(Path(cluster.env["KUBECONFIG"]).read_text(encoding="utf-8"))
-    cl = admin["clusters"][0]["cluster"]
-    if "certificate-authority-data" not in cl and "certificate-authority" in cl:
-        cl = {
-            "server": cl["server"],
-            "certificate-authority-data": base64.b64encode(
-                Path(cl["certificate-authority"]).read_bytes()
-            ).decode(),
-        }
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "dev", "cluster": cl}],
-        "users": [{"name": rel.service_account, "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "sa",
-                "context": {"cluster": "dev", "user": rel.service_account, "namespace": rel.namespace},
-            }
-        ],
-        "current-context": "sa",
-    }
+    doc = service_account_kubeconfig(cluster, rel.service_account, rel.namespace, duration="1h")
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path
 

@@ -14,7 +14,6 @@ its token is bound to: the reporter still works, everything else is refused with
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import time
@@ -24,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 import test_operator
-from e2e_helpers import E2ECluster, wait_for
+from e2e_helpers import E2ECluster, service_account_kubeconfig, wait_for
 from gpuscaler.runtime import KubeReporter
 from gpuscaler.runtime.progress import Progress
 from test_operator import OperatorProcess, apply, get_job, job_manifest, job_pods, kubectl, wait_phase
@@ -53,22 +51,7 @@ def can_i(cluster: E2ECluster, user: str, verb: str, resource: str, namespace: s
 def token_client(cluster: E2ECluster, namespace: str, account: str, pod: str | None = None) -> Any:
     """An ApiClient authenticated with a short-lived token of the ServiceAccount; with ``pod``, the
     token is bound to that pod, as the kubelet-projected token in the pod is."""
-    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod] if pod else []
-    token = kubectl(cluster, "create", "token", account, "-n", namespace, "--duration=10m", *bound).stdout.strip()
-    admin = yaml.safe_load(Path(cluster.env["KUBECONFIG"]).read_text(encoding="utf-8"))
-    cl = admin["clusters"][0]["cluster"]
-    if "certificate-authority-data" not in cl and "certificate-authority" in cl:
-        ca = base64.b64encode(Path(cl["certificate-authority"]).read_bytes()).decode()
-        cl = {"server": cl["server"], "certificate-authority-data": ca}
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "dev", "cluster": cl}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": account, "namespace": namespace}}],
-        "current-context": "sa",
-    }
-    return config.new_client_from_config_dict(doc)
+    return config.new_client_from_config_dict(service_account_kubeconfig(cluster, account, namespace, pod=pod))
 
 
 def test_operator_gives_workers_an_identity_that_can_only_report(
