@@ -9,7 +9,8 @@ A job that names its own ServiceAccount keeps it and gets none of this.
 
 With the Helm chart's ValidatingAdmissionPolicy installed (rendered from the chart, applied to
 the real API server), that account can change only the runtime's annotations, and only on the pod
-its token is bound to: the reporter still works, everything else is refused with a message.
+its token is bound to: the reporter still works, everything else is refused with a message. (The
+operator run here, without the chart, installs the same policy itself: e2e/test_worker_admission.py.)
 """
 
 from __future__ import annotations
@@ -108,11 +109,12 @@ def test_operator_gives_workers_an_identity_that_can_only_report(
     assert not [d for d in denied if can_i(dev_cluster, user, *d, namespace)]
     assert not can_i(dev_cluster, user, "patch", "pods", "default")
 
-    # with a real token of the account: the runtime's reporter writes progress, the operator reads it
-    api = token_client(dev_cluster, namespace, WORKER)
+    # with a real token of the account, bound to the pod as the kubelet-projected one is (the
+    # operator's own admission policy requires it): the reporter writes progress, the operator reads it
+    pod = pods[0].metadata.name
+    api = token_client(dev_cluster, namespace, WORKER, pod=pod)
     try:
         worker = client.CoreV1Api(api)
-        pod = pods[0].metadata.name
         reporter = KubeReporter(pod, namespace, patch=worker.patch_namespaced_pod)
         now = time.time()
         reporter.report(
@@ -144,6 +146,41 @@ def test_operator_gives_workers_an_identity_that_can_only_report(
 CHART = Path(__file__).resolve().parents[1] / "helm" / "gpuscaler"
 
 
+def two_running_jobs(cluster: E2ECluster, core: Any, custom: Any, namespace: str) -> tuple[str, str]:
+    """Jobs ``a`` and ``b`` (one worker each, as gpuscaler-worker) Running; their pods' names."""
+    for name in ("a", "b"):
+        apply(cluster, namespace, job_manifest(name))
+    for name in ("a", "b"):
+        wait_phase(custom, namespace, name, "Running", timeout=90)
+    (pod_a,) = [p.metadata.name for p in job_pods(core, namespace, "a")]
+    (pod_b,) = [p.metadata.name for p in job_pods(core, namespace, "b")]
+    assert {p.spec.service_account_name for n in "ab" for p in job_pods(core, namespace, n)} == {WORKER}
+    return pod_a, pod_b
+
+
+def refused(call: Callable[[], object]) -> str:
+    """The message of the 403 that ``call`` must raise."""
+    with pytest.raises(ApiException) as err:
+        call()
+    assert err.value.status == 403, err.value
+    message: str = json.loads(err.value.body)["message"]
+    return message
+
+
+def wait_enforced(worker: Any, other_pod: str, namespace: str) -> None:
+    """Wait until a worker's patch of ``other_pod`` is refused (the API server loads a new policy
+    within a moment)."""
+
+    def enforced() -> bool:
+        try:
+            worker.patch_namespaced_pod(other_pod, namespace, {"metadata": {"annotations": {"gpuscaler.io/progress-step": "1"}}})
+        except ApiException as err:
+            return err.status == 403
+        return False
+
+    wait_for(enforced, timeout=30, interval=0.5, what="the admission policy enforced")
+
+
 def chart_worker_policy(cluster: E2ECluster, release: str) -> str:
     """The chart's worker admission policy and binding, as ``helm template`` renders them."""
     res = subprocess.run(
@@ -165,13 +202,7 @@ def test_chart_admission_policy_confines_workers_to_their_own_pod(
     operator: Callable[..., OperatorProcess],
 ) -> None:
     operator()
-    for name in ("a", "b"):
-        apply(dev_cluster, namespace, job_manifest(name))
-    for name in ("a", "b"):
-        wait_phase(custom, namespace, name, "Running", timeout=60)
-    (pod_a,) = [p.metadata.name for p in job_pods(core, namespace, "a")]
-    (pod_b,) = [p.metadata.name for p in job_pods(core, namespace, "b")]
-    assert {p.spec.service_account_name for n in "ab" for p in job_pods(core, namespace, n)} == {WORKER}
+    pod_a, pod_b = two_running_jobs(dev_cluster, core, custom, namespace)
 
     manifest = chart_worker_policy(dev_cluster, f"vap-{uuid.uuid4().hex[:5]}")
     kubectl(dev_cluster, "apply", "-f", "-", stdin=manifest)
@@ -179,22 +210,7 @@ def test_chart_admission_policy_confines_workers_to_their_own_pod(
     unbound = token_client(dev_cluster, namespace, WORKER)
     try:
         worker = client.CoreV1Api(own)
-
-        def refused(call: Callable[[], object]) -> str:
-            with pytest.raises(ApiException) as err:
-                call()
-            assert err.value.status == 403, err.value
-            message: str = json.loads(err.value.body)["message"]
-            return message
-
-        def enforced() -> bool:  # the API server picks the new policy up within a moment
-            try:
-                worker.patch_namespaced_pod(pod_b, namespace, {"metadata": {"annotations": {"gpuscaler.io/progress-step": "1"}}})
-            except ApiException as err:
-                return err.status == 403
-            return False
-
-        wait_for(enforced, timeout=30, interval=0.5, what="the admission policy enforced")
+        wait_enforced(worker, pod_b, namespace)
 
         # the runtime's reporter, with the pod's own token, still reports progress and checkpoints
         reporter = KubeReporter(pod_a, namespace, patch=worker.patch_namespaced_pod)

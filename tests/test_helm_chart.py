@@ -278,7 +278,9 @@ def test_default_env_gives_the_operators_defaults(monkeypatch: pytest.MonkeyPatc
     defaults = Settings()
     for name, value in env_of(render()).items():
         monkeypatch.setenv(name, value)
-    assert Settings() == defaults
+    chart_decides = {"worker_admission_policy_name"}  # the chart's own policy (gs-gpuscaler-worker-own-pod)
+    assert Settings().model_dump(exclude=chart_decides) == defaults.model_dump(exclude=chart_decides)
+    assert Settings().worker_admission_policy_name == "gs-gpuscaler-worker-own-pod"
 
 
 def test_policies_configmap_is_mounted_and_loads(tmp_path: Path) -> None:
@@ -515,7 +517,10 @@ def test_clusterapi_in_namespaced_mode_keeps_both_roles(tmp_path: Path) -> None:
     assert set(by_ns) == {"team-a", "default"}  # the watched namespace; clusterapiNamespace's default
     assert set(rules(by_ns["default"])) == CLUSTERAPI
     cluster = set(rules(one(docs, "ClusterRole")))
-    assert {res for _, res, _ in cluster} == {"customresourcedefinitions", "gpuscalingpolicies", "nodes"}
+    assert {res for _, res, _ in cluster} == {
+        "customresourcedefinitions", "gpuscalingpolicies", "nodes",
+        "validatingadmissionpolicies", "validatingadmissionpolicybindings",  # get, its own two objects only
+    }
     assert ("", "nodes", "patch") in cluster
 
 
@@ -537,7 +542,10 @@ def test_namespaced_mode() -> None:
     assert namespaced >= WORKER_IDENTITY
     cluster = set(rules(one(docs, "ClusterRole")))
     # cluster-wide: only the cluster-scoped reads
-    assert {res for _, res, _ in cluster} == {"customresourcedefinitions", "gpuscalingpolicies", "nodes"}
+    assert {res for _, res, _ in cluster} == {
+        "customresourcedefinitions", "gpuscalingpolicies", "nodes",
+        "validatingadmissionpolicies", "validatingadmissionpolicybindings",  # get, its own two objects only
+    }
     assert not any(v in ("create", "delete", "patch") for _, _, v in cluster)  # static provider
     assert env_of(docs)["GPUSCALER_NAMESPACE"] == "ml-team"
     peering = one(docs, "KopfPeering")

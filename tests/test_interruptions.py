@@ -223,7 +223,7 @@ def test_lost_work_accounting() -> None:
     assert rec.checkpoint_step == 100 and rec.step_reached == 130 and rec.lost_steps == 30
     # the new gang reports it resumed from step 120 (the SIGTERM checkpoint was not reported)
     st.attempt = 2
-    pod = pod_state({"metadata": {"name": "w", "labels": {"gpuscaler.io/attempt": "2"},
+    pod = pod_state({"metadata": {"name": "w", "labels": {"gpuscaler.io/attempt": "2", "gpuscaler.io/rank": "0"},
                                   "annotations": {rc.ANNOTATION_CHECKPOINT_STEP: "120"}}, "status": {"phase": "Running"}})
     summary = spot.recovered(st, T0 + timedelta(seconds=12))
     assert rec.recovery_seconds == 12 and st.recovery_seconds == 12 and st.lost_steps == 30 and "30 step" in summary
@@ -353,7 +353,8 @@ def test_three_interruptions_then_on_demand() -> None:
         name = next(iter(w.nodes))
         w.nodes[name]["spec"]["taints"] = [{"key": "aws-node-termination-handler/spot-itn"}]
         w.step(job)
-        w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else ""})
+        w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else "",
+                      rc.ANNOTATION_CHECKPOINT_STEP: "0"})  # the runtime reports the checkpoint with its ack
         run_to(w, job, Phase.RUNNING)
     assert all(c == "spot" for _, c in seen) and len({i for i, _ in seen}) == 3
     assert w.status.capacity_type == "on-demand" and w.status.interruptions == 3
@@ -408,7 +409,8 @@ def test_the_loop_replans_an_interruption_with_status_observed() -> None:
     name = next(iter(w.nodes))
     w.nodes[name]["spec"]["taints"] = [{"key": "aws-node-termination-handler/spot-itn"}]
     w.step(job)
-    w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else ""})
+    w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else "",
+                  rc.ANNOTATION_CHECKPOINT_STEP: "0"})
     run_to(w, job, Phase.RUNNING)
     assert calls and all(c == {"A10G": 0.3, "T4": 0.9} for c in calls)
     assert w.status.plan is not None and w.status.plan.gpu_type != "A10G"

@@ -6,6 +6,8 @@ The Helm chart's ``settings:`` block maps one-to-one onto these fields (``provid
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -68,6 +70,21 @@ class Settings(BaseSettings):
     )
     default_image: str = Field(
         default="python:3.11-slim", description="Worker image when the job's template gives none."
+    )
+    worker_admission_policy: Literal["install", "verify", "off"] = Field(
+        default="install",
+        description=(
+            "The admission policy confining the gpuscaler-worker account to its own pod (docs/security.md): "
+            "install (create or update it when permitted, else check it is there), verify (only check), or off "
+            "(opt-out: run workers under the broad Role without it). Unless off, workers under that account "
+            "start only while the policy is in force."
+        ),
+    )
+    worker_admission_policy_name: str = Field(
+        default="gpuscaler-worker-own-pod",
+        min_length=1,
+        max_length=253,
+        description="Name of that ValidatingAdmissionPolicy and its binding (the Helm chart sets its own).",
     )
 
     # --- Observability

@@ -80,13 +80,24 @@ mode; empty (all namespaces) otherwise.
 {{- end }}
 
 {{/*
+The worker admission policy's name, and its binding's: the policy's, with -<namespace> in
+namespaced mode (gpuscaler.kube.admission binding_name: each watched namespace keeps its own).
+*/}}
+{{- define "gpuscaler.workerPolicy" -}}{{ include "gpuscaler.fullname" . }}-worker-own-pod{{- end }}
+{{- define "gpuscaler.workerPolicyBinding" -}}
+{{- $ns := include "gpuscaler.watchNamespace" . }}
+{{- if $ns }}{{ include "gpuscaler.workerPolicy" . }}-{{ $ns }}{{ else }}{{ include "gpuscaler.workerPolicy" . }}{{ end }}
+{{- end }}
+
+{{/*
 Where the policies ConfigMap is mounted, and the file the operator reads.
 */}}
 {{- define "gpuscaler.policyDir" -}}/etc/gpuscaler/policies{{- end }}
 {{- define "gpuscaler.policyFile" -}}{{ include "gpuscaler.policyDir" . }}/policies.yaml{{- end }}
 
 {{/*
-The effective settings: values' settings plus what the chart decides (policyFile, namespace).
+The effective settings: values' settings plus what the chart decides (policyFile, namespace, and
+workerAdmissionPolicyName: the name of templates/worker-admission-policy.yaml's objects).
 Rendered as JSON, read back with fromJson.
 */}}
 {{- define "gpuscaler.settings" -}}
@@ -98,6 +109,7 @@ Rendered as JSON, read back with fromJson.
 {{- if $ns }}
 {{- $_ := set $s "namespace" $ns }}
 {{- end }}
+{{- $_ := set $s "workerAdmissionPolicyName" (include "gpuscaler.workerPolicy" .) }}
 {{- toJson $s }}
 {{- end }}
 

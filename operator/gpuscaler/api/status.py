@@ -102,6 +102,11 @@ class Progress(StatusModel):
     percent: float = Field(default=0, ge=0, le=100, description="Samples processed of the total, in percent.")
     checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest complete checkpoint.")
     updated_at: datetime | None = Field(default=None, description="When progress last changed.")
+    reported_by: str | None = Field(
+        default=None,
+        max_length=253,
+        description="The worker pod whose annotations these values came from (the writer rank's, checked and bounded).",
+    )
 
 
 class UnavailableOffering(StatusModel):
@@ -122,6 +127,11 @@ class NoticeStatus(StatusModel):
     noticed_at: datetime = Field(description="When the operator first saw the notice.")
     deadline: datetime | None = Field(default=None, description="When the node goes; none for a soft notice.")
     request_id: str = Field(default="", description="The gpuscaler.io/checkpoint-requested id sent to the workers.")
+    progress_step: int = Field(
+        default=0,
+        ge=0,
+        description="Progress step when the checkpoint was requested: an acknowledgement counts only with a checkpoint at or after it.",
+    )
 
 
 class InterruptionRecord(StatusModel):

@@ -41,6 +41,7 @@ from gpuscaler.api.status import (
 from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION, NodeState, node_state
 from gpuscaler.handlers import policy as governance
+from gpuscaler.kube.reports import trusted_report
 from gpuscaler.kube.workers import PodState
 from gpuscaler.planner import PlanResult, choose_recovery, remaining_spec, survivors_spec
 from gpuscaler.policy.models import SpotRules
@@ -300,6 +301,7 @@ def begin_handshake(
         noticed_at=now,
         deadline=notice.deadline,
         request_id="" if notice.hard else rid,
+        progress_step=st.progress.step,
     )
     when = (
         "no notice: resuming from the last periodic checkpoint"
@@ -324,16 +326,16 @@ def handshake_done(
 ) -> tuple[bool, bool]:
     """Whether to stop waiting for the checkpoint, and whether it was acknowledged.
 
-    Done when rank 0 (the writer: it answers for the job) acknowledged the request, when every
-    worker has exited, or when the notice's deadline (a soft notice: ``soft_notice_wait_s``) passed.
+    Done when the writer rank (it answers for the job) acknowledged the request with a checkpoint
+    at or after it (:func:`gpuscaler.kube.reports.trusted_report`: a forged or early ack does not
+    count), when every worker has exited, or when the notice's deadline (a soft notice:
+    ``soft_notice_wait_s``) passed.
     """
     n = st.notice
     if n is None or not n.request_id:
         return True, False
     live = [p for p in pods if not p.deleting and not p.succeeded]
-    acked = any(p.checkpoint_ack == n.request_id for p in pods if p.rank == 0) or (
-        bool(live) and all(p.checkpoint_ack == n.request_id for p in live)
-    )
+    acked = trusted_report(st, pods).acked
     exited = all(p.failed for p in live)
     limit = n.deadline or n.noticed_at + timedelta(seconds=cfg.soft_notice_wait_s)
     return acked or exited or now >= limit, acked
@@ -427,11 +429,11 @@ def refine_loss(st: TrainingJobStatus, pods: list[PodState], now: datetime) -> N
         )
         if now > settled:
             return
-    resumed = [p.checkpoint_step for p in pods if p.attempt == st.attempt and p.checkpoint_step is not None]
-    if not resumed or (rec.checkpoint_step is not None and min(resumed) <= rec.checkpoint_step):
+    resumed = trusted_report(st, pods).checkpoint_step  # the writer's, of this attempt, within the plan
+    if resumed is None or (rec.checkpoint_step is not None and resumed <= rec.checkpoint_step):
         return
     before = rec.lost_steps
-    rec.checkpoint_step = min(resumed)
+    rec.checkpoint_step = resumed
     rec.lost_steps = max(rec.step_reached - rec.checkpoint_step, 0)
     if rec.recovery_seconds is not None:
         st.lost_steps = max(st.lost_steps + rec.lost_steps - before, 0)

@@ -44,6 +44,8 @@ from gpuscaler.cloud import (
 )
 from gpuscaler.handlers import interruptions as spot
 from gpuscaler.handlers.interruptions import Planner
+from gpuscaler.kube.reports import TrustedReport, trusted_report
+from gpuscaler.kube.reports import summary as report_summary
 from gpuscaler.kube.workers import (
     PodState,
     WorkerPlan,
@@ -60,6 +62,10 @@ from gpuscaler.runtime import constants as rc
 COST_REFRESH_S = 30.0
 """Cost and ETA alone are rewritten at most this often (each status write is an API call and a
 watch event; at 200 jobs a per-tick write would be ~100 writes/s)."""
+ADMISSION_CONDITION = "WorkerAdmissionPolicy"
+"""Condition False while workers wait for the admission policy that confines their account."""
+REPORTS_CONDITION = "WorkerReports"
+"""Condition False while a worker's annotation values are being ignored (gpuscaler.kube.reports)."""
 CHECKPOINT_WAIT_S = 30.0
 """Longest wait for a requested checkpoint: GKE's notice is 30 s, so the handshake must fit in it."""
 
@@ -220,7 +226,11 @@ class Reconciler:
         config: LoopConfig,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         observer: Observer | None = None,
+        admission: Callable[[], str | None] | None = None,
     ) -> None:
+        self.admission = admission
+        """Why workers may not run under the gpuscaler-worker account now, or None
+        (:meth:`gpuscaler.kube.admission.WorkerAdmission.refusal`); None: no check."""
         self.observer = observer
         """Observed performance (gpuscaler.observe); None when no Prometheus is configured."""
         self.provider = provider
@@ -268,6 +278,9 @@ class Reconciler:
                 self._cost(st, nodes, out, now)
                 return out
             set_condition(st, "Suspended", False, "Started", "spec.suspend is false", now, job.generation)
+            if self._workers_refused(job, st, out, now):
+                self._cost(st, nodes, out, now)
+                return out
             self._begin_gang(st, out, now, first=st.attempt == 0)
 
         assert st.plan is not None
@@ -284,7 +297,7 @@ class Reconciler:
             Phase.RECOVERING: self._recovering,
         }[st.phase]
         handler(job, st, request, pods, current, out, now)
-        self._progress(st, pods, now)
+        self._progress(job, st, pods, out, now)
         spot.refine_loss(st, pods, now)
         self._cost(st, nodes, out, now)
         return out
@@ -367,7 +380,7 @@ class Reconciler:
         conditions, model correction; at a checkpoint, move the gang to a cheaper plan if one is pending."""
         assert self.observer is not None and st.plan is not None
         unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
-        ckpt = max((p.checkpoint_step for p in pods if p.checkpoint_step is not None), default=None)
+        ckpt = trusted_report(st, pods).checkpoint_step
         res = self.observer.step(
             job.namespace,
             job.name,
@@ -389,6 +402,21 @@ class Reconciler:
         st.message = f"moving from {before} to {st.plan.summary} at checkpoint step {ckpt}"
         set_condition(st, "Running", False, "Replanned", st.message, now, job.generation)
         out.planned = True
+
+    def _workers_refused(self, job: Job, st: TrainingJobStatus, out: Outcome, now: datetime) -> bool:
+        """Whether workers may not start under the gpuscaler-worker account now (its admission
+        policy missing: gpuscaler.kube.admission); then the job waits, with a condition and an Event."""
+        why = self.admission() if self.admission is not None and uses_worker_account(job.spec.template) else None
+        had = next((c for c in st.conditions if c.type == ADMISSION_CONDITION), None)
+        if why is None:
+            if had is not None and had.status == "False":
+                set_condition(st, ADMISSION_CONDITION, True, "PolicyInstalled", "the worker admission policy is in force", now, job.generation)
+            return False
+        st.message = f"not starting workers: {why}"
+        if had is None or had.status == "True":
+            out.events.append(Event("Warning", "WorkerAdmissionPolicyMissing", st.message[:1000]))
+        set_condition(st, ADMISSION_CONDITION, False, "PolicyMissing", why[:1000], now, job.generation)
+        return True
 
     def _begin_gang(self, st: TrainingJobStatus, out: Outcome, now: datetime, first: bool) -> None:
         st.phase = Phase.PROVISIONING
@@ -558,6 +586,8 @@ class Reconciler:
         wp = self._worker_plan(job, st, request)
         self.workers.create_if_absent(headless_service(wp))
         have = {p.rank for p in pods if not p.deleting}
+        if len(have) < request.count and self._workers_refused(job, st, out, now):
+            return  # the admission policy went away since the gang began: no new workers without it
         if len(have) < request.count and uses_worker_account(wp.template):
             # the workers' ServiceAccount and Role (KubeReporter patches its pod); before the pods,
             # which the ServiceAccount admission refuses while their account is missing
@@ -836,21 +866,36 @@ class Reconciler:
                 Event("Normal", "ScaledDown", f"released {len(deleted)} node(s): {', '.join(sorted(deleted)[:5])}")
             )
 
-    def _progress(self, st: TrainingJobStatus, pods: list[PodState], now: datetime) -> None:
-        steps = [p.step for p in pods if p.step is not None]
-        samples = [p.samples for p in pods if p.samples is not None]
-        ckpt = [p.checkpoint_step for p in pods if p.checkpoint_step is not None]
+    def _progress(self, job: Job, st: TrainingJobStatus, pods: list[PodState], out: Outcome, now: datetime) -> None:
+        """status.progress from the writer's checked reports (gpuscaler.kube.reports); what was
+        rejected goes to the WorkerReports condition and, when it changes, a Warning Event."""
+        rep = trusted_report(st, pods)
+        self._rejected_reports(job, st, rep, out, now)
         prog = st.progress
-        new_step = max(steps, default=prog.step)
-        new_samples = max(samples, default=prog.samples)
-        if new_step != prog.step or new_samples != prog.samples:
-            prog.step = max(new_step, prog.step)
-            prog.samples = max(new_samples, prog.samples)
+        new_step = max(rep.step if rep.step is not None else prog.step, prog.step)
+        new_samples = max(rep.samples if rep.samples is not None else prog.samples, prog.samples)
+        if new_step != prog.step or new_samples != prog.samples:  # monotone: a lower report is not applied
+            prog.step = new_step
+            prog.samples = new_samples
             prog.updated_at = now
-        if ckpt:
-            prog.checkpoint_step = max(ckpt)
+            prog.reported_by = rep.writer
+        if rep.checkpoint_step is not None:
+            prog.checkpoint_step = rep.checkpoint_step
+            prog.reported_by = rep.writer
         if st.plan is not None and st.plan.total_samples > 0:
             prog.percent = round(min(100.0, 100 * prog.samples / st.plan.total_samples), 2)
+
+    def _rejected_reports(self, job: Job, st: TrainingJobStatus, rep: TrustedReport, out: Outcome, now: datetime) -> None:
+        """Condition WorkerReports (set once something was rejected) and an Event when that changes."""
+        had = next((c for c in st.conditions if c.type == REPORTS_CONDITION), None)
+        if not rep.rejected:
+            if had is not None and had.status == "False":
+                set_condition(st, REPORTS_CONDITION, True, "Valid", "the workers' reports pass every check", now, job.generation)
+            return
+        text = report_summary(rep.rejected)[:1000]
+        if had is None or had.status == "True" or had.message != text:
+            out.events.append(Event("Warning", "ReportRejected", text))
+        set_condition(st, REPORTS_CONDITION, False, "Rejected", text, now, job.generation)
 
     def _cost(self, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime) -> None:
         live = sum(_node_cost(n, now) for n in nodes if not n.deleting and n.name not in out.released)

@@ -42,6 +42,7 @@ from gpuscaler.handlers.reconcile import (
     set_condition,
     status_change,
 )
+from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
 from gpuscaler.kube.client import Workers, load_config
 from gpuscaler.kube.workers import pod_state, service_name
 from gpuscaler.observe.controller import from_settings as observer_from_settings
@@ -63,6 +64,8 @@ class Operator:
     workers: Workers
     reconciler: Reconciler
     last_write: dict[tuple[str, str], float]
+    admission: WorkerAdmission
+    """The workers' admission policy (installed or checked at start-up; the loop asks it)."""
 
 
 _operator: Operator | None = None
@@ -100,8 +103,19 @@ def build(settings: Settings, api: Any) -> Operator:
             annotation_notice_s=settings.annotation_notice_s,
         ),
     )
-    reconciler = Reconciler(provider, workers, planner, catalog, config, observer=observer_from_settings(settings, catalog))
-    return Operator(settings, catalog, policies, provider, workers, reconciler, {})
+    admission = WorkerAdmission(
+        KubePolicyApi(api), settings.worker_admission_policy, settings.worker_admission_policy_name, settings.namespace
+    )
+    reconciler = Reconciler(
+        provider,
+        workers,
+        planner,
+        catalog,
+        config,
+        observer=observer_from_settings(settings, catalog),
+        admission=admission.refusal,
+    )
+    return Operator(settings, catalog, policies, provider, workers, reconciler, {}, admission)
 
 
 def _op() -> Operator:
@@ -125,6 +139,8 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     settings.execution.max_workers = 16
     with kopf_errors():
         _operator = build(ours, load_config())
+    admitted = _operator.admission.ensure()
+    (logger.info if admitted.enforced else logger.warning)("worker admission policy: %s", admitted.detail)
     metrics.serve(ours.metrics_port)
     logger.info(
         "gpuscaler operator: provider %s, policy file %s, GPUScalingPolicy objects %s, reconcile every %gs, "

@@ -24,12 +24,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpuscaler.kube.reports import Rejected
+from gpuscaler.kube.reports import parse as parse_reports
 from gpuscaler.runtime import constants as rc
 from gpuscaler.runtime.kube_reporter import ENV_POD_NAME, ENV_POD_NAMESPACE
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RANK_LABEL = "gpuscaler.io/rank"
 ATTEMPT_LABEL = "gpuscaler.io/attempt"
+NO_RANK = -1
+"""The rank of a pod whose rank label is missing or not a number: no rank (never the writer)."""
 PODINFO_VOLUME = "gpuscaler-podinfo"
 PODINFO_DIR = "/etc/gpuscaler/podinfo"
 DEFAULT_CONTAINER = "train"
@@ -256,6 +260,10 @@ class PodState:
     checkpoint_step: int | None
     checkpoint_ack: str | None
     checkpoint_requested: str | None
+    """The request the operator last wrote on the pod (the workers may not change it)."""
+    rejected: tuple[Rejected, ...] = ()
+    """Reported values that failed their type or range check (:func:`gpuscaler.kube.reports.parse`);
+    the fields above are None for them."""
 
     @property
     def running(self) -> bool:
@@ -277,15 +285,10 @@ def _int(text: object) -> int | None:
         return None
 
 
-def _float(text: object) -> float | None:
-    try:
-        return float(str(text))
-    except (TypeError, ValueError):
-        return None
-
-
 def pod_state(pod: dict[str, Any]) -> PodState:
-    """A :class:`PodState` from a Pod as a plain dict (a watch event body)."""
+    """A :class:`PodState` from a Pod as a plain dict (a watch event body); the reported annotations
+    are type- and range-checked (:func:`gpuscaler.kube.reports.parse`), the rest of the checks
+    need the job's status (:func:`gpuscaler.kube.reports.trusted_report`)."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     labels = meta.get("labels") or {}
@@ -300,9 +303,12 @@ def pod_state(pod: dict[str, Any]) -> PodState:
                 exit_code = code
                 reason = term.get("reason") or reason
     owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    name = meta.get("name", "")
+    reported = parse_reports(name, ann)
+    rank = _int(labels.get(RANK_LABEL))
     return PodState(
-        name=meta.get("name", ""),
-        rank=_int(labels.get(RANK_LABEL)) or 0,
+        name=name,
+        rank=NO_RANK if rank is None else rank,
         attempt=_int(labels.get(ATTEMPT_LABEL)) or 0,
         phase=status.get("phase") or "Pending",
         node=(pod.get("spec") or {}).get("nodeName"),
@@ -310,9 +316,10 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         deleting=bool(meta.get("deletionTimestamp")),
         exit_code=exit_code,
         reason=reason,
-        step=_int(ann.get(rc.ANNOTATION_PROGRESS_STEP)),
-        samples=_float(ann.get(rc.ANNOTATION_PROGRESS_SAMPLES)),
-        checkpoint_step=_int(ann.get(rc.ANNOTATION_CHECKPOINT_STEP)),
-        checkpoint_ack=ann.get(rc.ANNOTATION_CHECKPOINT_ACK),
+        step=reported.step,
+        samples=reported.samples,
+        checkpoint_step=reported.checkpoint_step,
+        checkpoint_ack=reported.checkpoint_ack,
         checkpoint_requested=ann.get(rc.ANNOTATION_CHECKPOINT_REQUESTED),
+        rejected=reported.rejected,
     )

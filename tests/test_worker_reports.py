@@ -1,0 +1,243 @@
+"""Worker-written annotations: forged or out-of-range values are ignored with an Event, only the
+writer rank's pod counts, acks count only for the request the operator made and only with a
+checkpoint at or after it, and a forged ack cannot make the operator stop the gang early."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from gpuscaler.api.status import NoticeStatus, Phase, Progress, TrainingJobStatus
+from gpuscaler.handlers.reconcile import REPORTS_CONDITION, Job
+from gpuscaler.kube import reports
+from gpuscaler.kube.workers import NO_RANK, pod_state
+from gpuscaler.runtime import constants as rc
+from test_interruptions import T0, SpotWorld, first_plan, run_to, spec
+
+STEP, SAMPLES, CKPT, ACK = (
+    rc.ANNOTATION_PROGRESS_STEP,
+    rc.ANNOTATION_PROGRESS_SAMPLES,
+    rc.ANNOTATION_CHECKPOINT_STEP,
+    rc.ANNOTATION_CHECKPOINT_ACK,
+)
+SPOT_ITN = [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]
+
+
+def pod(ann: dict[str, str], *, rank: str | None = "0", attempt: str = "1", name: str = "job-worker-0") -> Any:
+    labels = {"gpuscaler.io/attempt": attempt}
+    if rank is not None:
+        labels["gpuscaler.io/rank"] = rank
+    return pod_state({"metadata": {"name": name, "labels": labels, "annotations": ann}, "status": {"phase": "Running"}})
+
+
+# ------------------------------------------------------------------------------ types and ranges
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (STEP, "-5"),
+        (STEP, "1e3"),
+        (STEP, "1_000"),
+        (STEP, " 12"),
+        (STEP, "12.0"),
+        (STEP, "99999999999999999"),  # 17 digits
+        (STEP, "9" * 16),  # above MAX_COUNT
+        (CKPT, "abc"),
+        (SAMPLES, "nan"),
+        (SAMPLES, "inf"),
+        (SAMPLES, "-1"),
+        (SAMPLES, "1e400"),
+        (SAMPLES, "0x10"),
+        (ACK, "a b"),
+        (ACK, "x" * 64),
+        (ACK, "<script>"),
+        (ACK, ""),
+    ],
+)
+def test_values_of_the_wrong_type_or_range_are_dropped_and_listed(key: str, value: str) -> None:
+    state = pod({key: value})
+    got = {STEP: state.step, CKPT: state.checkpoint_step, SAMPLES: state.samples, ACK: state.checkpoint_ack}
+    assert got[key] is None
+    (rej,) = state.rejected
+    assert (rej.pod, rej.annotation, rej.value) == ("job-worker-0", key, value)
+    assert key in rej.describe() and "ignored" in rej.describe()
+
+
+def test_what_the_runtime_writes_passes() -> None:
+    state = pod({STEP: "152", SAMPLES: "38912.0", CKPT: "150", ACK: "20260101T000000-000-a1"})
+    assert (state.step, state.samples, state.checkpoint_step, state.checkpoint_ack) == (
+        152, 38912.0, 150, "20260101T000000-000-a1")
+    assert not state.rejected
+    assert pod({SAMPLES: "1.5e+06"}).samples == 1.5e6
+
+
+def test_a_pod_without_a_rank_label_is_no_rank() -> None:
+    assert pod({}, rank=None).rank == NO_RANK
+    assert pod({}, rank="zero").rank == NO_RANK
+
+
+# ------------------------------------------------------------------------------ against the job
+
+
+def status(**changes: Any) -> TrainingJobStatus:
+    st = TrainingJobStatus(plan=first_plan(spec()), attempt=1, **changes)  # 400 steps of 256
+    assert st.plan is not None and st.plan.total_samples == 400 * 256
+    return st
+
+
+def test_only_the_writer_rank_of_this_attempt_counts_and_its_pod_is_named() -> None:
+    st = status()
+    rep = reports.trusted_report(st, [pod({STEP: "90"}, rank="1", name="job-worker-1"),
+                                      pod({STEP: "80"}, attempt="0", name="old"),
+                                      pod({STEP: "70"})])
+    assert (rep.writer, rep.step) == ("job-worker-0", 70)
+    assert not rep.rejected
+    assert reports.trusted_report(st, [pod({STEP: "90"}, rank=None)]).step is None
+
+
+def test_values_beyond_the_plan_are_rejected() -> None:
+    st = status()
+    rep = reports.trusted_report(st, [pod({STEP: "401", SAMPLES: str(401 * 256 + 1), CKPT: "10"})])
+    assert rep.step is None and rep.samples is None and rep.checkpoint_step is None
+    whys = {r.annotation: r.why for r in rep.rejected}
+    assert "400 steps" in whys[STEP] and "samples" in whys[SAMPLES] and "rejected step" in whys[CKPT]
+    ok = reports.trusted_report(st, [pod({STEP: "400", SAMPLES: str(400 * 256), CKPT: "400"})])
+    assert (ok.step, ok.samples, ok.checkpoint_step, ok.rejected) == (400, 400 * 256, 400, ())
+
+
+def test_a_checkpoint_ahead_of_its_progress_is_rejected() -> None:
+    rep = reports.trusted_report(status(), [pod({STEP: "100", CKPT: "120"})])
+    assert rep.step == 100 and rep.checkpoint_step is None
+    assert "beyond the step reported with it (100)" in rep.rejected[0].why
+
+
+def notice(rid: str = "20260101T000010-000-a1", step: int = 150) -> NoticeStatus:
+    return NoticeStatus(node="n", signal="aws-spot-itn", noticed_at=T0, request_id=rid, progress_step=step)
+
+
+def test_acks_count_only_for_the_pending_request_with_a_checkpoint_after_it() -> None:
+    rid = "20260101T000010-000-a1"
+    st = status(notice=notice(rid, 150), progress=Progress(step=150))
+    requested = {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid}
+    good = reports.trusted_report(st, [pod({**requested, STEP: "152", CKPT: "152", ACK: rid})])
+    assert good.acked and not good.rejected
+    # an id the operator never sent
+    forged = reports.trusted_report(st, [pod({**requested, STEP: "152", CKPT: "152", ACK: "made-up"})])
+    assert not forged.acked and forged.rejected[0].why == "no such checkpoint request was made"
+    # the right id, but no checkpoint since the request: the ack is not believed
+    early = reports.trusted_report(st, [pod({**requested, STEP: "152", CKPT: "100", ACK: rid})])
+    assert not early.acked and "at or after step 150" in early.rejected[0].why
+    bare = reports.trusted_report(st, [pod({**requested, ACK: rid})])
+    assert not bare.acked and bare.rejected
+    # from another rank: only the writer answers for the job
+    other = reports.trusted_report(st, [pod({**requested, STEP: "152", CKPT: "152", ACK: rid}, rank="1")])
+    assert not other.acked and "only rank 0" in other.rejected[0].why
+    # an earlier request of this gang answered: neither an ack now nor a forgery
+    old = reports.trusted_report(st, [pod({rc.ANNOTATION_CHECKPOINT_REQUESTED: "r0", ACK: "r0", STEP: "152", CKPT: "152"})])
+    assert not old.acked and not old.rejected
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def running(w: SpotWorld) -> Job:
+    job = Job("ns", "job", "uid-1", 1, T0, spec())
+    run_to(w, job, Phase.RUNNING)
+    return job
+
+
+def condition(st: TrainingJobStatus, ctype: str) -> Any:
+    return next((c for c in st.conditions if c.type == ctype), None)
+
+
+def test_forged_progress_is_ignored_with_one_event_and_a_condition() -> None:
+    w = SpotWorld()
+    job = running(w)
+    w.annotate(**{STEP: "120", SAMPLES: str(120 * 256), CKPT: "100"})
+    assert "ReportRejected" not in w.step(job)
+    assert (w.status.progress.step, w.status.progress.checkpoint_step) == (120, 100)
+    assert w.status.progress.reported_by == "job-worker-0"
+    assert condition(w.status, REPORTS_CONDITION) is None
+    w.annotate(**{STEP: "1000000", SAMPLES: "inf", CKPT: "399"})
+    reasons = w.step(job)
+    assert reasons.count("ReportRejected") == 1
+    assert w.status.progress.step == 120 and w.status.progress.samples == 120 * 256
+    assert w.status.progress.checkpoint_step == 100 and w.status.progress.percent < 50
+    cond = condition(w.status, REPORTS_CONDITION)
+    assert cond.status == "False" and "job-worker-0" in cond.message and "1000000" in cond.message
+    assert "ReportRejected" not in w.step(job) + w.step(job), "one Event per change, not per reconcile"
+    # a lower report is not applied either (the status is monotone) and the condition clears
+    w.annotate(**{STEP: "110", SAMPLES: str(110 * 256), CKPT: "100"})
+    w.step(job)
+    assert w.status.progress.step == 120 and condition(w.status, REPORTS_CONDITION).status == "True"
+
+
+def to_checkpointing(w: SpotWorld, job: Job) -> str:
+    w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "100"})
+    w.step(job)
+    node = next(iter(w.nodes))
+    w.nodes[node]["spec"]["taints"] = SPOT_ITN
+    w.step(job)
+    assert w.status.phase is Phase.CHECKPOINTING and w.status.notice is not None
+    assert w.status.notice.progress_step == 150
+    return w.status.notice.request_id
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {ACK: "made-up"},  # an id the operator never sent
+        {ACK: "{rid}", CKPT: "100"},  # the request's id without a checkpoint since
+        {ACK: "{rid}", CKPT: "9999", STEP: "9999"},  # with a checkpoint beyond the plan
+    ],
+    ids=["unknown-id", "no-new-checkpoint", "out-of-range-checkpoint"],
+)
+def test_a_forged_ack_does_not_stop_the_gang_or_release_nodes(forged: dict[str, str]) -> None:
+    w = SpotWorld()
+    job = running(w)
+    rid = to_checkpointing(w, job)
+    node = next(iter(w.nodes))
+    w.annotate(**{k: v.format(rid=rid) for k, v in forged.items()})
+    for _ in range(5):
+        reasons = w.step(job, seconds=10)
+        assert w.status.phase is Phase.CHECKPOINTING, w.status.message
+        assert not w.workers.deleted and node in w.nodes and not w.provider.released
+    assert "ReportRejected" in reasons or condition(w.status, REPORTS_CONDITION).status == "False"
+    # the real checkpoint then ends the handshake at once
+    w.annotate(**{ACK: rid, CKPT: "153", STEP: "153", SAMPLES: str(153 * 256)})
+    assert "Checkpointed" in w.step(job)
+    assert w.status.phase is Phase.RECOVERING and w.status.interruption_history[-1].checkpoint_acked
+
+
+def test_without_a_real_checkpoint_the_handshake_waits_for_the_deadline() -> None:
+    w = SpotWorld()
+    job = running(w)
+    rid = to_checkpointing(w, job)
+    w.annotate(**{ACK: rid})  # acked, but checkpoint-step is still the old 100
+    w.step(job, seconds=100)
+    assert w.status.phase is Phase.CHECKPOINTING
+    reasons = w.step(job, seconds=21)  # past the 120 s notice
+    assert w.status.phase is Phase.RECOVERING and "CheckpointMissed" in reasons
+    rec = w.status.interruption_history[-1]
+    assert not rec.checkpoint_acked and rec.checkpoint_step == 100
+
+
+def test_loss_refinement_uses_the_writers_checked_checkpoint() -> None:
+    st = status(progress=Progress(step=130, checkpoint_step=100))
+    from gpuscaler.handlers import interruptions as spot
+    from test_interruptions import CFG
+
+    spot.record(st, node="n0", signal="node-deleted", acked=False, now=T0, cfg=CFG)
+    spot.settle_loss(st)
+    st.attempt = 2
+    spot.recovered(st, T0 + timedelta(seconds=5))
+    rec = st.interruption_history[-1]
+    # another rank's (or an out-of-range) resume point is not taken
+    spot.refine_loss(st, [pod({CKPT: "129", STEP: "129"}, rank="1", attempt="2")], T0 + timedelta(seconds=6))
+    spot.refine_loss(st, [pod({CKPT: "500", STEP: "500"}, attempt="2")], T0 + timedelta(seconds=6))
+    assert rec.checkpoint_step == 100 and rec.lost_steps == 30
+    spot.refine_loss(st, [pod({CKPT: "120", STEP: "120"}, attempt="2")], T0 + timedelta(seconds=6))
+    assert rec.checkpoint_step == 120 and rec.lost_steps == 10
