@@ -5,13 +5,15 @@
 # plus the extras of the chosen providers and features: aws (eks: boto3), gcp (gke:
 # google-cloud-container), observe (Prometheus-observed performance: prometheus-api-client).
 # Example: docker build --build-arg EXTRAS=operator,aws,observe -t ghcr.io/gpuscaler/gpuscaler:0.1.0-eks .
+# Every distribution is pinned by constraints.txt (scripts/lock_image.py, from the tested venv;
+# docs/security.md): PIP_CONSTRAINT applies to the install and to pip's isolated build environment.
 FROM python:3.11-slim-bookworm AS builder
 ARG EXTRAS=operator,aws,gcp,observe
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONSTRAINT=/src/constraints.txt
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY operator/ operator/
 RUN pip install ".[${EXTRAS}]" && gpuscaler --version
 
