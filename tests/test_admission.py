@@ -215,3 +215,20 @@ def test_a_job_with_its_own_service_account_is_not_held() -> None:
     w.step(job)
     assert w.status.phase is Phase.PROVISIONING
     assert not any(c.type == ADMISSION_CONDITION for c in w.status.conditions)
+
+
+def test_a_gang_already_provisioning_creates_no_workers_once_the_policy_is_gone() -> None:
+    gate: list[str | None] = [None]
+    w = world_with(gate)
+    job = make_job()
+    w.step(job)
+    w.step(job)
+    assert w.status.phase is Phase.PROVISIONING and len(w.nodes) == 2
+    gate[0] = "the worker admission policy gpuscaler-worker-own-pod is not in force (deleted)"
+    w.ready()
+    reasons = w.step(job)
+    assert w.status.phase is Phase.STARTING and not w.workers.pods()
+    assert "WorkerAdmissionPolicyMissing" in reasons and "(deleted)" in w.status.message
+    gate[0] = None
+    w.step(job)
+    assert sorted(p["metadata"]["name"] for p in w.workers.pods()) == ["job-worker-0", "job-worker-1"]
