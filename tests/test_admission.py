@@ -232,3 +232,20 @@ def test_a_gang_already_provisioning_creates_no_workers_once_the_policy_is_gone(
     gate[0] = None
     w.step(job)
     assert sorted(p["metadata"]["name"] for p in w.workers.pods()) == ["job-worker-0", "job-worker-1"]
+
+
+@pytest.mark.parametrize(
+    ("env", "expect"),
+    [
+        ({"GPUSCALER_WORKER_ADMISSION_POLICY": "maybe"}, "GPUSCALER_WORKER_ADMISSION_POLICY='maybe': Input should be 'install', 'verify' or 'off'"),
+        ({"GPUSCALER_KWOK_CAPACITY": "{bad"}, '"kwok_capacity"'),
+    ],
+)
+def test_run_refuses_an_invalid_setting_with_exit_2(env: dict[str, str], expect: str) -> None:
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCALER_")}
+    res = subprocess.run([sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env={**clean, **env},
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert expect in res.stderr and "Traceback" not in res.stderr

@@ -2,7 +2,7 @@
 
 :mod:`gpuscaler.cli` finds this module in its ``EXTENSIONS`` and calls :func:`register`.
 ``run`` is ``kopf run -m gpuscaler.main`` with the settings from ``GPUSCALER_*`` and kopf's
-liveness endpoint on ``GPUSCALER_HEALTH_PORT``.
+liveness endpoint on ``GPUSCALER_HEALTH_PORT``; an invalid setting exits 2 naming the variable.
 """
 
 from __future__ import annotations
@@ -41,10 +41,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
     import kopf
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from gpuscaler.settings import Settings
 
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as err:
+        for e in err.errors():
+            name = "GPUSCALER_" + "_".join(str(p) for p in e["loc"][:1]).upper()
+            print(f"gpuscaler run: {name}={e.get('input')!r}: {e['msg']}", file=sys.stderr)
+        return 2
+    except SettingsError as err:  # e.g. a list or map setting that is not JSON
+        print(f"gpuscaler run: {err} (GPUSCALER_* lists and maps are JSON)", file=sys.stderr)
+        return 2
     kopf.configure(verbose=args.verbose)
     import gpuscaler.main  # noqa: F401  (registers the handlers)
 
