@@ -18,8 +18,11 @@ DEFAULT_CRD_DIR = "crds"
 def cmd_crd(args: argparse.Namespace) -> int:
     """Write (or with ``--check`` compare) the generated CRDs."""
     from gpuscaler.api import crd
+    from gpuscaler.inputs import InputError
 
     out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--output {out}: is a file; give the directory to write the CRDs into", field="--output")
     if args.check:
         drifted = crd.drift(out)
         if drifted:
