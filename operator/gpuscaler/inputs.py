@@ -361,7 +361,7 @@ def to_json(value: Any, indent: int | None = 2) -> str:
 
 
 def _kind(annotation: Any) -> str | None:
-    """"number", "bool" or None for a field annotation (``int | None`` is "number")."""
+    """ "number", "bool" or None for a field annotation (``int | None`` is "number")."""
     args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, UnionType) else ()
     types = {a for a in args if a is not type(None)} if args else {annotation}
     if types and all(t in (int, float) for t in types):
@@ -443,7 +443,11 @@ def iter_fields(err: ValidationError) -> Iterator[tuple[str, str, str | None]]:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         value = e.get("input")
-        yield loc, e["msg"].removeprefix("Value error, "), (None if value is None or isinstance(value, dict) else shown(value))
+        yield (
+            loc,
+            e["msg"].removeprefix("Value error, "),
+            (None if value is None or isinstance(value, dict) else shown(value)),
+        )
 
 
 def first_field(err: ValidationError) -> tuple[str | None, str | None]:
