@@ -445,6 +445,8 @@ def plot_plan(result: PlanResult, path: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.plot:
+        import matplotlib  # noqa: F401  (missing: say so before planning, not after printing the plan)
     doc = load_job(args.file)
     policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
     result = plan(doc.spec, load_catalog(), policy, name=doc.metadata.name)

@@ -33,6 +33,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -211,6 +212,9 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
+_StrictLoader.add_implicit_resolver(  # YAML 1.2 floats without a dot (5e14), as kubectl reads them
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def _yaml_error(source: str, err: yaml.YAMLError) -> InputError:

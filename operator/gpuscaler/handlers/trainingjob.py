@@ -275,16 +275,16 @@ def reconcile(
     t0 = time.perf_counter()
     generation = int(meta.get("generation") or 0)
     label = job_label_value(namespace, name)
+    pods, nodes = list(job_pods.get(label, [])), list(job_nodes.get(label, []))
     with kopf_errors():
         current = TrainingJobStatus.model_validate(dict(status))
         try:
             spec = TrainingJobSpec.model_validate(body.get("spec") or {})
         except ValidationError as err:
             out = invalid_spec(current, err, generation)
-            _teardown(op, namespace, name, job_pods, job_nodes, logger)
+            _teardown(op, namespace, name, pods, nodes, logger)
         else:
-            job = Job(namespace, name, uid, generation, _creation(meta), spec)
-            out = _step(op, job, current, list(job_pods.get(label, [])), list(job_nodes.get(label, [])), kwargs)
+            out = _step(op, Job(namespace, name, uid, generation, _creation(meta), spec), current, pods, nodes, kwargs)
     old = current.model_dump(mode="json", by_alias=True, exclude_none=True)
     new = out.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     change = status_change(dict(status), new) if status else "state"
@@ -339,22 +339,13 @@ def _step(
     return out
 
 
-def _teardown(
-    op: Operator,
-    namespace: str,
-    name: str,
-    job_pods: kopf.Index[str, Any],
-    job_nodes: kopf.Index[str, Any],
-    logger: Logger,
-) -> None:
-    """Delete a job's workers and Service and release its nodes (the finalizer, an invalid spec)."""
-    label = job_label_value(namespace, name)
-    pods = list(job_pods.get(label, []))  # a copy: the watch updates the index meanwhile
-    nodes = [n for n in list(job_nodes.get(label, [])) if not n.deleting]
+def _teardown(op: Operator, namespace: str, name: str, pods: list[Any], nodes: list[Any], logger: Logger) -> None:
+    """Delete a job's workers and Service and release its nodes (the finalizer, an invalid spec);
+    ``pods`` and ``nodes`` are copies of the index entries (the watch updates the index meanwhile)."""
     for p in pods:
         op.workers.delete_pod(namespace, p.name)
     op.workers.delete_service(namespace, service_name(name))
-    gone = op.provider.release_nodes(JobRef(namespace, name), nodes)
+    gone = op.provider.release_nodes(JobRef(namespace, name), [n for n in nodes if not n.deleting])
     if gone:
         logger.info("released %d node(s): %s", len(gone), ", ".join(gone))
 
@@ -369,7 +360,8 @@ def delete(
 ) -> None:
     """Finalizer: delete the job's workers, Service and nodes before the TrainingJob goes."""
     op = _op()
+    label = job_label_value(namespace, name)
     with kopf_errors():
-        _teardown(op, namespace, name, job_pods, job_nodes, logger)
+        _teardown(op, namespace, name, list(job_pods.get(label, [])), list(job_nodes.get(label, [])), logger)
     op.last_write.pop((namespace, name), None)
     metrics.forget_job(namespace, name)
