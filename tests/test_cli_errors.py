@@ -383,3 +383,12 @@ def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
         assert code == 0
         for c, what in EXIT_CODES.items():
             assert f"{c}  {what}" in " ".join(out.split()) or f"{c}  {what.split(':')[0]}" in out
+
+
+@pytest.mark.parametrize(("env", "value"), [("GPUSCALER_RECONCILE_INTERVAL_S", "nan"), ("GPUSCALER_MASTER_PORT", "0")])
+def test_run_with_invalid_settings(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, env: str,
+                                   value: str) -> None:  # fmt: skip
+    monkeypatch.setenv(env, value)
+    err = invalid(capsys, "run")
+    assert "settings (GPUSCALER_* environment variables) is invalid" in err
+    assert env.removeprefix("GPUSCALER_").lower() in err

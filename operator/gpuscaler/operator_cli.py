@@ -45,9 +45,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import kopf
 
+    from pydantic import ValidationError
+
+    from gpuscaler.inputs import validation_error
     from gpuscaler.settings import Settings
 
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as err:
+        raise validation_error(err, "settings (GPUSCALER_* environment variables)") from None
     kopf.configure(verbose=args.verbose)
     import gpuscaler.main  # noqa: F401  (registers the handlers)
 
