@@ -44,7 +44,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
     import kopf
-
     from pydantic import ValidationError
 
     from gpuscaler.inputs import validation_error
