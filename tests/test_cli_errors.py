@@ -392,3 +392,16 @@ def test_run_with_invalid_settings(capsys: pytest.CaptureFixture[str], monkeypat
     err = invalid(capsys, "run")
     assert "settings (GPUSCALER_* environment variables) is invalid" in err
     assert env.removeprefix("GPUSCALER_").lower() in err
+
+
+def test_long_values_are_shortened_in_messages(capsys: pytest.CaptureFixture[str]) -> None:
+    err = invalid(capsys, "estimate", "--workload", "x" * 100_000, "--gpu", "a100", "--json")
+    assert len(err) < 1000 and "(100,002 characters)" in err
+
+
+def test_closed_pipe_is_quiet() -> None:
+    import subprocess
+
+    r = subprocess.run(f"{sys.executable} -m gpuscaler.cli catalog instances | head -1", shell=True,
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 0 and "instance" in r.stdout and r.stderr == ""

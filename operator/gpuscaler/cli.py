@@ -11,6 +11,7 @@ Commands raise; :func:`main` is the one place an error becomes a message and an 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
@@ -782,6 +783,16 @@ def _extensions() -> list[Callable[[Any], None]]:
     return regs
 
 
+MAX_MESSAGE_CHARS = 8000
+"""Longest error message printed (a document can break many rules; each value is already shortened)."""
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    with contextlib.suppress(OSError, ValueError):  # no real file descriptor (captured output)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every error becomes a message and an exit code of :data:`EXIT_CODES`.
 
@@ -799,7 +810,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except SystemExit as stop:  # --help and --version, or a command that exits itself
         return stop.code if isinstance(stop.code, int) else (EXIT_OK if stop.code is None else EXIT_USAGE)
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (``| head``): not an error of ours
+        _quiet_stdout()
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
@@ -807,11 +819,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         failure = describe_error(err)
         if failure.code == EXIT_INTERNAL and os.environ.get("GPUSCALER_DEBUG"):
             traceback.print_exc()
-        print(f"gpuscaler: {failure.message}", file=sys.stderr)
-        if isinstance(err, UsageError) and err.usage:
-            print(err.usage, file=sys.stderr)
-        if as_json:
-            print(to_json(failure.to_dict()))
+        try:
+            print(f"gpuscaler: {failure.message[:MAX_MESSAGE_CHARS]}", file=sys.stderr)
+            if isinstance(err, UsageError) and err.usage:
+                print(err.usage, file=sys.stderr)
+            if as_json:
+                print(to_json(failure.to_dict()), flush=True)
+        except BrokenPipeError:
+            _quiet_stdout()
         return failure.code
 
 
