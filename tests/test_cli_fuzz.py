@@ -39,6 +39,7 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
+    database=None,
 )
 
 JOB: dict[str, Any] = {
