@@ -81,7 +81,8 @@ def test_load_resource_and_multi_document(tmp_path: Path) -> None:
     assert [p.name for p in load_policies(many)] == ["a", "b"]
     with pytest.raises(PolicyFileError, match="holds 2 policies"):
         load_policy(many)
-    assert load_policies(write(tmp_path, "", "empty.yaml")) == [Policy()]
+    with pytest.raises(PolicyFileError, match="holds no policy"):
+        load_policies(write(tmp_path, "", "empty.yaml"))
     with pytest.raises(PolicyFileError, match="not valid YAML"):
         load_policies(write(tmp_path, "a: [", "bad.yaml"))
 

@@ -1,29 +1,48 @@
 """The ``gpuscaler`` command line: plan, estimate, validate, catalog, and the operator's commands.
 
-Each subcommand is a thin adapter over the pure layers (catalog, perfmodel, planner); exit codes:
-0 success, 1 an infeasible plan, 2 bad input (unknown id, invalid file) with a message saying what
-to change.
+Each subcommand is a thin adapter over the pure layers (catalog, perfmodel, planner). Every command,
+the extensions' too, exits with the codes of :data:`EXIT_CODES`: 0 success, 1 an infeasible job
+(valid, but no plan meets it; the output says what would), 2 invalid input or usage (the message
+names the field or option, the value and what to do; unknown names come with close matches).
+Commands raise; :func:`main` is the one place an error becomes a message and an exit code
+(:func:`describe_error`), and under ``--json`` also a JSON error object on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import difflib
+import os
+import re
 import sys
+import textwrap
+import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from dataclasses import dataclass
+from dataclasses import field as _field
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from gpuscaler import __version__
 from gpuscaler.api import TrainingJob
 from gpuscaler.catalog import Precision, UnknownIdError, load_catalog
+from gpuscaler.inputs import (
+    InputError,
+    format_validation,
+    iter_fields,
+    load_yaml,
+    output_file,
+    positive_float,
+    positive_int,
+    shown,
+    to_json,
+    validation_error,
+)
 from gpuscaler.perfmodel import ParallelConfig, PrecisionUnsupportedError, estimate
-from gpuscaler.planner import JobError, PlanResult, plan
-from gpuscaler.policy import Policy, PolicyConflictError, PolicyFileError, load_policies, policy_for_namespace
-from gpuscaler.validation import format_validation
+from gpuscaler.planner import PlanResult, plan
+from gpuscaler.policy import Policy, PolicyConflictError, load_policies, policy_for_namespace
 
 EXTENSIONS = (
     "gpuscaler.devcluster.cli",  # dev-cluster up|down|env|build (local control plane)
@@ -34,12 +53,136 @@ EXTENSIONS = (
 )
 """Modules that add subcommands through ``register(subparsers)``; skipped when not importable."""
 
+EXIT_OK = 0
 EXIT_INFEASIBLE = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_INFEASIBLE: "infeasible: the job is valid but no plan meets it; the output says what would",
+    EXIT_USAGE: "invalid input or usage: the message names the field or option, the value and what to do",
+    EXIT_INTERNAL: "internal error: a bug in gpuscaler, please report it (GPUSCALER_DEBUG=1 shows the traceback)",
+}
+"""The exit codes of every command, as ``gpuscaler --help`` and the README list them."""
+
+EXTRAS = {
+    "kopf": "operator",
+    "kubernetes": "operator",
+    "cryptography": "operator",
+    "prometheus_client": "operator",
+    "boto3": "aws",
+    "botocore": "aws",
+    "google": "gcp",
+    "prometheus_api_client": "observe",
+}
+"""Optional packages by the pip extra that installs them (for the "needs ..." message)."""
 
 
-class UsageError(Exception):
-    """Bad input from the user; printed without a traceback, exit 2."""
+class UsageError(InputError):
+    """Bad input from the user; printed without a traceback, exit 2.
+
+    Attributes:
+        usage: the command's usage line, printed after the message on stderr (not in ``--json``).
+    """
+
+    usage: str = ""
+
+
+@dataclass
+class Failure:
+    """An error as the user sees it: exit code, message, and the fields of the ``--json`` object."""
+
+    code: int
+    kind: str
+    message: str
+    field: str | None = None
+    value: str | None = None
+    matches: list[str] = _field(default_factory=list)
+    problems: list[dict[str, str | None]] = _field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``{"error": ...}`` object printed under ``--json``."""
+        body: dict[str, Any] = {"exitCode": self.code, "kind": self.kind, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        if self.value is not None:
+            body["value"] = self.value
+        if self.matches:
+            body["closeMatches"] = self.matches
+        if self.problems:
+            body["problems"] = self.problems
+        return {"error": body}
+
+
+def describe_error(err: BaseException) -> Failure:
+    """The one mapping of errors onto exit codes and messages, for every command.
+
+    Args:
+        err: what a command raised.
+
+    Returns:
+        The failure to print: exit 2 for anything the user can fix, 3 for a bug.
+    """
+    if isinstance(err, UnknownIdError):
+        return Failure(EXIT_USAGE, "unknown-name", str(err), err.kind, shown(err.value), list(err.matches))
+    if isinstance(err, InputError):
+        return Failure(EXIT_USAGE, "invalid-input", str(err), err.field, err.value)
+    if isinstance(err, ValidationError):
+        problems = [{"field": loc, "problem": msg, "value": value} for loc, msg, value in iter_fields(err)]
+        first = problems[0] if problems else {}
+        return Failure(
+            EXIT_USAGE, "invalid-input", format_validation(err, "input"), first.get("field"), first.get("value"),
+            problems=problems,
+        )  # fmt: skip
+    if isinstance(err, PrecisionUnsupportedError | PolicyConflictError):
+        return Failure(EXIT_USAGE, "invalid-input", str(err))
+    if isinstance(err, ModuleNotFoundError):
+        top = (err.name or "").split(".")[0]
+        extra = EXTRAS.get(top)
+        how = f"pip install 'gpuscaler[{extra}]'" if extra else f"pip install {top}"
+        return Failure(EXIT_USAGE, "missing-dependency", f"this command needs the Python package {top!r}: {how}")
+    if isinstance(err, OSError):
+        where = f"{err.filename}: " if err.filename else ""
+        return Failure(EXIT_USAGE, "io-error", f"{where}{err.strerror or err}", err.filename and str(err.filename))
+    if isinstance(err, MemoryError | RecursionError):
+        return Failure(EXIT_USAGE, "too-large", "the input is too large or too deeply nested to process")
+    return Failure(
+        EXIT_INTERNAL,
+        "internal-error",
+        f"internal error {type(err).__name__}: {str(err)[:300]} (a bug; please report it with the command; "
+        "GPUSCALER_DEBUG=1 prints the traceback)",
+    )
+
+
+EXIT_CODES_HELP = "exit codes:\n" + "\n".join(f"  {code}  {what}" for code, what in EXIT_CODES.items())
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with usage errors raised as :class:`UsageError` (so ``--json`` gets an error object),
+    an unknown choice answered with its close matches, and the exit codes in every ``--help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EXIT_CODES_HELP)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # argparse's signature is NoReturn
+        """Raise the usage error instead of printing and exiting.
+
+        Raises:
+            UsageError: always.
+        """
+        hint = ""
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if bad:
+            choices = re.findall(r"'([^']*)'", bad.group(2)) or [c.strip() for c in bad.group(2).split(",")]
+            close = difflib.get_close_matches(bad.group(1), choices, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            message = f"invalid choice {shown(bad.group(1))} (choose from {', '.join(choices)})"
+        command = self.prog.removeprefix("gpuscaler").strip()
+        err = UsageError(f"{command + ': ' if command else ''}{message}{hint}")
+        err.usage = self.format_usage().rstrip()
+        raise err
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -55,33 +198,41 @@ def _money(x: float) -> str:
 
 
 def load_job(path: str) -> TrainingJob:
-    """Read a TrainingJob YAML file (the same document ``kubectl apply`` takes)."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise UsageError(f"{path}: no such file") from err
-    except yaml.YAMLError as err:
-        raise UsageError(f"{path}: not valid YAML: {err}") from err
+    """Read a TrainingJob YAML file (the same document ``kubectl apply`` takes).
+
+    Raises:
+        InputError: unreadable, not YAML (see :mod:`gpuscaler.inputs`), not a TrainingJob, or a field
+            the models refuse (the message names each field and its value).
+    """
+    raw = load_yaml(path, "TrainingJob file")
     if not isinstance(raw, dict) or raw.get("kind") != "TrainingJob":
         raise UsageError(f"{path}: expected a document with kind: TrainingJob")
     try:
         return TrainingJob.model_validate(raw)
     except ValidationError as err:
-        raise UsageError(format_validation(err, path)) from err
+        raise validation_error(err, path) from None
 
 
 def _load_policy(path: str | None, namespace: str | None) -> Policy | None:
-    """The policy in force for ``namespace`` from a (possibly multi-document) policy file."""
+    """The policy in force for ``namespace`` from a (possibly multi-document) policy file.
+
+    Raises:
+        InputError: the file cannot be read, breaks the schema, or names unknown GPU or instance
+            types, providers or regions.
+    """
     if path is None:
         return None
+    from gpuscaler.policy.cli import unknown_ids
+
     try:
-        return policy_for_namespace(load_policies(path), namespace)
-    except FileNotFoundError as err:
-        raise UsageError(f"{path}: no such file") from err
+        policies = load_policies(path)
     except ValidationError as err:
-        raise UsageError(format_validation(err, f"policy {path}")) from err
-    except (PolicyFileError, PolicyConflictError) as err:
-        raise UsageError(f"policy {path}: {err}") from err
+        raise validation_error(err, f"policy {path}") from None
+    catalog = load_catalog()
+    errors = [f"policy {p.name}: {e}" for p in policies for e in unknown_ids(p, catalog)]
+    if errors:
+        raise UsageError(f"policy {path} is invalid:\n  " + "\n  ".join(errors))
+    return policy_for_namespace(policies, namespace)
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -206,60 +357,102 @@ def render_plan(result: PlanResult) -> str:
 
 
 def plot_plan(result: PlanResult, path: str) -> None:
-    """Cost vs time of every feasible (or fitting) plan, the Pareto front and the chosen plan."""
+    """Cost vs time of every feasible (or, for an infeasible job, fitting) plan.
+
+    Colour tells the GPU types apart, the marker spot from on-demand; the Pareto front is a dashed
+    line, the chosen plan ringed; the deadline and budget are lines labelled with their values; the
+    legend sits outside the axes, off the data. An infeasible job's plot says so in its title and
+    carries the first hint.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
+    job = result.job
     pts = result.feasible or result.pareto
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for cap, marker in (("on-demand", "o"), ("spot", "^")):
-        sel = [p for p in pts if p.capacity.value == cap]
-        ax.scatter(
-            [p.expected_hours for p in sel],
-            [p.expected_cost_usd for p in sel],
-            marker=marker,
-            alpha=0.4,
-            label=cap,
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    gpus = sorted({p.instance.gpu.id for p in pts})
+    colours = plt.get_cmap("tab10" if len(gpus) <= 10 else "tab20")
+    markers = {"on-demand": "o", "spot": "^"}
+    for k, gpu in enumerate(gpus):
+        for cap, marker in markers.items():
+            sel = [p for p in pts if p.instance.gpu.id == gpu and p.capacity.value == cap]
+            if sel:
+                ax.scatter(
+                    [p.expected_hours for p in sel], [p.expected_cost_usd for p in sel], marker=marker,
+                    color=colours(k % colours.N), alpha=0.6, s=28,
+                )  # fmt: skip
+        ax.scatter([], [], marker="s", color=colours(k % colours.N), label=gpu)  # legend: colour = GPU type
+    for cap, marker in markers.items():
+        if any(p.capacity.value == cap for p in pts):
+            ax.scatter([], [], marker=marker, color="grey", label=cap)  # legend: marker = capacity type
+    if result.pareto:
+        ax.plot(
+            [p.expected_hours for p in result.pareto],
+            [p.expected_cost_usd for p in result.pareto],
+            "k--",
+            linewidth=1,
+            label="Pareto front",
         )
-    ax.plot(
-        [p.expected_hours for p in result.pareto],
-        [p.expected_cost_usd for p in result.pareto],
-        "k--",
-        label="Pareto front",
-    )
     if result.chosen:
+        c = result.chosen
         ax.scatter(
-            [result.chosen.expected_hours],
-            [result.chosen.expected_cost_usd],
-            s=200,
-            facecolors="none",
-            edgecolors="red",
-            linewidths=2,
-            label=f"chosen: {result.chosen.label}",
-        )
-    if result.job.deadline_h:
-        ax.axvline(result.job.deadline_h, color="grey", linestyle=":", label="deadline")
-    if result.job.budget_usd:
-        ax.axhline(result.job.budget_usd, color="grey", linestyle="-.", label="budget")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+            [c.expected_hours], [c.expected_cost_usd], s=260, facecolors="none", edgecolors="red", linewidths=2,
+            label=f"chosen: {c.label}", zorder=5,
+        )  # fmt: skip
+        ax.annotate(
+            f"{c.expected_hours:.1f} h, {_money(c.expected_cost_usd)}", (c.expected_hours, c.expected_cost_usd),
+            textcoords="offset points", xytext=(10, -14), color="red", fontsize=8,
+        )  # fmt: skip
+    if job.deadline_h:
+        ax.axvline(job.deadline_h, color="grey", linestyle=":", label=f"deadline {job.deadline_h:,.1f} h")
+        ax.annotate(
+            f"deadline {job.deadline_h:,.1f} h", (job.deadline_h, 0), xycoords=("data", "axes fraction"),
+            xytext=(-4, 4), textcoords="offset points", rotation=90, ha="right", va="bottom", fontsize=8,
+            color="dimgrey",
+        )  # fmt: skip
+    if job.budget_usd:
+        ax.axhline(job.budget_usd, color="grey", linestyle="-.", label=f"budget {_money(job.budget_usd)}")
+        ax.annotate(
+            f"budget {_money(job.budget_usd)}", (1, job.budget_usd), xycoords=("axes fraction", "data"),
+            xytext=(-4, 3), textcoords="offset points", ha="right", fontsize=8, color="dimgrey",
+        )  # fmt: skip
+    if pts:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,g}"))
+            axis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel("expected hours")
     ax.set_ylabel("expected cost (USD)")
-    ax.set_title(f"{result.job.name}: {result.job.workload.id}")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    title = f"{job.name}: {job.workload.id}, cost vs time of {len(pts)} plans"
+    if not result.ok:
+        title = f"{job.name}: {job.workload.id}: NO FEASIBLE PLAN" + (
+            f" (showing the {len(pts)} that fit)" if pts else ""
+        )
+        why = result.hints[0] if result.hints else result.why
+        fig.text(0.01, 0.01, "\n".join(textwrap.wrap(f"Infeasible: {why}", 130)), fontsize=9, color="darkred",
+                 va="bottom")  # fmt: skip
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout(rect=(0, 0.0 if result.ok else 0.08, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.plot:
+        import matplotlib  # noqa: F401  (missing: say so before planning, not after printing the plan)
     doc = load_job(args.file)
     policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
     result = plan(doc.spec, load_catalog(), policy, name=doc.metadata.name)
     if args.json:
-        print(json.dumps(plan_to_dict(result), indent=2))
+        print(to_json(plan_to_dict(result)))
     else:
         print(render_plan(result))
     if args.plot:
@@ -334,7 +527,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         },
     }
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(to_json(data))
     else:
         print(
             f"{workload.id} on {cfg.gpus} x {gpu.id} ({args.precision} -> {est.precision_used}), batch/GPU "
@@ -379,7 +572,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return {"n": x.n, "mape_pct": round(x.mape, 2), "median_ape_pct": round(x.median, 2)}
 
         print(
-            json.dumps(
+            to_json(
                 {
                     "overall": s(rep.overall),
                     "by": {d: {k: s(v) for k, v in g.items()} for d, g in rep.by.items()},
@@ -391,7 +584,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     "skipped": rep.skipped,
                     "calibration": meta,
                 },
-                indent=2,
             )
         )
         return 0
@@ -534,9 +726,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gpuscaler", description="Cost-aware GPU autoscaling for deep-learning training."
-    )
+    p = ArgumentParser(prog="gpuscaler", description="Cost-aware GPU autoscaling for deep-learning training.")
     p.add_argument("--version", action="version", version=f"gpuscaler {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -545,22 +735,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--policy", help="platform policy YAML to apply (one or several policies)")
     sp.add_argument("--namespace", help="namespace whose policies apply (default: the job's, else 'default')")
     sp.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    sp.add_argument("--plot", metavar="FILE.png", help="draw cost vs time with the chosen plan marked")
+    sp.add_argument(
+        "--plot", metavar="FILE.png", type=output_file, help="draw cost vs time with the chosen plan marked"
+    )
     sp.set_defaults(func=cmd_plan)
 
     se = sub.add_parser("estimate", help="predict memory, step time and throughput of one configuration")
     se.add_argument("--workload", required=True, help="workload id (gpuscaler catalog workloads)")
     se.add_argument("--gpu", required=True, help="GPU id or alias (gpuscaler catalog gpus)")
-    se.add_argument("--gpus", type=int, default=1, help="total GPUs (default 1)")
-    se.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are spread over (default 1)")
+    se.add_argument("--gpus", type=positive_int, default=1, help="total GPUs (default 1)")
+    se.add_argument("--nodes", type=positive_int, default=1, help="nodes the GPUs are spread over (default 1)")
     se.add_argument("--precision", choices=[x.value for x in Precision], default="amp")
     se.add_argument(
-        "--batch-per-gpu", type=int, help="micro-batch per GPU (default: largest power of 2 that fits)"
+        "--batch-per-gpu", type=positive_int, help="micro-batch per GPU (default: largest power of 2 that fits)"
     )
-    se.add_argument("--accumulation", type=int, default=1, help="gradient accumulation steps")
+    se.add_argument("--accumulation", type=positive_int, default=1, help="gradient accumulation steps")
     se.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=0)
     se.add_argument("--activation-checkpointing", action="store_true")
-    se.add_argument("--network-gbps", type=float, help="inter-node bandwidth (default: from the catalog)")
+    se.add_argument(
+        "--network-gbps", type=positive_float, help="inter-node bandwidth (default: from the catalog)"
+    )
     se.add_argument("--json", action="store_true")
     se.set_defaults(func=cmd_estimate)
 
@@ -589,20 +783,51 @@ def _extensions() -> list[Callable[[Any], None]]:
     return regs
 
 
+MAX_MESSAGE_CHARS = 8000
+"""Longest error message printed (a document can break many rules; each value is already shortened)."""
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    with contextlib.suppress(OSError, ValueError):  # no real file descriptor (captured output)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command; every error becomes a message and an exit code of :data:`EXIT_CODES`.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit code.
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in words
     try:
+        args = build_parser().parse_args(words)
         code: int = args.func(args)
         return code
-    except UnknownIdError as err:
-        print(f"gpuscaler: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except (UsageError, JobError, PrecisionUnsupportedError) as err:
-        print(f"gpuscaler: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except BrokenPipeError:
-        return 0
+    except SystemExit as stop:  # --help and --version, or a command that exits itself
+        return stop.code if isinstance(stop.code, int) else (EXIT_OK if stop.code is None else EXIT_USAGE)
+    except BrokenPipeError:  # the reader went away (``| head``): not an error of ours
+        _quiet_stdout()
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        failure = describe_error(err)
+        if failure.code == EXIT_INTERNAL and os.environ.get("GPUSCALER_DEBUG"):
+            traceback.print_exc()
+        try:
+            print(f"gpuscaler: {failure.message[:MAX_MESSAGE_CHARS]}", file=sys.stderr)
+            if isinstance(err, UsageError) and err.usage:
+                print(err.usage, file=sys.stderr)
+            if as_json:
+                print(to_json(failure.to_dict()), flush=True)
+        except BrokenPipeError:
+            _quiet_stdout()
+        return failure.code
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ DEFAULT_CRD_DIR = "crds"
 def cmd_crd(args: argparse.Namespace) -> int:
     """Write (or with ``--check`` compare) the generated CRDs."""
     from gpuscaler.api import crd
+    from gpuscaler.inputs import InputError
 
     out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--output {out}: is a file; give the directory to write the CRDs into", field="--output")
     if args.check:
         drifted = crd.drift(out)
         if drifted:
@@ -44,18 +47,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
+    from gpuscaler.inputs import InputError, validation_error
     from gpuscaler.settings import Settings
 
     try:
         settings = Settings()
     except ValidationError as err:
-        for e in err.errors():
-            name = "GPUSCALER_" + "_".join(str(p) for p in e["loc"][:1]).upper()
-            print(f"gpuscaler run: {name}={e.get('input')!r}: {e['msg']}", file=sys.stderr)
-        return 2
+        raise validation_error(err, "settings (GPUSCALER_* environment variables)") from None
     except SettingsError as err:  # e.g. a list or map setting that is not JSON
-        print(f"gpuscaler run: {err} (GPUSCALER_* lists and maps are JSON)", file=sys.stderr)
-        return 2
+        raise InputError(f"settings (GPUSCALER_* environment variables): {err} (lists and maps are JSON)") from None
     kopf.configure(verbose=args.verbose)
     import gpuscaler.main  # noqa: F401  (registers the handlers)
 

@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """Operator settings (env prefix ``GPUSCALER_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="GPUSCALER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="GPUSCALER_", extra="ignore", allow_inf_nan=False)
 
     # --- Node pools
     provider_name: str = Field(

@@ -1,22 +1,9 @@
 """User-facing messages for invalid input: a pydantic ValidationError as "field: problem (got value)".
 
-Shared by the CLI's commands (``plan``, ``policy check``); depends on nothing of gpuscaler's own, so
-every layer may use it.
+The implementation lives in :mod:`gpuscaler.inputs` (the input layer); this name stays for callers
+that import it from here.
 """
 
-from __future__ import annotations
+from gpuscaler.inputs import format_validation
 
-from pydantic import ValidationError
-
-
-def format_validation(err: ValidationError, what: str) -> str:
-    """``what is invalid:`` followed by one line per error: the field's dotted path, the problem and
-    the value given (when it is a scalar).
-    """
-    lines = [f"{what} is invalid:"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        value = e.get("input")
-        shown = f" (got {value!r})" if value is not None and not isinstance(value, dict) else ""
-        lines.append(f"  {loc}: {e['msg']}{shown}")
-    return "\n".join(lines)
+__all__ = ["format_validation"]

@@ -59,6 +59,20 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueRequired",
         },
     ],
+    "TransformerSpec": [
+        {
+            "rule": "self.hidden % self.heads == 0",
+            "message": "transformer: hidden must be divisible by heads (each head gets hidden / heads dimensions)",
+            "fieldPath": ".heads",
+        },
+    ],
+    "Constraints": [
+        {
+            "rule": "!has(self.maxGpus) || !has(self.minGpus) || self.minGpus <= self.maxGpus",
+            "message": "constraints: minGpus must not exceed maxGpus",
+            "fieldPath": ".minGpus",
+        },
+    ],
 }
 """CEL rules per model, the API server's copy of the pydantic model validators."""
 

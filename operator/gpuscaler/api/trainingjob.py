@@ -14,17 +14,30 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from gpuscaler.inputs import StrictModel, shown
 
 API_GROUP = "gpuscaler.io"
 API_VERSION = "v1alpha1"
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
 
+MAX_TRAINING_SAMPLES = 1e15
+"""Most samples one job may train (samples, epochs x dataset or steps x global batch): about 65
+times the largest published training run even counted in tokens (Llama 3: 15.6e12 tokens, Meta,
+"The Llama 3 Herd of Models", 2024). Bounds the work a plan describes."""
+MAX_HORIZON_HOURS = 366 * 24.0
+"""Furthest deadline (maxDuration, or a deadline's distance from now) planned for: one year. Prices
+and spot rates are not forecast beyond it, and it bounds the planner's deadline-risk sums."""
+DURATION_PATTERN = r"^\s*(\d+(\.\d+)?d)?\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*$"
+"""A maxDuration as the CRD's schema checks it: days, hours and/or minutes."""
 
-class Model(BaseModel):
-    """Base: camelCase on the wire, snake_case in Python, unknown fields refused."""
+
+class Model(StrictModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields refused, types as written
+    (:class:`gpuscaler.inputs.StrictModel`)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
@@ -69,6 +82,20 @@ class TransformerSpec(Model):
         default=True, description="Memory-efficient attention (no s^2 activations)."
     )
 
+    @model_validator(mode="after")
+    def _shape(self) -> TransformerSpec:
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"transformer: hidden {self.hidden} is not divisible by heads {self.heads} (each head gets "
+                f"hidden / heads dimensions); use e.g. heads {_divisor_near(self.hidden, self.heads)}"
+            )
+        return self
+
+
+def _divisor_near(n: int, k: int) -> int:
+    """The divisor of ``n`` closest to ``k`` (for the hint of a transformer shape that does not divide)."""
+    return min((d for d in range(1, min(n, 4 * k) + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
+
 
 class WorkloadSpec(Model):
     """What is trained: a named profile (``gpuscaler catalog workloads``) or a custom workload."""
@@ -109,12 +136,16 @@ class WorkloadSpec(Model):
 class TrainingAmount(Model):
     """How much training: exactly one of samples, epochs (with samplesPerEpoch for custom data) or steps."""
 
-    samples: float | None = Field(default=None, gt=0, description="Total training samples.")
-    epochs: float | None = Field(default=None, gt=0, description="Epochs over the dataset.")
+    samples: float | None = Field(
+        default=None, gt=0, le=MAX_TRAINING_SAMPLES, description="Total training samples."
+    )
+    epochs: float | None = Field(default=None, gt=0, le=1_000_000, description="Epochs over the dataset.")
     samples_per_epoch: int | None = Field(
         default=None, gt=0, description="Dataset size; named workloads know theirs."
     )
-    steps: int | None = Field(default=None, gt=0, description="Optimizer steps at the global batch.")
+    steps: int | None = Field(
+        default=None, gt=0, le=int(MAX_TRAINING_SAMPLES), description="Optimizer steps at the global batch."
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> TrainingAmount:
@@ -150,6 +181,12 @@ class Constraints(Model):
         default=0.05, ge=0, le=1, description="Highest acceptable probability of missing the deadline."
     )
 
+    @model_validator(mode="after")
+    def _gpu_range(self) -> Constraints:
+        if self.max_gpus is not None and self.min_gpus > self.max_gpus:
+            raise ValueError(f"constraints: minGpus {self.min_gpus} > maxGpus {self.max_gpus}")
+        return self
+
 
 class CheckpointSpec(Model):
     """Checkpointing: where, how often (Young/Daly optimum when omitted), how long it takes."""
@@ -168,16 +205,26 @@ class CheckpointSpec(Model):
 
 
 def parse_duration(text: str) -> timedelta:
-    """'36h', '2d', '90m', '1d12h' -> timedelta.
+    """'36h', '2d', '90m', '1d12h' -> timedelta, longer than zero and at most a year.
 
     Raises:
-        ValueError: not of that form.
+        ValueError: not of that form, zero, or beyond :data:`MAX_HORIZON_HOURS`.
     """
     parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*", text)
     if not parts or not any(parts.groups()):
-        raise ValueError(f"duration {text!r}: use days/hours/minutes like '36h', '2d', '1d12h', '90m'")
+        raise ValueError(
+            f"duration {shown(text)}: write days, hours and/or minutes, like '36h', '2d', '1d12h' or '90m'"
+        )
     d, h, m = (float(g) if g else 0.0 for g in parts.groups())
-    return timedelta(days=d, hours=h, minutes=m)
+    hours = d * 24 + h + m / 60
+    if hours <= 0:
+        raise ValueError(f"duration {shown(text)} is zero; give how long the job may take, like '36h'")
+    if hours > MAX_HORIZON_HOURS:
+        raise ValueError(
+            f"duration {shown(text)} is {hours:,.0f} h, beyond the {MAX_HORIZON_HOURS:,.0f} h (one year) "
+            "planning horizon; give a shorter one or omit it for no deadline"
+        )
+    return timedelta(hours=hours)
 
 
 class TrainingJobSpec(Model):
@@ -189,7 +236,7 @@ class TrainingJobSpec(Model):
     deadline: datetime | None = Field(default=None, description="Finish by this time (RFC 3339).")
     max_duration: str | None = Field(
         default=None,
-        pattern=r"^\s*(\d+(\.\d+)?d)?\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*$",
+        json_schema_extra={"pattern": DURATION_PATTERN},
         description="Finish within this long of submission, e.g. 36h, 2d.",
     )
     budget_usd: float | None = Field(default=None, gt=0, description="Spend at most this many US dollars.")
@@ -215,6 +262,11 @@ class TrainingJobSpec(Model):
     def _objective_needs(self) -> TrainingJobSpec:
         if self.objective is Objective.FASTEST and self.budget_usd is None:
             raise ValueError("objective fastest needs budgetUsd (the fastest plan within what budget?)")
+        if self.training.steps is not None and self.training.steps * self.global_batch > MAX_TRAINING_SAMPLES:
+            raise ValueError(
+                f"training.steps {self.training.steps:,} x globalBatch {self.global_batch:,} is over "
+                f"{MAX_TRAINING_SAMPLES:.0e} samples, beyond any real training run; check the numbers"
+            )
         return self
 
     def deadline_hours(self, now: datetime | None = None) -> float | None:

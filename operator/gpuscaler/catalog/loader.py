@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 from gpuscaler.catalog.models import GPU, InstanceType, Workload
 from gpuscaler.catalog.workloads import TransformerShape
+from gpuscaler.inputs import shown
 
 SCHEMA_VERSION = 1
 """The schema version these loaders read; a data file with another version is refused."""
@@ -47,7 +48,7 @@ class UnknownIdError(KeyError):
 
     def __str__(self) -> str:
         hint = f"; did you mean {', '.join(self.matches)}?" if self.matches else ""
-        return f"unknown {self.kind} {self.value!r}{hint} (`gpuscaler catalog {self.kind}s` lists them)"
+        return f"unknown {self.kind} {shown(self.value)}{hint} (`gpuscaler catalog {self.kind}s` lists them)"
 
 
 def normalize(name: str) -> str:

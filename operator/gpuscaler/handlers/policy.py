@@ -6,6 +6,12 @@ The policies in force come from two places, merged per namespace by
 objects of the cluster (a kopf index kept by a watch). So a policy change applies to the next
 plan without a restart.
 
+A bad policy (a file that does not parse or breaks the schema, a GPUScalingPolicy object an older
+CRD let through) never stops the operator: the last good version of that file or object stays in
+force and :attr:`PolicySource.errors` says what is wrong, which the handler shows on every job as
+the ``PolicyInvalid`` condition with an Event. With no good version to fall back on (the first
+read failed) the source fails closed: :class:`PolicyUnavailableError`, and jobs are not planned.
+
 The gate wraps the planner the reconcile loop calls:
 
 1. ``check_job``: rules the spec breaks before any planning (a forbidden GPU type, more GPUs than
@@ -29,12 +35,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import Catalog
+from gpuscaler.inputs import format_validation
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.policy import (
     NamespaceUsage,
     Policy,
+    PolicyFileError,
     Violation,
     check_job,
     check_plan,
@@ -59,34 +69,96 @@ class PolicyViolationError(Exception):
         return self.violations[0].rule if self.violations else "Policy"
 
 
+class PolicyUnavailableError(Exception):
+    """A policy source is invalid and has no good version to fall back on: jobs are not planned."""
+
+
 @dataclass
 class PolicySource:
-    """The policies in force: the mounted file (re-read on change) plus GPUScalingPolicy objects."""
+    """The policies in force: the mounted file (re-read on change) plus GPUScalingPolicy objects,
+    each falling back to its last good version when the current one is invalid."""
 
     path: str | None
+    errors: dict[str, str] = field(default_factory=dict)
+    """What is wrong with each invalid source ("policy file PATH", "GPUScalingPolicy NAME")."""
     _mtime: float | None = None
-    _file: list[Policy] = field(default_factory=list)
+    _file: list[Policy] | None = None
+    _objects: dict[str, Policy] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def _failed(self, source: str, message: str, fallback: object) -> None:
+        self.errors[source] = message + (
+            "; the last good version stays in force" if fallback is not None else "; no good version to use"
+        )
+
     def file_policies(self) -> list[Policy]:
-        """The file's policies, re-read when its modification time changed.
+        """The file's policies, re-read when its modification time changed; the last good ones
+        while the file is invalid (the problem in :attr:`errors`).
 
         Raises:
-            pydantic.ValidationError, PolicyFileError: the file is invalid (the last good one is not
-                kept: a platform team's mistake must be loud, not silently ignored).
+            PolicyUnavailableError: the file is invalid and no version of it was ever good.
         """
         if not self.path:
             return []
-        mtime = Path(self.path).stat().st_mtime
+        source = f"policy file {self.path}"
         with self._lock:
-            if mtime != self._mtime:
-                self._file = load_policies(self.path)
+            try:
+                mtime: float | None = Path(self.path).stat().st_mtime
+            except OSError as err:
+                mtime = None
+                self._failed(source, f"{source}: cannot be read ({err.strerror or err})", self._file)
+            if mtime is not None and mtime != self._mtime:
                 self._mtime = mtime
+                try:
+                    self._file = load_policies(self.path)
+                    self.errors.pop(source, None)
+                except ValidationError as err:
+                    self._failed(source, format_validation(err, source), self._file)
+                except PolicyFileError as err:
+                    self._failed(source, f"{source}: {err}", self._file)
+            if self._file is None:
+                raise PolicyUnavailableError(self.errors.get(source, f"{source}: not loaded"))
             return list(self._file)
 
+    def object_policies(self, objects: Iterable[dict[str, Any]]) -> list[Policy]:
+        """Policies of the GPUScalingPolicy bodies, an invalid one replaced by its last good version.
+
+        Raises:
+            PolicyUnavailableError: an object is invalid and no version of it was ever good.
+        """
+        out: list[Policy] = []
+        names = set()
+        for body in objects:
+            name = str((body.get("metadata") or {}).get("name", "policy"))
+            names.add(name)
+            source = f"GPUScalingPolicy {name}"
+            try:
+                policy = from_document(body)
+            except (ValidationError, PolicyFileError) as err:
+                detail = format_validation(err, source) if isinstance(err, ValidationError) else f"{source}: {err}"
+                with self._lock:
+                    self._failed(source, detail, self._objects.get(name))
+                if name not in self._objects:
+                    raise PolicyUnavailableError(self.errors[source]) from None
+                out.append(self._objects[name])
+                continue
+            with self._lock:
+                self._objects[name] = policy
+                self.errors.pop(source, None)
+            out.append(policy)
+        with self._lock:  # deleted objects: forget their last good version and their error
+            for gone in set(self._objects) - names:
+                del self._objects[gone]
+                self.errors.pop(f"GPUScalingPolicy {gone}", None)
+        return out
+
     def for_namespace(self, namespace: str, objects: Iterable[dict[str, Any]] = ()) -> Policy:
-        """The merged policy for ``namespace`` from the file and the GPUScalingPolicy bodies."""
-        return policy_for_namespace([*self.file_policies(), *(from_document(o) for o in objects)], namespace)
+        """The merged policy for ``namespace`` from the file and the GPUScalingPolicy bodies.
+
+        Raises:
+            PolicyUnavailableError: a source is invalid with no good version to fall back on.
+        """
+        return policy_for_namespace([*self.file_policies(), *self.object_policies(objects)], namespace)
 
 
 def namespace_usage(

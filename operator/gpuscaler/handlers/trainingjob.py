@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
@@ -27,6 +28,7 @@ from gpuscaler.handlers.interruptions import SpotConfig, observe_node
 from gpuscaler.handlers.policy import (
     Governance,
     PolicySource,
+    PolicyUnavailableError,
     PolicyViolationError,
     gated_plan,
     namespace_usage,
@@ -42,6 +44,7 @@ from gpuscaler.handlers.reconcile import (
     set_condition,
     status_change,
 )
+from gpuscaler.inputs import format_validation, iter_fields
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
 from gpuscaler.kube.client import Workers, load_config
 from gpuscaler.kube.workers import pod_state, service_name
@@ -75,7 +78,10 @@ def build(settings: Settings, api: Any) -> Operator:
     """The operator's collaborators from settings and an ``ApiClient``."""
     catalog = load_catalog()
     policies = PolicySource(settings.policy_file)
-    policies.file_policies()  # a broken policy file stops the start-up with its error
+    try:
+        policies.file_policies()
+    except PolicyUnavailableError as err:  # not a crash loop: jobs show PolicyInvalid until it is fixed
+        logging.getLogger(__name__).error("no policy in force, jobs are not planned: %s", err)
     provider = make_provider(settings.provider_name, settings, api)
     workers = Workers(api)
 
@@ -208,6 +214,55 @@ def policy_blocked(current: TrainingJobStatus, err: PolicyViolationError, genera
     return out
 
 
+def invalid_spec(current: TrainingJobStatus, err: ValidationError, generation: int) -> Outcome:
+    """The status of a job whose spec the models refuse (the CRD schema let it through: an older
+    CRD, a future field): Failed with the ``InvalidSpec`` condition naming each field, one Event."""
+    now = datetime.now(UTC)
+    st = current.model_copy(deep=True)
+    out = Outcome(st)
+    fields = ", ".join(dict.fromkeys(loc for loc, _, _ in iter_fields(err)))
+    message = format_validation(err, "spec").replace("\n  ", "; ").replace(":;", ":")
+    was = any(c.type == "Failed" and c.reason == "InvalidSpec" and c.status == "True" for c in st.conditions)
+    st.phase = Phase.FAILED
+    st.completion_time = st.completion_time or now
+    st.message = f"invalid spec ({fields}): {message}"[:1000]
+    set_condition(st, "Planned", False, "InvalidSpec", message, now, generation)
+    set_condition(st, "Failed", True, "InvalidSpec", message, now, generation)
+    st.observed_generation = generation
+    if not was:
+        out.events.append(Event("Warning", "InvalidSpec", st.message))
+    return out
+
+
+POLICY_INVALID = "PolicyInvalid"
+"""Condition type: a policy source (the file, a GPUScalingPolicy) is invalid; its last good version
+is in force, or, with none, the job is not planned."""
+
+
+def policy_invalid(st: TrainingJobStatus, errors: Mapping[str, str], out: Outcome, generation: int) -> None:
+    """Set (or clear) the ``PolicyInvalid`` condition from the policy source's errors; an Event when
+    it turns true."""
+    was = any(c.type == POLICY_INVALID and c.status == "True" for c in st.conditions)
+    if errors:
+        message = "; ".join(errors.values()).replace("\n  ", " ")[:1000]
+        set_condition(st, POLICY_INVALID, True, "InvalidPolicy", message, datetime.now(UTC), generation)
+        if not was:
+            out.events.append(Event("Warning", "InvalidPolicy", message))
+    elif was:
+        set_condition(st, POLICY_INVALID, False, "PoliciesValid", "every policy source is valid", datetime.now(UTC), generation)
+
+
+def policy_unavailable(current: TrainingJobStatus, err: PolicyUnavailableError, generation: int) -> Outcome:
+    """A job while no policy can be loaded: not planned (fail closed), phase kept until it can be."""
+    st = current.model_copy(deep=True)
+    out = Outcome(st)
+    if st.phase in (Phase.PENDING, Phase.PLANNING):
+        st.phase = Phase.PENDING
+        st.message = f"not planned: no valid policy in force: {err}"[:1000]
+    st.observed_generation = generation
+    return out
+
+
 def unfinished(status: kopf.Status, **_: Any) -> bool:
     """Timer filter: skip jobs that are done and hold no nodes."""
     return not (status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED) and not status.get("nodes"))
@@ -234,37 +289,18 @@ def reconcile(
     """One reconcile step of one job (a kopf timer, every ``reconcile_interval_s``)."""
     op = _op()
     t0 = time.perf_counter()
+    generation = int(meta.get("generation") or 0)
+    label = job_label_value(namespace, name)
+    pods, nodes = list(job_pods.get(label, [])), list(job_nodes.get(label, []))
     with kopf_errors():
-        job = Job(
-            namespace=namespace,
-            name=name,
-            uid=uid,
-            generation=int(meta.get("generation") or 0),
-            created=_creation(meta),
-            spec=TrainingJobSpec.model_validate(body["spec"]),
-        )
         current = TrainingJobStatus.model_validate(dict(status))
-        label = job_label_value(namespace, name)
-        pods = list(job_pods.get(label, []))
-        nodes = list(job_nodes.get(label, []))
-        token = governance.set(governance_for(op, namespace, name, kwargs))
         try:
-            out = op.reconciler.step(job, current, pods, nodes)
-        except PolicyViolationError as err:
-            out = policy_blocked(current, err, job.generation)
+            spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+        except ValidationError as err:
+            out = invalid_spec(current, err, generation)
+            _teardown(op, namespace, name, pods, nodes, logger)
         else:
-            if any(c.type == "PolicyViolation" and c.status == "True" for c in out.status.conditions):
-                set_condition(
-                    out.status,
-                    "PolicyViolation",
-                    False,
-                    "Compliant",
-                    "the job meets the policies in force",
-                    datetime.now(UTC),
-                    job.generation,
-                )
-        finally:
-            governance.reset(token)
+            out = _step(op, Job(namespace, name, uid, generation, _creation(meta), spec), current, pods, nodes, kwargs)
     old = current.model_dump(mode="json", by_alias=True, exclude_none=True)
     new = out.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     change = status_change(dict(status), new) if status else "state"
@@ -288,6 +324,48 @@ def reconcile(
     metrics.RECONCILE.observe(time.perf_counter() - t0)
 
 
+def _step(
+    op: Operator, job: Job, current: TrainingJobStatus, pods: list[Any], nodes: list[Any], kwargs: dict[str, Any]
+) -> Outcome:
+    """One reconcile step of a job with a valid spec, under the policies in force."""
+    try:
+        token = governance.set(governance_for(op, job.namespace, job.name, kwargs))
+    except PolicyUnavailableError as err:
+        out = policy_unavailable(current, err, job.generation)
+        policy_invalid(out.status, op.policies.errors, out, job.generation)
+        return out
+    try:
+        out = op.reconciler.step(job, current, pods, nodes)
+    except PolicyViolationError as err:
+        out = policy_blocked(current, err, job.generation)
+    else:
+        if any(c.type == "PolicyViolation" and c.status == "True" for c in out.status.conditions):
+            set_condition(
+                out.status,
+                "PolicyViolation",
+                False,
+                "Compliant",
+                "the job meets the policies in force",
+                datetime.now(UTC),
+                job.generation,
+            )
+    finally:
+        governance.reset(token)
+    policy_invalid(out.status, op.policies.errors, out, job.generation)
+    return out
+
+
+def _teardown(op: Operator, namespace: str, name: str, pods: list[Any], nodes: list[Any], logger: Logger) -> None:
+    """Delete a job's workers and Service and release its nodes (the finalizer, an invalid spec);
+    ``pods`` and ``nodes`` are copies of the index entries (the watch updates the index meanwhile)."""
+    for p in pods:
+        op.workers.delete_pod(namespace, p.name)
+    op.workers.delete_service(namespace, service_name(name))
+    gone = op.provider.release_nodes(JobRef(namespace, name), [n for n in nodes if not n.deleting])
+    if gone:
+        logger.info("released %d node(s): %s", len(gone), ", ".join(gone))
+
+
 def delete(
     name: str,
     namespace: str,
@@ -300,12 +378,6 @@ def delete(
     op = _op()
     label = job_label_value(namespace, name)
     with kopf_errors():
-        for p in list(job_pods.get(label, [])):  # a copy: the watch updates the index meanwhile
-            op.workers.delete_pod(namespace, p.name)
-        op.workers.delete_service(namespace, service_name(name))
-        nodes = [n for n in list(job_nodes.get(label, [])) if not n.deleting]
-        gone = op.provider.release_nodes(JobRef(namespace, name), nodes)
-    if gone:
-        logger.info("released %d node(s): %s", len(gone), ", ".join(gone))
+        _teardown(op, namespace, name, list(job_pods.get(label, [])), list(job_nodes.get(label, [])), logger)
     op.last_write.pop((namespace, name), None)
     metrics.forget_job(namespace, name)

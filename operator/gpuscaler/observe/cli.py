@@ -4,14 +4,13 @@ Registered by :mod:`gpuscaler.cli` (``EXTENSIONS``) through :func:`register`. Re
 TrainingJob through the Kubernetes API (``KUBECONFIG``, else in-cluster) and, when
 ``--prometheus URL`` or ``GPUSCALER_PROMETHEUS_URL`` is given, the job's live metrics per pod;
 ``--plot FILE.png`` draws observed vs predicted throughput and cost over the job's life from
-Prometheus range queries (needs the ``plot`` extra, matplotlib). Exit codes: 0 shown, 2 the job
-or Prometheus could not be read (the message says which and why).
+Prometheus range queries (matplotlib). Exit codes: 0 shown, 2 the job or Prometheus could not be
+read (raised as :class:`gpuscaler.inputs.InputError`; the CLI's ``main`` prints which and why).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -19,11 +18,11 @@ from typing import Any
 
 from gpuscaler.api.status import TrainingJobStatus
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION
+from gpuscaler.inputs import InputError, output_file, positive_float, to_json
 from gpuscaler.observe.assess import JobMetrics
 from gpuscaler.observe.controller import BOTTLENECKS
 
 PLURAL = "trainingjobs"
-EXIT_ERROR = 2
 LIVE_WINDOW_S = 600.0
 """Seconds of metrics the live per-pod table summarises."""
 
@@ -160,8 +159,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         obj = _read_job(args.job, args.namespace)
     except LookupError as err:
-        print(f"gpuscaler report: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        raise InputError(f"report: {err}") from None
     st = TrainingJobStatus.model_validate(obj.get("status") or {})
     url = args.prometheus
     if url is None:
@@ -179,11 +177,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             if args.plot:
                 print(f"plot written to {_plot(args.plot, args.job, args.namespace, st, url, args.step)}", file=sys.stderr)
         except PrometheusError as err:
-            print(f"gpuscaler report: {err}", file=sys.stderr)
-            return EXIT_ERROR
+            raise InputError(f"report: {err}") from None
     elif args.plot:
-        print("gpuscaler report: --plot needs Prometheus: give --prometheus URL or GPUSCALER_PROMETHEUS_URL", file=sys.stderr)
-        return EXIT_ERROR
+        raise InputError("report: --plot needs Prometheus: give --prometheus URL or GPUSCALER_PROMETHEUS_URL")
     if args.json:
         left_h, total = projected_cost(st)
         out = {
@@ -192,7 +188,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             "projectedCostUsd": total,
             "hoursLeft": left_h,
         }
-        print(json.dumps(out, indent=2))
+        print(to_json(out))
     else:
         print(render(args.job, args.namespace, st, live))
     return 0
@@ -204,7 +200,7 @@ def register(sub: Any) -> None:
     p.add_argument("job", help="TrainingJob name")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("--prometheus", metavar="URL", help="Prometheus to read live metrics from (default: GPUSCALER_PROMETHEUS_URL)")
-    p.add_argument("--plot", metavar="FILE.png", help="draw throughput and cost over time (needs Prometheus)")
-    p.add_argument("--step", type=float, help="plot resolution in seconds (default: the job's life / 300)")
+    p.add_argument("--plot", metavar="FILE.png", type=output_file, help="draw throughput and cost over time (needs Prometheus)")
+    p.add_argument("--step", type=positive_float, help="plot resolution in seconds (default: the job's life / 300)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_report)

@@ -6,12 +6,15 @@ parameters and FLOPs per sample (activations estimated when not given).
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 
 from gpuscaler.api import TrainingJobSpec, WorkloadSpec
-from gpuscaler.catalog import Catalog, Workload
+from gpuscaler.api.trainingjob import MAX_HORIZON_HOURS, MAX_TRAINING_SAMPLES
+from gpuscaler.catalog import Catalog, UnknownIdError, Workload, normalize
 from gpuscaler.catalog.workloads import TransformerShape
+from gpuscaler.inputs import InputError, shown
 
 CUSTOM_ACTIVATION_BYTES_PER_PARAM = 0.5
 """Custom workloads without activation bytes: 16-bit activations per sample of about 0.5 byte per
@@ -19,8 +22,58 @@ parameter (assumption; ResNet-50's 45 MB/image over 25.6M parameters is 1.8, BER
 142 MB/sequence over 333M is 0.43), stated so a user can override it."""
 
 
-class JobError(ValueError):
+class JobError(InputError):
     """The job spec cannot be planned as written (the message says what to change)."""
+
+
+def check_constraints(spec: TrainingJobSpec, catalog: Catalog, largest_plan_gpus: int) -> None:
+    """Names and counts in ``spec.constraints`` that no plan could ever meet, refused up front.
+
+    Without this an unknown region or instance type, or more GPUs than any plan has, would read as
+    "nothing fits": the job is wrong, not infeasible.
+
+    Args:
+        spec: the job.
+        catalog: what exists.
+        largest_plan_gpus: the most GPUs the planner ever puts in one plan.
+
+    Raises:
+        UnknownIdError: an unknown GPU or instance type (with close matches).
+        JobError: an unknown region (with close matches), or minGpus beyond any plan or the batch.
+    """
+    c = spec.constraints
+    for g in c.gpu_types:
+        catalog.gpu(g)
+    names = {normalize(i.name): i.name for i in catalog.instances}
+    for t in c.instance_types:
+        if normalize(t) not in names:
+            close = difflib.get_close_matches(normalize(t), list(names), n=3, cutoff=0.5)
+            raise UnknownIdError("instance", t, [names[k] for k in close])
+    regions = sorted({i.region for i in catalog.instances})
+    for r in c.regions:
+        if r not in regions:
+            close = difflib.get_close_matches(r, regions, n=3, cutoff=0.5)
+            raise JobError(
+                f"constraints.regions: no instance type in region {shown(r)}"
+                + (f"; did you mean {', '.join(close)}?" if close else "")
+                + f" (regions with instance types: {', '.join(regions)})",
+                field="constraints.regions",
+                value=shown(r),
+            )
+    if c.min_gpus > largest_plan_gpus:
+        raise JobError(
+            f"constraints.minGpus {c.min_gpus}: no plan has that many GPUs (the largest has "
+            f"{largest_plan_gpus}); lower it",
+            field="constraints.minGpus",
+            value=str(c.min_gpus),
+        )
+    if c.min_gpus > spec.global_batch:
+        raise JobError(
+            f"constraints.minGpus {c.min_gpus} is more than globalBatch {spec.global_batch}: every GPU needs "
+            "at least one sample per step; lower minGpus or raise globalBatch",
+            field="constraints.minGpus",
+            value=str(c.min_gpus),
+        )
 
 
 @dataclass(frozen=True)
@@ -107,8 +160,23 @@ def resolve(
                 "add training.samplesPerEpoch or give training.samples"
             )
         samples = (t.epochs or 0) * per_epoch
+    if samples > MAX_TRAINING_SAMPLES:
+        raise JobError(
+            f"training: {samples:.3g} samples is over {MAX_TRAINING_SAMPLES:.0e}, beyond any real training "
+            "run; check training.epochs, samplesPerEpoch or steps",
+            field="training",
+        )
     steps = max(1, math.ceil(samples / spec.global_batch))
     dl = deadline_h if deadline_h is not None else spec.deadline_hours()
     if dl is not None and dl <= 0:
-        raise JobError(f"deadline is {-dl:.1f} h in the past; move spec.deadline or use spec.maxDuration")
+        raise JobError(
+            f"spec.deadline is {max(-dl, 0.1):.1f} h in the past; move spec.deadline or use spec.maxDuration",
+            field="deadline",
+        )
+    if dl is not None and dl > MAX_HORIZON_HOURS:
+        raise JobError(
+            f"spec.deadline is {dl:,.0f} h away, beyond the {MAX_HORIZON_HOURS:,.0f} h (one year) planning "
+            "horizon; give a nearer one or omit it for no deadline",
+            field="deadline",
+        )
     return ResolvedJob(name, workload, spec.global_batch, samples, steps, dl, spec.budget_usd)

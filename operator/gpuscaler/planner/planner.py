@@ -36,7 +36,7 @@ from gpuscaler.perfmodel import (
     estimate,
     memory_per_gpu,
 )
-from gpuscaler.planner.job import ResolvedJob, resolve
+from gpuscaler.planner.job import ResolvedJob, check_constraints, resolve
 from gpuscaler.planner.risk import RunOutlook, hourly_rate, optimal_interval_s, outlook
 from gpuscaler.policy import Policy
 
@@ -444,6 +444,7 @@ def plan(
     t0 = time.perf_counter()
     pol = policy or Policy()
     dl = deadline_h if deadline_h is not None else spec.deadline_hours(now)
+    check_constraints(spec, catalog, max(i.gpu_count for i in catalog.instances) * NODE_COUNTS[-1])
     job = resolve(spec, catalog, name, dl)
     offers, rejected = offerings(job, spec, catalog, pol)
     gpu_cap, cap_source = _gpu_cap(spec, pol)

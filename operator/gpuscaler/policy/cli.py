@@ -1,25 +1,28 @@
 """``gpuscaler policy check FILE``: validate a policy file and print what it would allow.
 
 Registered by ``gpuscaler.cli`` through :func:`register`. Exit codes: 0 valid, 2 invalid (each
-broken field printed with its value), the same as the rest of the CLI. Pure: imports neither kopf
-nor a Kubernetes client (this package is a pure layer, enforced by import-linter).
+broken field printed with its value), the same as the rest of the CLI: errors are raised and
+:func:`gpuscaler.cli.main` prints them (as a JSON error object under ``--json``). Pure: imports
+neither kopf nor a Kubernetes client (this package is a pure layer, enforced by import-linter).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import difflib
 from typing import Any
 
 from pydantic import ValidationError
 
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, UnknownIdError, load_catalog, normalize
-from gpuscaler.policy.evaluate import PolicyConflictError, policy_for_namespace
+from gpuscaler.inputs import first_field, format_validation, shown, to_json
+from gpuscaler.policy.evaluate import policy_for_namespace
 from gpuscaler.policy.models import Policy, PolicyFileError, load_policies
-from gpuscaler.validation import format_validation
 
-EXIT_INVALID = 2
+
+def _close(value: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(value, known, n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
@@ -30,22 +33,28 @@ def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
             catalog.gpu(g)
         except UnknownIdError as err:
             errors.append(f"allowedGpuTypes.{i}: {err.args[0] if err.args else g}")
-    names = {normalize(i.name) for i in catalog.instances}
+    names = {normalize(i.name): i.name for i in catalog.instances}
+
+    def instance(t: str) -> str:
+        close = difflib.get_close_matches(normalize(t), list(names), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(names[c] for c in close)}?" if close else ""
+        return f"unknown instance type {shown(t)}{hint}"
+
     for i, t in enumerate(policy.allowed_instance_types):
         if normalize(t) not in names:
-            errors.append(f"allowedInstanceTypes.{i}: unknown instance type {t!r}")
+            errors.append(f"allowedInstanceTypes.{i}: {instance(t)}")
     for i, o in enumerate(policy.price_overrides):
         if o.instance_type != "*" and normalize(o.instance_type) not in names:
-            errors.append(f"priceOverrides.{i}.instanceType: unknown instance type {o.instance_type!r}")
-    providers = {i.provider for i in catalog.instances}
+            errors.append(f"priceOverrides.{i}.instanceType: {instance(o.instance_type)}")
+    providers = sorted({i.provider for i in catalog.instances})
     for i, p in enumerate(policy.providers):
         if p not in providers:
-            errors.append(f"providers.{i}: unknown provider {p!r} (known: {', '.join(sorted(providers))})")
-    regions = {i.region for i in catalog.instances}
+            errors.append(f"providers.{i}: unknown provider {shown(p)}{_close(p, providers)} (known: {', '.join(providers)})")
+    regions = sorted({i.region for i in catalog.instances})
     for i, r in enumerate(policy.regions):
         if r not in regions:
             errors.append(
-                f"regions.{i}: no instance type in region {r!r} (known: {', '.join(sorted(regions))})"
+                f"regions.{i}: no instance type in region {shown(r)}{_close(r, regions)} (known: {', '.join(regions)})"
             )
     return errors
 
@@ -149,32 +158,27 @@ def _render(d: dict[str, Any]) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate FILE; print each policy (or the merged one for --namespace); exit 2 when invalid."""
+    """Validate FILE; print each policy (or the merged one for --namespace).
+
+    Raises:
+        PolicyFileError: the file cannot be read, breaks the schema or names unknown types, providers
+            or regions (exit 2, printed by the CLI's ``main``).
+        PolicyConflictError: the namespace's policies contradict each other.
+    """
     try:
         policies = load_policies(args.file)
-    except FileNotFoundError:
-        print(f"gpuscaler: {args.file}: no such file", file=sys.stderr)
-        return EXIT_INVALID
-    except PolicyFileError as err:
-        print(f"gpuscaler: {err}", file=sys.stderr)
-        return EXIT_INVALID
     except ValidationError as err:
-        print(f"gpuscaler: {format_validation(err, f'policy {args.file}')}", file=sys.stderr)
-        return EXIT_INVALID
+        loc, value = first_field(err)
+        raise PolicyFileError(format_validation(err, f"policy {args.file}"), field=loc, value=value) from None
     catalog = load_catalog()
     errors = [f"policy {p.name}: {e}" for p in policies for e in unknown_ids(p, catalog)]
     if errors:
-        print(f"gpuscaler: {args.file} is invalid:\n  " + "\n  ".join(errors), file=sys.stderr)
-        return EXIT_INVALID
+        raise PolicyFileError(f"{args.file} is invalid:\n  " + "\n  ".join(errors))
     if args.namespace is not None:
-        try:
-            policies = [policy_for_namespace(policies, args.namespace)]
-        except PolicyConflictError as err:
-            print(f"gpuscaler: {args.file}: {err}", file=sys.stderr)
-            return EXIT_INVALID
+        policies = [policy_for_namespace(policies, args.namespace)]
     described = [describe(p, catalog) for p in policies]
     if args.json:
-        print(json.dumps(described if len(described) > 1 else described[0], indent=2))
+        print(to_json(described if len(described) > 1 else described[0]))
     else:
         print(f"{args.file}: valid, {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}\n")
         print("\n\n".join(_render(d) for d in described))

@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuscaler.catalog.models import CapacityType, InstanceType, Precision
+from gpuscaler.inputs import InputError, StrictModel, load_yaml_all, shown
 
 KIND = "GPUScalingPolicy"
 """Kind of the policy resource (group gpuscaler.io, version v1alpha1, cluster-scoped)."""
@@ -30,7 +30,9 @@ PLURAL = "gpuscalingpolicies"
 _PRECISIONS = tuple(p.value for p in Precision)
 
 
-class PolicyModel(BaseModel):
+class PolicyModel(StrictModel):
+    """Base: camelCase on the wire, unknown fields refused, types as written."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
@@ -146,8 +148,9 @@ class Policy(PolicyModel):
         return price
 
 
-class PolicyFileError(ValueError):
-    """A policy file that is not YAML, or holds a different number of policies than expected."""
+class PolicyFileError(InputError):
+    """A policy file that cannot be read or is not YAML, a document that is not a policy mapping, or
+    a file holding a different number of policies than expected."""
 
 
 def from_document(data: Any) -> Policy:
@@ -155,10 +158,18 @@ def from_document(data: Any) -> Policy:
 
     Raises:
         pydantic.ValidationError: the document breaks the schema (the message names the field).
+        PolicyFileError: the document (or a resource's ``spec``/``metadata``) is not a mapping.
     """
-    if isinstance(data, Mapping) and data.get("kind") == KIND:
-        data = dict(data.get("spec") or {}, name=(data.get("metadata") or {}).get("name", "policy"))
-    return Policy.model_validate(data or {})
+    if not isinstance(data, Mapping):
+        raise PolicyFileError(f"a policy must be a mapping of fields, got {type(data).__name__} {shown(data)}")
+    if data.get("kind") == KIND:
+        spec, meta = data.get("spec") or {}, data.get("metadata") or {}
+        if not isinstance(spec, Mapping):
+            raise PolicyFileError(f"{KIND} spec must be a mapping of policy fields, got {type(spec).__name__}")
+        if not isinstance(meta, Mapping):
+            raise PolicyFileError(f"{KIND} metadata must be a mapping, got {type(meta).__name__}")
+        data = dict(spec, name=meta.get("name", "policy"))
+    return Policy.model_validate(data)
 
 
 def load_policies(path: str | Path) -> list[Policy]:
@@ -166,15 +177,26 @@ def load_policies(path: str | Path) -> list[Policy]:
 
     Raises:
         pydantic.ValidationError: a document breaks the schema (the message names the field).
-        PolicyFileError: the file is not YAML.
-        FileNotFoundError: no such file.
+        PolicyFileError: the file cannot be read (missing, a directory, too large, not UTF-8), is not
+            YAML (aliases and duplicate keys are refused), holds no policy, or holds a document that
+            is not a mapping.
     """
-    text = Path(path).read_text(encoding="utf-8")
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        raise PolicyFileError(f"{path}: not valid YAML: {err}") from err
-    return [from_document(d) for d in docs] or [Policy()]
+        docs = load_yaml_all(path, "policy file")
+    except InputError as err:
+        raise PolicyFileError(str(err), field=err.field, value=err.value) from None
+    if not docs:
+        raise PolicyFileError(
+            f"{path}: holds no policy (an empty file would allow everything); write at least one, e.g. "
+            "`name: open` for a policy without restrictions"
+        )
+    policies = []
+    for i, d in enumerate(docs):
+        try:
+            policies.append(from_document(d))
+        except PolicyFileError as err:
+            raise PolicyFileError(f"{path}: document {i + 1}: {err}") from None
+    return policies
 
 
 def load_policy(path: str | Path) -> Policy:

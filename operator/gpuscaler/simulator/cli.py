@@ -2,13 +2,13 @@
 
 Registered by the main CLI through ``register(subparsers)``. Prints the comparison table (or JSON
 with ``--json``), writes figures with ``--plot DIR`` and per-job outcomes with ``--jobs-out FILE``.
-Exit codes: 0 success, 2 bad input.
+Exit codes: 0 success, 2 bad input (raised as :class:`gpuscaler.inputs.InputError` and printed by the
+CLI's ``main``, as a JSON error object under ``--json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,6 +17,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuscaler.catalog import load_catalog
+from gpuscaler.inputs import (
+    InputError,
+    non_negative_float,
+    output_file,
+    positive_float,
+    to_json,
+    validation_error,
+)
 from gpuscaler.policy import load_policy
 from gpuscaler.simulator.cloud import CloudModel
 from gpuscaler.simulator.compare import compare
@@ -40,17 +48,17 @@ def register(subparsers: Any) -> None:
     sp.add_argument("--strategies", default=",".join(STRATEGIES),
                     help=f"comma-separated, first is the baseline (default {','.join(STRATEGIES)})")
     sp.add_argument("--policy", help="platform policy YAML")
-    sp.add_argument("--interruption-scale", type=float,
+    sp.add_argument("--interruption-scale", type=non_negative_float,
                     help="multiply the Spot Advisor interruption rates (default: the trace's, else 1)")
-    sp.add_argument("--shortage-scale", type=float,
+    sp.add_argument("--shortage-scale", type=non_negative_float,
                     help="multiply capacity-shortage probabilities (default: the trace's, else 1)")
-    sp.add_argument("--checkpoint-interval", type=float, default=3600.0,
+    sp.add_argument("--checkpoint-interval", type=positive_float, default=3600.0,
                     help="seconds between checkpoints of spot-checkpoint (default 3600)")
     sp.add_argument("--no-cache", action="store_true", help="do not memoise planner calls")
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     sp.add_argument("--plot", metavar="DIR", help="write cost_vs_misses.png and completion_cdf.png into DIR")
-    sp.add_argument("--jobs-out", metavar="FILE", help="write one JSON line per job and strategy")
+    sp.add_argument("--jobs-out", metavar="FILE", type=output_file, help="write one JSON line per job and strategy")
     sp.set_defaults(func=cmd_simulate)
 
 
@@ -65,9 +73,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         unknown = [n for n in names if n not in STRATEGIES]
         if unknown or not names:
             raise ValueError(f"unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
-    except (TraceError, FileNotFoundError, ValidationError, ValueError) as err:
-        print(f"gpuscaler simulate: {err}", file=sys.stderr)
-        return EXIT_USAGE
+    except TraceError:
+        raise
+    except ValidationError as err:
+        raise validation_error(err, f"simulate: policy {args.policy}") from None
+    except (InputError, ValueError) as err:  # a policy file, unknown strategies or cloud keys
+        raise InputError(f"simulate: {err}", field=getattr(err, "field", None)) from None
     t0 = time.perf_counter()
     cmp = compare(trace, load_catalog(), policy=policy, cloud=cloud, seed=args.seed, strategies=names,
                   checkpoint_interval_s=args.checkpoint_interval, cache=not args.no_cache,
@@ -78,7 +89,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         with Path(args.jobs_out).open("w", encoding="utf-8") as fh:
             for res in cmp.results:
                 for o in res.outcomes:
-                    fh.write(json.dumps({
+                    fh.write(to_json({
                         "strategy": res.strategy, "job": o.name, "status": o.status, "plan": o.plan_label,
                         "arrivalHours": o.arrival_h, "completionHours": o.completion_h,
                         "deadlineHours": o.deadline_h, "missedDeadline": o.missed_deadline,
@@ -86,16 +97,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         "predictedHours": round(o.predicted_hours, 4), "gpuHours": round(o.gpu_hours, 4),
                         "gpuHoursLost": round(o.gpu_hours_lost, 4), "interruptions": o.interruptions,
                         "shortages": o.shortages, "note": o.note,
-                    }) + "\n")
+                    }, indent=None) + "\n")
     if args.json:
-        print(json.dumps({
+        print(to_json({
             "trace": trace.name, "jobs": len(trace.jobs), "seed": args.seed,
             "interruptionScale": cloud.interruption_scale, "shortageScale": cloud.shortage_scale,
             "strategies": [r.to_dict() for r in rows],
             "planner": {"calls": cmp.planner.calls, "runs": cmp.planner.misses,
                         "seconds": round(cmp.planner.planning_s, 3)},
             "seconds": round(elapsed, 3),
-        }, indent=2))
+        }))
     else:
         print(f"trace {trace.name}: {len(trace.jobs)} jobs over {trace.jobs[-1].arrival_h:.0f} h; seed {args.seed}; "
               f"interruption rates x{cloud.interruption_scale:g}, shortages x{cloud.shortage_scale:g}")

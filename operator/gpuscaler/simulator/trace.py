@@ -14,22 +14,30 @@ An entry is ``{name, arrivalHours, spec}``; a whole TrainingJob document (``apiV
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJobSpec
+from gpuscaler.inputs import (
+    MAX_TRACE_BYTES,
+    InputError,
+    iter_fields,
+    parse_json,
+    parse_yaml,
+    read_text,
+    shown,
+)
 
 DEFAULT_START = datetime(2026, 1, 5, tzinfo=UTC)
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """The trace file cannot be read as written (the message names the entry and field)."""
 
 
@@ -62,23 +70,30 @@ def _entry(raw: Any, where: str, index: int) -> TraceJob:
     if not isinstance(raw, dict):
         raise TraceError(f"{where}: a job entry must be a mapping, got {type(raw).__name__}")
     meta = raw.get("metadata") or {}
-    name = str(raw.get("name") or meta.get("name") or f"job-{index:05d}")
+    if not isinstance(meta, dict):
+        raise TraceError(f"{where}: metadata must be a mapping, got {type(meta).__name__}")
+    name = str(raw.get("name") or meta.get("name") or f"job-{index:05d}")[:253]
     if "arrivalHours" not in raw:
         raise TraceError(f"{where} ({name}): arrivalHours is required")
-    try:
-        arrival = float(raw["arrivalHours"])
-    except (TypeError, ValueError) as err:
-        raise TraceError(f"{where} ({name}): arrivalHours must be a number") from err
+    arrival = raw["arrivalHours"]
+    if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not math.isfinite(arrival):
+        raise TraceError(
+            f"{where} ({name}): arrivalHours must be a finite number of hours, got {shown(arrival)}",
+            field="arrivalHours",
+            value=shown(arrival),
+        )
     if arrival < 0:
-        raise TraceError(f"{where} ({name}): arrivalHours must be >= 0")
+        raise TraceError(f"{where} ({name}): arrivalHours must be >= 0, got {arrival:g}", field="arrivalHours")
     if "spec" not in raw:
         raise TraceError(f"{where} ({name}): spec (a TrainingJob spec) is required")
     try:
         spec = TrainingJobSpec.model_validate(raw["spec"])
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
-        raise TraceError(f"{where} ({name}): spec is invalid: {problems}") from err
-    return TraceJob(name, arrival, spec)
+        problems = "; ".join(
+            f"{loc}: {msg}" + (f" (got {value})" if value else "") for loc, msg, value in iter_fields(err)
+        )
+        raise TraceError(f"{where} ({name}): spec is invalid: {problems}") from None
+    return TraceJob(name, float(arrival), spec)
 
 
 def _start(value: Any, where: str) -> datetime:
@@ -92,6 +107,41 @@ def _start(value: Any, where: str) -> datetime:
         except ValueError as err:
             raise TraceError(f"{where}: start {value!r} is not an RFC 3339 time") from err
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+CLOUD_TABLES = frozenset({"shortageOverrides", "noticeSeconds"})
+"""``cloud`` keys whose value is a table (instance type or provider -> numbers); the rest are numbers."""
+
+
+def _cloud(value: Any, where: str) -> dict[str, Any]:
+    """The trace's ``cloud`` mapping with every value a finite number >= 0 (tables of them for
+    :data:`CLOUD_TABLES`); which keys exist is checked by the cloud model itself."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TraceError(f"{where}: cloud must be a mapping, got {type(value).__name__}")
+
+    def number(x: Any, field: str) -> float:
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
+            raise TraceError(
+                f"{where}: cloud.{field} must be a finite number >= 0, got {shown(x)}",
+                field=f"cloud.{field}",
+                value=shown(x),
+            )
+        return float(x)
+
+    def table(x: Any, field: str, depth: int) -> Any:
+        if not isinstance(x, dict):
+            raise TraceError(f"{where}: cloud.{field} must be a mapping, got {shown(x)}", field=f"cloud.{field}")
+        return {
+            str(k): table(v, f"{field}.{k}", depth - 1) if depth > 1 else number(v, f"{field}.{k}")
+            for k, v in x.items()
+        }
+
+    return {
+        key: table(v, key, 2 if key == "shortageOverrides" else 1) if key in CLOUD_TABLES else number(v, key)
+        for key, v in value.items()
+    }
 
 
 def _unique(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
@@ -114,9 +164,7 @@ def parse_trace(data: Mapping[str, Any], name: str = "trace") -> Trace:
     if not isinstance(jobs_raw, list) or not jobs_raw:
         raise TraceError(f"{name}: expected a non-empty list under 'jobs'")
     jobs = [_entry(r, f"{name}: jobs[{i}]", i) for i, r in enumerate(jobs_raw)]
-    cloud = data.get("cloud") or {}
-    if not isinstance(cloud, dict):
-        raise TraceError(f"{name}: cloud must be a mapping")
+    cloud = _cloud(data.get("cloud"), name)
     return Trace(
         name=str(data.get("name") or name),
         description=str(data.get("description") or ""),
@@ -129,19 +177,19 @@ def parse_trace(data: Mapping[str, Any], name: str = "trace") -> Trace:
 def load_trace(path: str | Path) -> Trace:
     """Read a YAML (``.yaml``/``.yml``) or JSONL (anything else) trace file.
 
+    Files are read through :mod:`gpuscaler.inputs`: at most :data:`gpuscaler.inputs.MAX_TRACE_BYTES`,
+    UTF-8, YAML without aliases or duplicate keys, JSON without NaN or Infinity.
+
     Raises:
         TraceError: unreadable file or invalid content (the message says where).
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError as err:
-        raise TraceError(f"{path}: no such file") from err
+        text = read_text(p, "trace file", MAX_TRACE_BYTES)
+        data = parse_yaml(text, str(path)) if p.suffix in (".yaml", ".yml") else None
+    except InputError as err:
+        raise TraceError(str(err), field=err.field, value=err.value) from None
     if p.suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise TraceError(f"{path}: not valid YAML: {err}") from err
         if not isinstance(data, dict):
             raise TraceError(f"{path}: expected a mapping with 'jobs'")
         return parse_trace(data, p.stem)
@@ -151,20 +199,21 @@ def load_trace(path: str | Path) -> Trace:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise TraceError(f"{path}:{lineno}: not valid JSON: {err.msg}") from err
+            obj = parse_json(line, f"{path}:{lineno}")
+        except InputError as err:
+            raise TraceError(str(err), field=err.field, value=err.value) from None
         if isinstance(obj, dict) and "trace" in obj and "spec" not in obj:
+            if not isinstance(obj["trace"] or {}, dict):
+                raise TraceError(f"{path}:{lineno}: trace must be a mapping of name, description, start, cloud")
             meta = dict(obj["trace"] or {})
             continue
         jobs.append(_entry(obj, f"{path}:{lineno}", len(jobs)))
     if not jobs:
         raise TraceError(f"{path}: no job entries")
-    cloud = meta.get("cloud") or {}
     return Trace(
         name=str(meta.get("name") or p.stem),
         description=str(meta.get("description") or ""),
         start=_start(meta.get("start"), str(path)),
-        cloud=cloud if isinstance(cloud, dict) else {},
+        cloud=_cloud(meta.get("cloud"), str(path)),
         jobs=_unique(jobs),
     )
