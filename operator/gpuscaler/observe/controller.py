@@ -70,6 +70,9 @@ PlanWith = Callable[[Mapping[str, float]], PlanResult]
 efficiency factors per GPU id."""
 MAX_POINTS = 60
 """Progress readings kept in the status (the newest; one is added only when the samples moved)."""
+POINTS_PER_WINDOW = 20
+"""Readings are kept at least ``min_window_s / POINTS_PER_WINDOW`` apart (a window is measured from
+about twenty; more would only grow the status)."""
 
 
 class MetricsSource(Protocol):
@@ -264,7 +267,12 @@ class Observer:
     def _record_progress(self, obs: ObservedStatus, samples: float | None, since: datetime, now: datetime) -> None:
         """Keep the gang's progress readings (only those of the gang running since ``since``)."""
         pts = [p for p in obs.progress_points if p.at >= since]
-        if samples is not None and (not pts or pts[-1].samples != samples) and now >= since:
+        spacing = self.config.min_window_s / POINTS_PER_WINDOW
+        if (
+            samples is not None
+            and now >= since
+            and (not pts or (pts[-1].samples != samples and (now - pts[-1].at).total_seconds() >= spacing))
+        ):
             pts.append(ProgressSample(at=now, samples=samples))
         obs.progress_points = pts[-MAX_POINTS:]
 

@@ -193,7 +193,8 @@ def correct(
         config: Window and warm-up (defaults: :class:`CorrectionConfig`).
 
     Returns:
-        The correction; ``ready`` False (and the plan's factor) until ``min_window_s`` is covered.
+        The correction; ``ready`` False (and the plan's factor) until ``min_window_s`` is covered,
+        and when the measured factor is outside ``[MIN_FACTOR, MAX_FACTOR]``.
     """
     cfg = config or CorrectionConfig()
     model = predicted / plan_factor if plan_factor > 0 else predicted
@@ -205,7 +206,14 @@ def correct(
             0 if m is None else m.points,
             f"measuring: {have:.0f} of {cfg.min_window_s:g} s of progress after the {cfg.warmup_s:g} s warm-up",
         )
-    measured = min(max(m.rate / model, MIN_FACTOR), MAX_FACTOR)
+    measured = m.rate / model
+    if not MIN_FACTOR <= measured <= MAX_FACTOR:
+        return Correction(
+            gpu_type, False, plan_factor, prior_log_sigma, m.rate, model, m.seconds, m.points,
+            f"measured {m.rate:,.1f}/s is {measured:.2f}x the model's {model:,.1f}/s, outside "
+            f"[{MIN_FACTOR:g}, {MAX_FACTOR:g}]: the progress count, not the model, is off (a runtime counting "
+            "per-GPU instead of global samples?); not corrected",
+        )
     s_obs = max(m.rel_se, MEASURED_LOG_SIGMA_FLOOR)
     factor, sigma = posterior(plan_factor, prior_log_sigma, measured, s_obs)
     return Correction(
