@@ -169,7 +169,7 @@ def render_plan(result: PlanResult) -> str:
         if band is not None:
             risk.insert(
                 0,
-                f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s (+-{band.log_sigma:.0%}"
+                f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s (model error sigma {band.log_sigma:.2f}"
                 + (f": {', '.join(band.reasons)}" if band.reasons else "")
                 + ")",
             )
@@ -367,7 +367,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"{cfg.micro_batch} x {cfg.accumulation}:\n"
             f"  throughput {est.throughput:,.1f} {est.unit}/s, step {est.step_time_s * 1000:,.1f} ms, "
             f"scaling efficiency {est.scaling_efficiency:.0%}, bound by {est.bottleneck}\n"
-            f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error +-{band.log_sigma:.0%}"
+            f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error sigma {band.log_sigma:.2f}"
             + (f": {', '.join(band.reasons)}" if band.reasons else "")
             + ")\n"
             f"  memory {est.memory_per_gpu_gb:.2f} GB/GPU of {gpu.memory_gb:g} GB: "
