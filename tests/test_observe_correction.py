@@ -95,3 +95,16 @@ def test_a_job_on_its_prediction_is_left_alone() -> None:
     assert seen is not None and seen.efficiency_by_gpu == {} and not seen.replan_pending
     assert seen.ratio == pytest.approx(1.0, abs=0.01) and seen.deadline_miss_probability is not None
     assert seen.deadline_miss_probability < 0.3
+
+
+def test_no_status_churn_while_measuring() -> None:
+    """Until the window is covered the observed status changes only when a point is added."""
+    st = running(SPEC)
+    assert st.plan is not None
+    obs = Observer(None, CFG, CATALOG)
+    obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=25), planner(st, 2.0), JobContext(100.0, 2.0, 0.3))
+    assert st.observed is not None
+    before = st.observed.model_dump()
+    # the same progress a second later: nothing new to record, nothing rewritten
+    obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=26), planner(st, 2.0), JobContext(100.0, 2.0, 0.3))
+    assert st.observed.model_dump() == before

@@ -227,11 +227,11 @@ class Observer:
             obs.message = f"warming up: samples count from {self.config.warmup_s:g}s after the workers started"
             return out
         start = since.timestamp() + self.config.warmup_s
-        obs.last_assessed = now
         factor_changed = False
         sigma = MEASURED_LOG_SIGMA_FLOOR
         measured = False
         if self.source is not None:
+            obs.last_assessed = now  # queries cost: at most one assessment per interval_s
             try:
                 metrics = self.source.job_metrics(namespace, name, self.config.window_s, start, self.config.rate_window_s)
             except PrometheusError as err:
@@ -252,9 +252,12 @@ class Observer:
                     obs.correction_log_sigma = round(sigma, 4)
                     obs.window_seconds = round(metrics.rate.seconds, 1)
         if not measured:
+            # pure and cheap: looked at on every tick until the window is covered (a status that
+            # does not change is not written), then once per interval_s
             got = self._correct_from_progress(st, obs, since, now, out)
             if got is None:
                 return out
+            obs.last_assessed = now
             factor_changed, sigma = got
         miss = self._miss_probability(st, obs, sigma, ctx)
         at_risk = miss is not None and miss > ctx.max_deadline_risk
@@ -296,17 +299,19 @@ class Observer:
             plan_factor=p.efficiency_factor,
             config=self.config.correction(),
         )
+        if self.source is not None and obs.message.startswith("Prometheus unavailable"):
+            prefix = obs.message.split("; from the progress annotations: ")[0] + "; from the progress annotations: "
+        else:
+            prefix = ""
+        if not c.ready:  # no figures that move every tick (each change is a status write)
+            obs.message = prefix + c.reason
+            if c.window_s >= self.config.min_window_s:  # measured but not believed: look again later
+                obs.last_assessed = now
+            return None
         obs.predicted = round(p.throughput, 3)
         if c.observed is not None:
             obs.throughput = round(c.observed, 3)
             obs.ratio = round(c.observed / p.throughput, 3) if p.throughput > 0 else None
-        if self.source is not None and obs.message.startswith("Prometheus unavailable"):
-            prefix = obs.message + "; from the progress annotations: "
-        else:
-            prefix = ""
-        if not c.ready:
-            obs.message = prefix + c.reason
-            return None
         obs.source = "annotations"
         obs.pods = max(obs.pods, 1)
         obs.corrected_throughput = round(c.throughput, 3)

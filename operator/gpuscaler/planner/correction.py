@@ -204,7 +204,7 @@ def correct(
         return Correction(
             gpu_type, False, plan_factor, prior_log_sigma, None if m is None else m.rate, model, have,
             0 if m is None else m.points,
-            f"measuring: {have:.0f} of {cfg.min_window_s:g} s of progress after the {cfg.warmup_s:g} s warm-up",
+            f"measuring: the correction needs {cfg.min_window_s:g} s of progress after a {cfg.warmup_s:g} s warm-up",
         )
     measured = m.rate / model
     if not MIN_FACTOR <= measured <= MAX_FACTOR:
