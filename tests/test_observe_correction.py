@@ -108,3 +108,14 @@ def test_no_status_churn_while_measuring() -> None:
     # the same progress a second later: nothing new to record, nothing rewritten
     obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=26), planner(st, 2.0), JobContext(100.0, 2.0, 0.3))
     assert st.observed.model_dump() == before
+
+
+def test_report_shows_the_correction() -> None:
+    from gpuscaler.observe.cli import render
+
+    st = running(SPEC)
+    assert st.plan is not None
+    obs = Observer(None, CFG, CATALOG)
+    run(st, obs, 0.7 * st.plan.throughput, 120, ckpt=40)
+    text = render("j", "ns", st)
+    assert "corrected" in text and "s of annotations" in text and "P(miss deadline)" in text and "planned" in text
