@@ -42,20 +42,20 @@ from gpuscaler.observe.assess import (
     Assessment,
     Expectation,
     JobMetrics,
-    PlanOption,
     ReplanDecision,
     Thresholds,
     assess,
 )
 from gpuscaler.observe.prometheus import PrometheusError
 from gpuscaler.perfmodel.uncertainty import base_log_sigma
-from gpuscaler.planner import Candidate, PlanResult
+from gpuscaler.planner import PlanResult
 from gpuscaler.planner.correction import (
     MEASURED_LOG_SIGMA_FLOOR,
     CorrectionConfig,
     ProgressPoint,
     correct,
     keep_factor,
+    plan_option,
     remaining_miss_probability,
     should_replan,
 )
@@ -158,16 +158,6 @@ def _running_since(st: TrainingJobStatus) -> datetime | None:
         if c.type == "Running" and c.status == "True":
             return c.last_transition_time
     return st.start_time
-
-
-def _option(c: Candidate) -> PlanOption:
-    return PlanOption(
-        key=(c.instance.name, c.nodes, c.capacity.value, c.precision.value),
-        label=c.label,
-        usd_per_hour=c.usd_per_hour,
-        expected_cost_usd=c.expected_cost_usd,
-        expected_hours=c.expected_hours,
-    )
 
 
 class Observer:
@@ -440,8 +430,8 @@ class Observer:
         result = plan_with(dict(obs.efficiency_by_gpu))
         p = st.plan
         key = (p.instance_type, p.nodes, p.capacity_type, p.precision)
-        current = next((_option(c) for c in result.feasible if _option(c).key == key), None)
-        best = _option(result.chosen) if result.chosen is not None else None
+        current = next((plan_option(c) for c in result.feasible if plan_option(c).key == key), None)
+        best = plan_option(result.chosen) if result.chosen is not None else None
         # plan_with plans the rest only: the options' costs are the rest's
         decision = should_replan(miss, max_risk, current, best, self.config.correction())
         return decision, result

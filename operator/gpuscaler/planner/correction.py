@@ -32,8 +32,12 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuscaler.planner.risk import outlook
+
+if TYPE_CHECKING:  # the planner imports this module; a runtime import would be circular
+    from gpuscaler.planner.planner import Candidate
 
 MEASURED_LOG_SIGMA_FLOOR = 0.05
 """Least log-space sigma of a measured throughput (assumption): a window of minutes early in a run
@@ -269,6 +273,17 @@ class PlanOption:
     usd_per_hour: float
     expected_cost_usd: float
     expected_hours: float
+
+
+def plan_option(c: Candidate) -> PlanOption:
+    """A planner candidate as the decision sees it (the same key = the same plan)."""
+    return PlanOption(
+        key=(c.instance.name, c.nodes, c.capacity.value, c.precision.value),
+        label=c.label,
+        usd_per_hour=c.usd_per_hour,
+        expected_cost_usd=c.expected_cost_usd,
+        expected_hours=c.expected_hours,
+    )
 
 
 @dataclass(frozen=True)
