@@ -41,6 +41,7 @@ from gpuscaler.inputs import (
     validation_error,
 )
 from gpuscaler.perfmodel import ParallelConfig, PrecisionUnsupportedError, estimate
+from gpuscaler.perfmodel.uncertainty import CrossValidationError, throughput_band
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.policy import Policy, PolicyConflictError, load_policies, policy_for_namespace
 
@@ -144,6 +145,10 @@ def describe_error(err: BaseException) -> Failure:
     if isinstance(err, OSError):
         where = f"{err.filename}: " if err.filename else ""
         return Failure(EXIT_USAGE, "io-error", f"{where}{err.strerror or err}", err.filename and str(err.filename))
+    if isinstance(err, CrossValidationError):  # a broken install, not the user's input
+        return Failure(
+            EXIT_INTERNAL, "broken-install", f"the performance model's data is broken: {err}; reinstall gpuscaler"
+        )
     if isinstance(err, MemoryError | RecursionError):
         return Failure(EXIT_USAGE, "too-large", "the input is too large or too deeply nested to process")
     return Failure(
@@ -266,6 +271,7 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
             for r in result.rejected
         ],
         "hints": result.hints,
+        "caveats": result.caveats,
         "candidatesEvaluated": result.candidates_evaluated,
         "planningSeconds": round(result.planning_seconds, 4),
     }
@@ -303,13 +309,29 @@ def render_plan(result: PlanResult) -> str:
         out.append(
             f"  expected {c.expected_hours:.2f} h, {_money(c.expected_cost_usd)} at {_money(c.usd_per_hour)}/h; "
             f"checkpoint every {c.outlook.interval_s / 60:.0f} min ({c.checkpoint_write_s:.0f} s each)"
-            + (
-                f"; {c.outlook.interruptions:.2f} interruptions expected, P(miss deadline) "
-                f"{c.outlook.deadline_miss_probability:.1%}"
-                if c.capacity.value == "spot"
-                else ""
-            )
+            + (f"; {c.outlook.interruptions:.2f} interruptions expected" if c.capacity.value == "spot" else "")
         )
+        band = c.band
+        out.append(
+            f"  P50 {c.expected_hours:.2f} h, {_money(c.expected_cost_usd)}; P90 {c.p90_hours:.2f} h, "
+            f"{_money(c.p90_cost_usd)} (the model's throughput error, interruptions at their expectation)"
+        )
+        risk = (
+            [f"P(miss deadline) {c.outlook.deadline_miss_probability:.1%} with interruptions and model error"]
+            if job.deadline_h is not None
+            else []
+        )
+        if band is not None:
+            risk.insert(
+                0,
+                f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s (model error sigma {band.log_sigma:.2f}"
+                + (f": {', '.join(band.reasons)}" if band.reasons else "")
+                + ")",
+            )
+        if risk:
+            out.append("  " + "; ".join(risk))
+        for caveat in result.caveats:
+            out.append(f"  caveat: {caveat}")
     else:
         out.append("No feasible plan.")
         for h in result.hints:
@@ -331,13 +353,14 @@ def render_plan(result: PlanResult) -> str:
                 f"{p.estimate.throughput:,.0f}",
                 f"{p.estimate.memory_per_gpu_gb:.1f}",
                 f"{p.expected_hours:.2f}",
+                f"{p.p90_hours:.2f}",
                 _money(p.expected_cost_usd),
                 f"{p.outlook.deadline_miss_probability:.1%}" if job.deadline_h is not None else "-",
             ]
         )
     out.append(
         _table(
-            ["", "plan", "micro x K", f"{job.workload.unit}/s", "GB/GPU", "hours", "cost", "P(miss)"], rows
+            ["", "plan", "micro x K", f"{job.workload.unit}/s", "GB/GPU", "hours", "P90 h", "cost", "P(miss)"], rows
         )
     )
     if result.rejected:
@@ -450,7 +473,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401  (missing: say so before planning, not after printing the plan)
     doc = load_job(args.file)
     policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
-    result = plan(doc.spec, load_catalog(), policy, name=doc.metadata.name)
+    result = plan(
+        doc.spec, load_catalog(), policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices
+    )
     if args.json:
         print(to_json(plan_to_dict(result)))
     else:
@@ -493,6 +518,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         network_gbps=network,
     )
     est = estimate(workload, gpu, cfg)
+    band = throughput_band(workload, gpu, cfg.precision, est.throughput)
     data = {
         "workload": workload.id,
         "gpu": gpu.id,
@@ -504,6 +530,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         "accumulation": cfg.accumulation,
         "global_batch": cfg.global_batch,
         "throughput": est.throughput,
+        "throughput_p10": band.p10,
+        "throughput_p90": band.p90,
+        "throughput_log_sigma": band.log_sigma,
+        "throughput_band_reasons": list(band.reasons),
         "unit": est.unit,
         "step_time_s": est.step_time_s,
         "memory_per_gpu_gb": est.memory_per_gpu_gb,
@@ -534,6 +564,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"{cfg.micro_batch} x {cfg.accumulation}:\n"
             f"  throughput {est.throughput:,.1f} {est.unit}/s, step {est.step_time_s * 1000:,.1f} ms, "
             f"scaling efficiency {est.scaling_efficiency:.0%}, bound by {est.bottleneck}\n"
+            f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error sigma {band.log_sigma:.2f}"
+            + (f": {', '.join(band.reasons)}" if band.reasons else "")
+            + ")\n"
             f"  memory {est.memory_per_gpu_gb:.2f} GB/GPU of {gpu.memory_gb:g} GB: "
             f"{'fits' if est.fits else 'DOES NOT FIT'}"
         )
@@ -737,6 +770,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sp.add_argument(
         "--plot", metavar="FILE.png", type=output_file, help="draw cost vs time with the chosen plan marked"
+    )
+    sp.add_argument(
+        "--allow-flagged-prices",
+        action="store_true",
+        help="plan on spot prices the catalog flags as suspicious (left out by default; shown with a caveat)",
     )
     sp.set_defaults(func=cmd_plan)
 

@@ -9,10 +9,11 @@
 4. ``spot-checkpoint``: the same plan with a fixed checkpoint every hour and no handshake: an
    interruption loses the work since the last checkpoint (half an interval on average) + the restart.
 5. ``gpuscaler``: the planner's choice under the deadline, budget and policy; on a notice a
-   checkpoint handshake (nothing lost when the write fits in the notice), then a re-plan with the
-   remaining work, deadline and budget; on-demand only after the policy's ``spot.maxInterruptions``
-   (and whenever the planner finds spot too risky for the deadline left); on a capacity shortage it
-   re-plans without the short offering instead of waiting for it.
+   checkpoint handshake (nothing lost when the write fits in the notice), then the operator's own
+   recovery decision (:func:`gpuscaler.planner.recovery.recover`): the remaining work, deadline
+   and budget; on-demand after the policy's ``spot.maxInterruptions`` or when another reclaim
+   would miss the deadline; on a capacity shortage it re-plans without the short offering instead
+   of waiting for it.
 
 Strategies decide; :mod:`gpuscaler.simulator.engine` plays the cloud and keeps the books.
 """
@@ -24,12 +25,9 @@ from dataclasses import dataclass, field
 
 from gpuscaler.api import PrecisionName, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog
-from gpuscaler.planner import Candidate, resolve_workload
-from gpuscaler.simulator.planning import CachedPlanner, Choice, with_remaining
+from gpuscaler.planner import Candidate, Interrupted, Situation, recover, resolve_workload
+from gpuscaler.simulator.planning import CachedPlanner, with_remaining
 
-FALLBACK_COST_FACTOR = 2.0
-"""When no plan meets the deadline, gpuscaler runs the fastest on-demand plan costing at most this
-multiple of the cheapest one (finish as early as is sensible rather than at any price)."""
 SHORTAGE_HOLD_H = 1.0
 """How long gpuscaler avoids an offering after a failed capacity request."""
 
@@ -186,57 +184,48 @@ class SpotCheckpoint(SpotRestart):
 
 
 class Gpuscaler(Strategy):
-    """The planner's plan, a checkpoint handshake on notice, re-plan after every event."""
+    """The planner's plan, a checkpoint handshake on notice, and the operator's recovery rule.
+
+    Every decision (the first plan, after a reclaim, after a shortage) is
+    :func:`gpuscaler.planner.recovery.recover`, the function the operator calls after an
+    interruption: remaining work, hours and budget left, on-demand after ``spot.maxInterruptions``
+    or when spot puts the deadline at risk, the fastest sensible finish when the deadline cannot
+    be met. The simulated allocation is lost whole, so there are no survivors to continue on.
+    """
 
     name = "gpuscaler"
     label = "gpuscaler"
     replans_on_shortage = True
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h, first=True)
+        return self._decide(st, planner, now_h)
 
     def after_interruption(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h, first=False)
+        return self._decide(st, planner, now_h)
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h, first=st.remaining_samples >= st.total_samples)
+        return self._decide(st, planner, now_h)
 
-    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float, *, first: bool) -> Decision | None:
-        left = st.deadline_left_h(now_h)
-        spot: SpotPolicy | None = None
-        if st.interruptions >= planner.policy.spot.max_interruptions:
-            spot = SpotPolicy.NEVER
-        late = left is not None and left <= 0.05
-        if late:
-            spot, left = SpotPolicy.NEVER, None
-        budget: float | bool | None = False
-        if st.spec.budget_usd is not None:
-            budget = st.spec.budget_usd - st.spent_usd if st.spec.budget_usd > st.spent_usd else None
-        samples = None if first else st.remaining_samples
-        avoid = st.avoided(now_h)
-        spec = with_remaining(st.spec, samples, spot=spot, budget_usd=budget)
-        choice = planner.choose(spec, left, avoid, st.name)
-        if choice.chosen is None and budget is not False and budget is not None:
-            # Over budget whatever it does: finish at the cheapest plan that meets the deadline.
-            choice = planner.choose(with_remaining(spec, budget_usd=None), left, avoid, st.name)
-        if choice.chosen is None or late:
-            # The deadline cannot be met: fastest sensible on-demand plan.
-            fallback = with_remaining(spec, spot=SpotPolicy.NEVER, budget_usd=None)
-            choice = _fastest_sensible(planner.choose(fallback, None, avoid, st.name))
-            if choice.chosen is None and avoid:
-                choice = _fastest_sensible(planner.choose(fallback, None, frozenset(), st.name))
-        cand = choice.chosen
+    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        cur = st.current.candidate if st.current is not None else None
+        situation = Situation(
+            spec=st.spec,
+            total_samples=st.total_samples,
+            done_samples=st.total_samples - st.remaining_samples,
+            interrupted=None if cur is None else Interrupted(
+                cur.instance.name, cur.capacity.value, cur.nodes, cur.instance.gpu_count
+            ),
+            interruptions=st.interruptions,
+            deadline_h=st.deadline_left_h(now_h),
+            spent_usd=st.spent_usd,
+            unavailable=st.avoided(now_h),
+            rules=planner.policy.spot,
+        )
+        rec = recover(situation, lambda spec, dl, un: planner.choose(spec, dl, un, st.name))
+        cand = rec.chosen
         if cand is None:
             return None
         return Decision(cand, cand.outlook.interval_s, handshake=True)
-
-
-def _fastest_sensible(choice: Choice) -> Choice:
-    if choice.chosen is None or not choice.pareto:
-        return choice
-    cheapest = min(c.expected_cost_usd for c in choice.pareto)
-    ok = [c for c in choice.pareto if c.expected_cost_usd <= FALLBACK_COST_FACTOR * cheapest]
-    return Choice(min(ok, key=lambda c: (c.expected_hours, c.expected_cost_usd)), choice.pareto)
 
 
 STRATEGIES = ("ondemand-8xa100", "cheapest-fits", "spot-restart", "spot-checkpoint", "gpuscaler")
