@@ -112,22 +112,28 @@ def _probe(cluster: E2ECluster, capability: str) -> str | None:
         return None
     if capability == "private":
         return f"restarts the control plane: runs only on a private dev cluster, not with {KUBECONFIG_ENV}"
-    return _probe_kwok(cluster)
+    return probe_kwok(cluster)
 
 
-def _probe_kwok(cluster: E2ECluster) -> str | None:
-    """Install gpuscaler's stages where kwok reads Stage objects, then watch a probe node turn Ready."""
+def probe_kwok(cluster: E2ECluster, *, timeout: float | None = None, annotation_value: str = "fake") -> str | None:
+    """Install gpuscaler's stages where kwok reads Stage objects, then watch a probe node turn Ready.
+
+    Returns why kwok is missing, or None. ``annotation_value`` is the probe node's
+    ``kwok.x-k8s.io/node`` value (kwok manages ``fake``); ``timeout`` defaults to
+    ``$GPUSCALER_E2E_KWOK_TIMEOUT`` or :data:`KWOK_PROBE_TIMEOUT_S`.
+    """
     install_kwok_stages(cluster)
     core = _api(client.CoreV1Api, cluster)
     name = f"gpuscaler-e2e-kwok-probe-{cluster.session}"
-    timeout = float(os.environ.get(KWOK_PROBE_TIMEOUT_ENV, KWOK_PROBE_TIMEOUT_S))
+    if timeout is None:
+        timeout = float(os.environ.get(KWOK_PROBE_TIMEOUT_ENV, KWOK_PROBE_TIMEOUT_S))
     core.create_node(
         {
             "metadata": {
                 "name": name,
                 "labels": {"type": "kwok", E2E_LABEL: "true", SESSION_LABEL: cluster.session},
                 "annotations": {
-                    KWOK_NODE_ANNOTATION: "fake",
+                    KWOK_NODE_ANNOTATION: annotation_value,
                     NODE_READY_DELAY_ANNOTATION: f"{KWOK_PROBE_DELAY_S}s",
                 },
             },
@@ -174,7 +180,8 @@ def install_kwok_stages(cluster: E2ECluster) -> list[str]:
     """
     ext = _api(client.ApiextensionsV1Api, cluster)
     try:
-        ext.read_custom_resource_definition(STAGE_CRD)
+        if ext.read_custom_resource_definition(STAGE_CRD).metadata.deletion_timestamp is not None:
+            return []  # on its way out: no kwok reads Stage objects here
     except ApiException as err:
         if err.status == 404:
             return []
@@ -186,6 +193,8 @@ def install_kwok_stages(cluster: E2ECluster) -> list[str]:
         try:
             custom.create_cluster_custom_object(STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, doc)
         except ApiException as err:
+            if err.status == 404:  # the CRD went away meanwhile
+                break
             if err.status != 409:
                 raise
             continue

@@ -55,6 +55,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     return "e2e cluster: a private dev cluster started for this session"
 
 
+_CLEANUP = pytest.StashKey[str]()
+"""What the end-of-session sweep on an existing cluster removed (printed in the summary)."""
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _CLEANUP in config.stash:
+        terminalreporter.write_line(config.stash[_CLEANUP])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
@@ -93,10 +102,8 @@ def dev_cluster(pytestconfig: pytest.Config) -> Iterator[E2ECluster]:
             yield existing
         finally:
             removed = any_cluster.sweep(existing)
-            reporter = pytestconfig.pluginmanager.getplugin("terminalreporter")
-            if reporter is not None:
-                what = f"removed {', '.join(removed)}" if removed else "nothing was left to remove"
-                reporter.write_line(f"e2e on {external}: session {session} cleaned up: {what}")
+            what = f"removed {', '.join(removed)}" if removed else "nothing was left to remove"
+            pytestconfig.stash[_CLEANUP] = f"e2e on {external}: session {session} cleaned up: {what}"
             api.close()
         return
     binaries = _binaries(pytestconfig)

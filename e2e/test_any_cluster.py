@@ -86,6 +86,14 @@ def test_kwok_probe_finds_kwok_and_leaves_no_probe_node(existing: E2ECluster, kw
     assert not core.list_node(label_selector=f"{any_cluster.SESSION_LABEL}={existing.session}").items
 
 
+def test_kwok_probe_says_why_when_no_kwok_plays_the_node(existing: E2ECluster, core: Any) -> None:
+    """A node no kwok manages (another annotation value) never turns Ready: the reason says so."""
+    reason = any_cluster.probe_kwok(existing, timeout=3, annotation_value="not-managed-here")
+    assert reason is not None
+    assert reason.startswith("needs kwok: a Node annotated kwok.x-k8s.io/node=fake did not turn Ready in 3s")
+    assert not core.list_node(label_selector=f"{any_cluster.SESSION_LABEL}={existing.session}").items
+
+
 def test_private_control_plane_is_missing_on_an_existing_cluster(existing: E2ECluster, dev_cluster: E2ECluster) -> None:
     reason = any_cluster.missing(existing, "private")
     assert reason is not None and any_cluster.KUBECONFIG_ENV in reason

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 import any_cluster
 import kind_cluster
-from e2e_helpers import E2ECluster
+from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.devcluster.cluster import wait_established
 
 KIND = kind_cluster.KIND_DIR
@@ -98,6 +98,11 @@ def stage_crd(dev_cluster: E2ECluster) -> Iterator[None]:
     yield
     if created:
         ext.delete_custom_resource_definition(any_cluster.STAGE_CRD)
+
+        def gone() -> bool:
+            return all(c.metadata.name != any_cluster.STAGE_CRD for c in ext.list_custom_resource_definition().items)
+
+        wait_for(gone, what=f"CRD {any_cluster.STAGE_CRD} gone")
 
 
 def test_api_server_accepts_the_stages_and_refuses_a_broken_one(dev_cluster: E2ECluster, stage_crd: None) -> None:
