@@ -16,8 +16,9 @@ test needs. On an existing cluster (kind, a staging cluster, a dev cluster start
 - **Cleaning up.** Every namespace a test gets carries :data:`SESSION_LABEL`; :func:`sweep` runs
   at the end of the session (after failures too) and removes what is left: the session's
   namespaces (first releasing TrainingJob finalizers no operator is left to release), the nodes
-  the operator's kwok provider or Karpenter made for their jobs, the probe node, and the CRDs and
-  Stage objects this session created. What was there before the session is left alone.
+  the operator's kwok provider or Karpenter made for their jobs, the probe node, the cluster-scoped
+  objects of Helm releases in its namespaces, and the CRDs (gpuscaler's that Helm installed too)
+  and Stage objects this session created. What was there before the session is left alone.
 """
 
 from __future__ import annotations
@@ -290,6 +291,37 @@ def _session_nodes(cluster: E2ECluster, namespaces: Iterable[str]) -> list[str]:
     return sorted(set(names))
 
 
+HELM_RELEASE_NAMESPACE = "meta.helm.sh/release-namespace"
+"""Annotation Helm puts on every object of a release, cluster-scoped ones included."""
+HELM_CLUSTER_SCOPED = (
+    ("clusterrole", client.RbacAuthorizationV1Api, "cluster_role"),
+    ("clusterrolebinding", client.RbacAuthorizationV1Api, "cluster_role_binding"),
+    ("validatingadmissionpolicy", client.AdmissionregistrationV1Api, "validating_admission_policy"),
+    ("validatingadmissionpolicybinding", client.AdmissionregistrationV1Api, "validating_admission_policy_binding"),
+)
+"""The cluster-scoped kinds the chart installs: (name, API class, method suffix of list_/delete_)."""
+
+
+def crd_names(cluster: E2ECluster) -> set[str]:
+    """Every CRD on the cluster."""
+    ext = _api(client.ApiextensionsV1Api, cluster)
+    return {c.metadata.name for c in ext.list_custom_resource_definition().items}
+
+
+def _helm_leftovers(cluster: E2ECluster, namespaces: Iterable[str]) -> list[str]:
+    """Delete the cluster-scoped objects of Helm releases in ``namespaces`` (an uninstall that never ran)."""
+    wanted = set(namespaces)
+    removed = []
+    for kind, api_class, suffix in HELM_CLUSTER_SCOPED:
+        api = _api(api_class, cluster)
+        for obj in getattr(api, f"list_{suffix}")().items:
+            if (obj.metadata.annotations or {}).get(HELM_RELEASE_NAMESPACE) in wanted:
+                with contextlib.suppress(ApiException):
+                    getattr(api, f"delete_{suffix}")(obj.metadata.name)
+                    removed.append(f"{kind}/{obj.metadata.name}")
+    return removed
+
+
 def sweep(cluster: E2ECluster, timeout: float = 120.0) -> list[str]:
     """Remove what this session left on the cluster; returns what was removed (for the summary).
 
@@ -312,6 +344,7 @@ def sweep(cluster: E2ECluster, timeout: float = 120.0) -> list[str]:
         except ApiException as err:
             if err.status not in (404, 409):
                 raise
+    removed += _helm_leftovers(cluster, namespaces)
     custom = _api(client.CustomObjectsApi, cluster)
     for stage in cluster.created_stages:
         with contextlib.suppress(ApiException):
@@ -326,13 +359,15 @@ def sweep(cluster: E2ECluster, timeout: float = 120.0) -> list[str]:
             _release_trainingjobs(cluster, ns)
         time.sleep(0.5)
     ext = _api(client.ApiextensionsV1Api, cluster)
-    for crd in cluster.created_crds:
+    crds = list(cluster.created_crds)
+    if cluster.crds_before is not None:  # gpuscaler's CRDs the chart installed during the session
+        crds += sorted(n for n in crd_names(cluster) - cluster.crds_before if n.endswith(".gpuscaler.io"))
+    for crd in dict.fromkeys(crds):
         with contextlib.suppress(ApiException):
             ext.delete_custom_resource_definition(crd)
             removed.append(f"crd/{crd}")
     while time.monotonic() < deadline:  # the API server removes a CRD once its objects are gone
-        names = {c.metadata.name for c in ext.list_custom_resource_definition().items}
-        if not names & set(cluster.created_crds):
+        if not crd_names(cluster) & set(crds):
             break
         time.sleep(0.5)
     return removed

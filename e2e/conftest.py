@@ -98,6 +98,7 @@ def dev_cluster(pytestconfig: pytest.Config) -> Iterator[E2ECluster]:
             env["PATH"] = binaries.path_env(env.get("PATH"))
         api = config.new_client_from_config(config_file=external)  # type: ignore[no-untyped-call]
         existing = E2ECluster(Path(external), api, env, binaries, session=session)
+        existing.crds_before = any_cluster.crd_names(existing)
         try:
             yield existing
         finally:

@@ -42,6 +42,8 @@ class E2ECluster:
     """Namespaces the ``namespace`` fixture created."""
     created_crds: list[str] = field(default_factory=list)
     """CRDs this session installed on an existing cluster (deleted at the end of the session)."""
+    crds_before: set[str] | None = None
+    """The CRDs an existing cluster had when the session began (None: not recorded)."""
     created_stages: list[str] = field(default_factory=list)
     """kwok Stage objects this session installed on an existing cluster (deleted at the end)."""
 

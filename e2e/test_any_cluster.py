@@ -150,19 +150,23 @@ def test_sweep_removes_what_a_failed_test_left_and_nothing_else(
     existing: E2ECluster, core: Any, crd: None, namespace: str, crds: list[str]
 ) -> None:
     """A test that died before its teardown left a namespace with a finalized TrainingJob (its
-    operator gone), the job's node and a CRD; the sweep removes those, and not a bystander
-    namespace's node."""
+    operator gone), the job's node, a Helm release's ClusterRole and a CRD; the sweep removes
+    those, and not what belongs to a namespace outside the swept session."""
     left = f"left-{uuid.uuid4().hex[:5]}"
     core.create_namespace({"metadata": {"name": left, "labels": {any_cluster.SESSION_LABEL: existing.session}}})
     job = test_operator.job_manifest("stuck")
     job["metadata"]["finalizers"] = ["gpuscaler.io/finalizer"]
     custom: Any = client.CustomObjectsApi(existing.api)
     custom.create_namespaced_custom_object(test_operator.GROUP, test_operator.VERSION, left, test_operator.PLURAL, job)
-    nodes = {}
+    nodes, roles = {}, {}
+    rbac: Any = client.RbacAuthorizationV1Api(existing.api)
     for ns in (left, namespace):  # the second belongs to this test, not to the swept session
         name = f"sweep-{uuid.uuid4().hex[:5]}"
         core.create_node({"metadata": {"name": name, "labels": {JOB_LABEL: job_label_value(ns, "stuck")}}})
         nodes[ns] = name
+        annotations = {any_cluster.HELM_RELEASE_NAMESPACE: ns}
+        rbac.create_cluster_role({"metadata": {"name": name, "annotations": annotations}, "rules": []})
+        roles[ns] = name
     gadgets = crd_body(f"gadgets{uuid.uuid4().hex[:4]}")
     crds.append(gadgets["metadata"]["name"])
     any_cluster.claim_crds(existing, [gadgets], "gadgets")
@@ -171,15 +175,22 @@ def test_sweep_removes_what_a_failed_test_left_and_nothing_else(
     try:
         removed = any_cluster.sweep(existing, timeout=90)
         assert sorted(removed) == sorted(
-            [f"node/{nodes[left]}", f"namespace/{left}", f"crd/{gadgets['metadata']['name']}"]
+            [
+                f"node/{nodes[left]}",
+                f"namespace/{left}",
+                f"clusterrole/{roles[left]}",
+                f"crd/{gadgets['metadata']['name']}",
+            ]
         )
         assert not any_cluster.session_namespaces(existing)  # waited for: gone, not just Terminating
         with pytest.raises(ApiException) as err:
             core.read_node(nodes[left])
         assert err.value.status == 404
         assert core.read_node(nodes[namespace]).metadata.name == nodes[namespace]
+        assert rbac.read_cluster_role(roles[namespace]).metadata.name == roles[namespace]
         names = {c.metadata.name for c in ext.list_custom_resource_definition().items}
         assert gadgets["metadata"]["name"] not in names
     finally:
         core.delete_node(nodes[namespace])
+        rbac.delete_cluster_role(roles[namespace])
         any_cluster.sweep(existing, timeout=30)  # again, should an assertion above have failed
