@@ -17,7 +17,7 @@ test needs. On an existing cluster (kind, a staging cluster, a dev cluster start
   at the end of the session (after failures too) and removes what is left: the session's
   namespaces (first releasing TrainingJob finalizers no operator is left to release), the nodes
   the operator's kwok provider or Karpenter made for their jobs, the probe node, the cluster-scoped
-  objects of Helm releases in its namespaces, and the CRDs (gpuscaler's that Helm installed too)
+  objects of Helm releases in its namespaces, and the CRDs (the chart's that Helm installed too)
   and Stage objects this session created. What was there before the session is left alone.
 """
 
@@ -302,6 +302,20 @@ HELM_CLUSTER_SCOPED = (
 """The cluster-scoped kinds the chart installs: (name, API class, method suffix of list_/delete_)."""
 
 
+CHART_CRDS_DIR = Path(__file__).resolve().parents[1] / "helm" / "gpuscaler" / "crds"
+"""The CRDs ``helm install`` of the chart creates when they are missing (gpuscaler's, kopf's peering)."""
+
+
+def chart_crd_names() -> set[str]:
+    """The names of the CRDs in the chart's ``crds/`` directory."""
+    names = set()
+    for path in CHART_CRDS_DIR.glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                names.add(str(doc["metadata"]["name"]))
+    return names
+
+
 def crd_names(cluster: E2ECluster) -> set[str]:
     """Every CRD on the cluster."""
     ext = _api(client.ApiextensionsV1Api, cluster)
@@ -360,8 +374,8 @@ def sweep(cluster: E2ECluster, timeout: float = 120.0) -> list[str]:
         time.sleep(0.5)
     ext = _api(client.ApiextensionsV1Api, cluster)
     crds = list(cluster.created_crds)
-    if cluster.crds_before is not None:  # gpuscaler's CRDs the chart installed during the session
-        crds += sorted(n for n in crd_names(cluster) - cluster.crds_before if n.endswith(".gpuscaler.io"))
+    if cluster.crds_before is not None:  # the chart's CRDs Helm installed during the session
+        crds += sorted((crd_names(cluster) - cluster.crds_before) & chart_crd_names())
     for crd in dict.fromkeys(crds):
         with contextlib.suppress(ApiException):
             ext.delete_custom_resource_definition(crd)

@@ -18,7 +18,8 @@ NAME="ci-existing-$$"
 # The subset: every piece of the existing-cluster plumbing, not the whole suite again (the full
 # suite already runs on a private dev cluster in the same CI run). kubectl/helm against the
 # cluster; kwok probed and used (pods, Job pods with a delay, node pools, the Ready delay); the
-# operator as a local process (gpuscaler's CRDs installed, then removed); third-party CRDs from Go
+# operator as a local process (gpuscaler's CRDs installed, then removed); the Helm chart (its CRDs
+# and cluster-scoped objects, removed at the end); third-party CRDs from Go
 # modules (installed, then removed); the kind/kwok manifests validated by this API server; the
 # plumbing's own tests (skip on foreign CRDs, the sweep after a failed test).
 SUBSET=(
@@ -28,6 +29,7 @@ SUBSET=(
   e2e/test_nodes.py
   e2e/test_operator.py::test_operator_runs_a_job_to_success
   e2e/test_operator.py::test_operator_invalid_specs_refused
+  e2e/test_helm_install.py::test_install_creates_the_chart_objects
   e2e/test_providers_crds.py::test_karpenter_invalid_nodepool_is_refused
   e2e/test_kind_manifests.py
   e2e/test_any_cluster.py
