@@ -10,7 +10,8 @@
   (:data:`gpuscaler.devcluster.versions.KWOK_VERSION`, from the Go module cache, downloaded through
   the Go module proxy when missing). ``stages.yaml`` holds the dev cluster's own stages
   (:mod:`gpuscaler.devcluster.stages`: kwok's fast stages plus the delay annotations the suite
-  uses), so kind behaves as the dev cluster does. ``--check`` exits 1 when a committed file differs.
+  uses), so kind behaves as the dev cluster does. ``--check`` exits 1 when a committed file holds
+  other objects than it would generate (layout and order aside: kustomize versions differ there).
 - ``python e2e/kind_cluster.py nodes --kubeconfig PATH NAME=INSTANCE_TYPE[:COUNT] ...`` creates fake
   GPU node pools from the catalog (:func:`gpuscaler.devcluster.nodes.create_node_pool`) on the
   cluster of that kubeconfig and waits until kwok has made them Ready.
@@ -20,12 +21,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+import yaml
 
 from e2e_helpers import GoModuleError, go_module_dir
 from gpuscaler.devcluster import build
@@ -99,6 +103,16 @@ def manifests(module_dir: Path | None = None) -> dict[str, str]:
     }
 
 
+def same_objects(a: str, b: str) -> bool:
+    """True if two multi-document YAML texts hold the same objects, whatever their order and layout
+    (kustomize versions differ in both)."""
+
+    def objects(text: str) -> list[str]:
+        return sorted(json.dumps(d, sort_keys=True) for d in yaml.safe_load_all(text) if d)
+
+    return objects(a) == objects(b)
+
+
 def cmd_manifests(args: argparse.Namespace) -> int:
     """Write (or, with ``--check``, compare) the generated files in ``e2e/kind/``."""
     stale = 0
@@ -106,7 +120,7 @@ def cmd_manifests(args: argparse.Namespace) -> int:
         path = KIND_DIR / name
         current = path.read_text(encoding="utf-8") if path.exists() else ""
         if args.check:
-            if current != text:
+            if not same_objects(current, text):
                 stale += 1
                 diff = difflib.unified_diff(current.splitlines(), text.splitlines(), str(path), "generated", lineterm="")
                 print("\n".join(list(diff)[:40]), file=sys.stderr)
