@@ -38,6 +38,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e_helpers import E2ECluster
+from gpuscaler.api import trainingjob
 from gpuscaler.cloud import JOB_LABEL
 from gpuscaler.devcluster.cluster import KWOK_NODE_ANNOTATION
 from gpuscaler.devcluster.stages import NODE_READY_DELAY_ANNOTATION, STAGES_YAML
@@ -63,7 +64,6 @@ MANAGED_BY = "gpuscaler-e2e"
 
 STAGE_CRD = "stages.kwok.x-k8s.io"
 STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL = "kwok.x-k8s.io", "v1alpha1", "stages"
-TRAININGJOB_GROUP, TRAININGJOB_VERSION, TRAININGJOB_PLURAL = "gpuscaler.io", "v1alpha1", "trainingjobs"
 
 CAPABILITIES = ("kwok", "helm", "private")
 
@@ -258,7 +258,7 @@ def _release_trainingjobs(cluster: E2ECluster, namespace: str) -> int:
     custom = _api(client.CustomObjectsApi, cluster)
     try:
         jobs = custom.list_namespaced_custom_object(
-            TRAININGJOB_GROUP, TRAININGJOB_VERSION, namespace, TRAININGJOB_PLURAL
+            trainingjob.API_GROUP, trainingjob.API_VERSION, namespace, trainingjob.PLURAL
         )["items"]
     except ApiException as err:
         if err.status == 404:  # no TrainingJob CRD (any more)
@@ -268,10 +268,10 @@ def _release_trainingjobs(cluster: E2ECluster, namespace: str) -> int:
         if job["metadata"].get("finalizers"):
             with contextlib.suppress(ApiException):
                 custom.patch_namespaced_custom_object(
-                    TRAININGJOB_GROUP,
-                    TRAININGJOB_VERSION,
+                    trainingjob.API_GROUP,
+                    trainingjob.API_VERSION,
                     namespace,
-                    TRAININGJOB_PLURAL,
+                    trainingjob.PLURAL,
                     job["metadata"]["name"],
                     {"metadata": {"finalizers": None}},
                 )

@@ -21,6 +21,7 @@ import test_kind_manifests
 import test_operator
 from e2e_helpers import E2ECluster
 from gpuscaler.cloud import JOB_LABEL, job_label_value
+from gpuscaler.handlers.trainingjob import FINALIZER
 
 stage_crd = test_kind_manifests.stage_crd
 """kwok's Stage CRD, installed for the test if the cluster lacks it."""
@@ -155,7 +156,7 @@ def test_sweep_removes_what_a_failed_test_left_and_nothing_else(
     left = f"left-{uuid.uuid4().hex[:5]}"
     core.create_namespace({"metadata": {"name": left, "labels": {any_cluster.SESSION_LABEL: existing.session}}})
     job = test_operator.job_manifest("stuck")
-    job["metadata"]["finalizers"] = ["gpuscaler.io/finalizer"]
+    job["metadata"]["finalizers"] = [FINALIZER]
     custom: Any = client.CustomObjectsApi(existing.api)
     custom.create_namespaced_custom_object(test_operator.GROUP, test_operator.VERSION, left, test_operator.PLURAL, job)
     nodes, roles = {}, {}
