@@ -225,7 +225,7 @@ def track_new_crds(cluster: E2ECluster, names: Iterable[str]) -> list[str]:
     return existing
 
 
-def claim_crds(cluster: E2ECluster, bodies: Iterable[dict[str, Any]], what: str) -> None:
+def claim_crds(cluster: E2ECluster, bodies: Iterable[dict[str, Any]]) -> None:
     """Before the suite installs third-party CRDs on an existing cluster: skip if any is the cluster's.
 
     A CRD that exists and was not installed by this suite (no :data:`MANAGED_BY_LABEL`) belongs to
@@ -238,7 +238,7 @@ def claim_crds(cluster: E2ECluster, bodies: Iterable[dict[str, Any]], what: str)
     bodies = list(bodies)
     theirs = track_new_crds(cluster, [b["metadata"]["name"] for b in bodies])
     if theirs:
-        pytest.skip(f"the cluster already has {what}'s CRD {theirs[0]}, not installed by this suite; not replacing it")
+        pytest.skip(f"the cluster has its own CRD {theirs[0]} (not installed by this suite): not replacing it")
     for body in bodies:
         body["metadata"].setdefault("labels", {})[MANAGED_BY_LABEL] = MANAGED_BY
 

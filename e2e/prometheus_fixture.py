@@ -152,10 +152,9 @@ def prometheus(
     """
     binary = shutil.which("prometheus")
     if binary is None:
-        why = "prometheus is not on PATH: run scripts/ci-prometheus.sh (installs Debian's prometheus package)"
         if any_cluster.external_kubeconfig(pytestconfig):
-            pytest.skip(f"needs {why}")
-        pytest.fail(why)
+            pytest.skip("needs prometheus on PATH (scripts/ci-prometheus.sh installs Debian's package)")
+        pytest.fail("prometheus is not on PATH: run scripts/ci-prometheus.sh (installs Debian's prometheus package)")
     exporter = FakeExporter()
     tmp = tmp_path_factory.mktemp("prometheus")
     config = tmp / "prometheus.yml"

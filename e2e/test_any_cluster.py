@@ -110,11 +110,11 @@ def test_a_crd_the_cluster_has_of_its_own_is_never_replaced(existing: E2ECluster
     theirs = crd_body(f"widgets{uuid.uuid4().hex[:4]}")
     crds.append(theirs["metadata"]["name"])
     ext.create_custom_resource_definition(theirs)
-    with pytest.raises(pytest.skip.Exception, match="not installed by this suite; not replacing it"):
-        any_cluster.claim_crds(existing, [crd_body(theirs["metadata"]["name"].split(".")[0])], "widgets")
+    with pytest.raises(pytest.skip.Exception, match=r"has its own CRD widgets.* \(not installed by this suite\): not replacing it"):
+        any_cluster.claim_crds(existing, [crd_body(theirs["metadata"]["name"].split(".")[0])])
     assert existing.created_crds == []
     ours = crd_body(f"gadgets{uuid.uuid4().hex[:4]}")
-    any_cluster.claim_crds(existing, [ours], "gadgets")
+    any_cluster.claim_crds(existing, [ours])
     assert ours["metadata"]["labels"] == {any_cluster.MANAGED_BY_LABEL: any_cluster.MANAGED_BY}
     assert existing.created_crds == [ours["metadata"]["name"]]
 
@@ -170,7 +170,7 @@ def test_sweep_removes_what_a_failed_test_left_and_nothing_else(
         roles[ns] = name
     gadgets = crd_body(f"gadgets{uuid.uuid4().hex[:4]}")
     crds.append(gadgets["metadata"]["name"])
-    any_cluster.claim_crds(existing, [gadgets], "gadgets")
+    any_cluster.claim_crds(existing, [gadgets])
     ext: Any = client.ApiextensionsV1Api(existing.api)
     ext.create_custom_resource_definition(gadgets)
     try:
