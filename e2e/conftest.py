@@ -2,15 +2,20 @@
 
 The session starts a dev cluster (:mod:`gpuscaler.devcluster`) once, building its binaries first if
 they are not cached (minutes the first time, progress shown), and always stops what it started.
-With ``GPUSCALER_E2E_KUBECONFIG`` set, the suite uses that already running cluster instead (for
-example one from ``python -m gpuscaler.devcluster up -d``) and leaves it running. Every test in
-this directory is marked ``e2e``.
+With ``GPUSCALER_E2E_KUBECONFIG=PATH`` set, or ``pytest e2e --kubeconfig PATH``, the suite runs on
+that existing cluster instead (a dev cluster from ``gpuscaler dev-cluster up -d``, kind from
+``scripts/kind-e2e.sh``, a staging cluster) and leaves it running: it installs what the tests need,
+gives every test its own namespace, removes what it made at the end (after failures too), and a
+test needing what the cluster lacks (kwok, helm, a private control plane) skips with the reason;
+see :mod:`any_cluster` and docs/e2e-on-your-cluster.md. Every test in this directory is marked
+``e2e``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +24,44 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+import any_cluster
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.devcluster import build
 from gpuscaler.devcluster.cluster import Cluster, apply_crds
 from gpuscaler.devcluster.nodes import NodePool, create_node_pool, delete_node_pool, wait_nodes_ready
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kubeconfig",
+        default=None,
+        metavar="PATH",
+        help=f"run the e2e suite on the existing cluster of this kubeconfig (as ${any_cluster.KUBECONFIG_ENV})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    external = any_cluster.external_kubeconfig(config)
+    if external and not Path(external).is_file():
+        raise pytest.UsageError(
+            f"--kubeconfig / ${any_cluster.KUBECONFIG_ENV}: {external} is not a file (the existing cluster's kubeconfig)"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    external = any_cluster.external_kubeconfig(config)
+    if external:
+        return f"e2e cluster: the existing cluster of {external} (tests needing what it lacks skip, with the reason)"
+    return "e2e cluster: a private dev cluster started for this session"
+
+
+_CLEANUP = pytest.StashKey[str]()
+"""What the end-of-session sweep on an existing cluster removed (printed in the summary)."""
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _CLEANUP in config.stash:
+        terminalreporter.write_line(config.stash[_CLEANUP])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,8 +85,9 @@ def _binaries(pytestconfig: pytest.Config) -> build.Binaries:
 
 @pytest.fixture(scope="session")
 def dev_cluster(pytestconfig: pytest.Config) -> Iterator[E2ECluster]:
-    """The session's cluster: started here (and stopped at the end) or reused from the environment."""
-    external = os.environ.get("GPUSCALER_E2E_KUBECONFIG")
+    """The session's cluster: started here (and stopped at the end) or an existing one (left running)."""
+    session = any_cluster.new_session_id()
+    external = any_cluster.external_kubeconfig(pytestconfig)
     if external:
         try:
             binaries: build.Binaries | None = build.find_binaries()
@@ -56,9 +96,16 @@ def dev_cluster(pytestconfig: pytest.Config) -> Iterator[E2ECluster]:
         env = dict(os.environ, KUBECONFIG=external)
         if binaries is not None:
             env["PATH"] = binaries.path_env(env.get("PATH"))
-        api = config.new_client_from_config(config_file=external)
-        yield E2ECluster(Path(external), api, env, binaries)
-        api.close()
+        api = config.new_client_from_config(config_file=external)  # type: ignore[no-untyped-call]
+        existing = E2ECluster(Path(external), api, env, binaries, session=session)
+        existing.crds_before = any_cluster.crd_names(existing)
+        try:
+            yield existing
+        finally:
+            removed = any_cluster.sweep(existing)
+            what = f"removed {', '.join(removed)}" if removed else "nothing was left to remove"
+            pytestconfig.stash[_CLEANUP] = f"e2e on {external}: session {session} cleaned up: {what}"
+            api.close()
         return
     binaries = _binaries(pytestconfig)
     cluster = Cluster(binaries, name=f"e2e-{os.getpid()}")
@@ -66,11 +113,33 @@ def dev_cluster(pytestconfig: pytest.Config) -> Iterator[E2ECluster]:
     try:
         api = cluster.api_client()
         yield E2ECluster(
-            cluster.kubeconfig, api, cluster.env(), binaries, cluster, dict(cluster.startup_seconds)
+            cluster.kubeconfig, api, cluster.env(), binaries, cluster, dict(cluster.startup_seconds), session
         )
         api.close()
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kwok(dev_cluster: E2ECluster) -> None:
+    """Skips (with the reason) unless kwok plays fake nodes here with gpuscaler's stages."""
+    any_cluster.require(dev_cluster, "kwok")
+
+
+@pytest.fixture(scope="session")
+def helm(dev_cluster: E2ECluster) -> str:
+    """The helm binary on the tests' PATH; skips (with the reason) without one."""
+    any_cluster.require(dev_cluster, "helm")
+    return str(shutil.which("helm", path=dev_cluster.env.get("PATH")))
+
+
+@pytest.fixture(scope="session")
+def private_cluster(dev_cluster: E2ECluster) -> Cluster:
+    """The dev cluster this session started (for tests that restart its components); skips on an
+    existing cluster."""
+    any_cluster.require(dev_cluster, "private")
+    assert dev_cluster.cluster is not None
+    return dev_cluster.cluster
 
 
 @pytest.fixture(scope="session")
@@ -89,19 +158,20 @@ def batch(dev_cluster: E2ECluster) -> Any:
 def crd(dev_cluster: E2ECluster) -> None:
     """gpuscaler's generated CRDs (TrainingJob, GPUScalingPolicy), installed and Established."""
     root = Path(__file__).resolve().parents[1] / "crds"
-    apply_crds(
-        dev_cluster.env,
-        [root / "trainingjob.yaml", root / "gpuscalingpolicy.yaml"],
-        ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"],
-    )
+    names = ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"]
+    # on an existing cluster: applied like an upgrade; deleted at the end only if this session created them
+    any_cluster.track_new_crds(dev_cluster, names)
+    apply_crds(dev_cluster.env, [root / "trainingjob.yaml", root / "gpuscalingpolicy.yaml"], names)
 
 
 @pytest.fixture
-def namespace(core: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+def namespace(dev_cluster: E2ECluster, core: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace (with its default ServiceAccount ready), deleted after the test."""
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": name, "labels": {"gpuscaler.io/e2e": "true"}}})
+    labels = {any_cluster.E2E_LABEL: "true", any_cluster.SESSION_LABEL: dev_cluster.session}
+    core.create_namespace({"metadata": {"name": name, "labels": labels}})
+    dev_cluster.namespaces.append(name)
 
     def sa_ready() -> bool:
         return any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items)
@@ -112,9 +182,10 @@ def namespace(core: Any, request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def p4d_pool(dev_cluster: E2ECluster) -> Iterator[NodePool]:
+def p4d_pool(dev_cluster: E2ECluster, kwok: None) -> Iterator[NodePool]:
     """Two Ready fake p4d.24xlarge nodes (8 x A100 each, GPU-tainted) shared by the session."""
-    pool = create_node_pool(dev_cluster.api, f"e2e-p4d-{uuid.uuid4().hex[:4]}", "p4d.24xlarge", 2)
+    labels = {any_cluster.SESSION_LABEL: dev_cluster.session} if dev_cluster.external else None
+    pool = create_node_pool(dev_cluster.api, f"e2e-p4d-{uuid.uuid4().hex[:4]}", "p4d.24xlarge", 2, labels=labels)
     wait_nodes_ready(dev_cluster.api, pool.node_names)
     yield pool
     delete_node_pool(dev_cluster.api, pool.name)

@@ -4,6 +4,7 @@ kubeconfigs that authenticate as a ServiceAccount."""
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from gpuscaler.devcluster import build
 from gpuscaler.devcluster.build import Binaries
 from gpuscaler.devcluster.cluster import Cluster
 from gpuscaler.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, INSTANCE_TYPE_LABEL
@@ -32,6 +34,23 @@ class E2ECluster:
     cluster: Cluster | None = None
     """The cluster this session started, None when reusing ``GPUSCALER_E2E_KUBECONFIG``."""
     startup_seconds: dict[str, float] = field(default_factory=dict)
+    session: str = ""
+    """This pytest session's id, the value of ``gpuscaler.io/e2e-session`` on what it creates."""
+    missing: dict[str, str | None] = field(default_factory=dict)
+    """Capabilities probed so far (:mod:`any_cluster`): the reason one is missing, or None."""
+    namespaces: list[str] = field(default_factory=list)
+    """Namespaces the ``namespace`` fixture created."""
+    created_crds: list[str] = field(default_factory=list)
+    """CRDs this session installed on an existing cluster (deleted at the end of the session)."""
+    crds_before: set[str] | None = None
+    """The CRDs an existing cluster had when the session began (None: not recorded)."""
+    created_stages: list[str] = field(default_factory=list)
+    """kwok Stage objects this session installed on an existing cluster (deleted at the end)."""
+
+    @property
+    def external(self) -> bool:
+        """True when the suite runs on a cluster it did not start (``GPUSCALER_E2E_KUBECONFIG``)."""
+        return self.cluster is None
 
 
 def service_account_kubeconfig(
@@ -64,6 +83,32 @@ def service_account_kubeconfig(
         "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": account, "namespace": namespace}}],
         "current-context": "sa",
     }
+
+
+class GoModuleError(RuntimeError):
+    """``go mod download`` did not give a module's source directory."""
+
+
+def go_module_dir(module: str, version: str) -> Path:
+    """Download a Go module into the module cache (``go mod download -json``) and return its directory.
+
+    Raises :class:`gpuscaler.devcluster.build.BuildError` without a usable Go, :class:`GoModuleError`
+    when the download gives no directory.
+    """
+    go = build._go()
+    res = subprocess.run(
+        [go, "mod", "download", "-json", f"{module}@{version}"],
+        env=build._go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    info = json.loads(res.stdout or "{}")
+    # ``Error`` may only say the local Go is older than the module's go directive: the files are there
+    if not info.get("Dir") or not Path(info["Dir"]).is_dir():
+        raise GoModuleError(f"go mod download {module}@{version} failed: {res.stdout}{res.stderr}")
+    return Path(info["Dir"])
 
 
 GPU_TOLERATION: dict[str, str] = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}

@@ -26,6 +26,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+import any_cluster
 from e2e_helpers import E2ECluster
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, JobRef
@@ -107,7 +108,9 @@ def run_karpenter(dev_cluster: E2ECluster, work: Path) -> Iterator[Path]:
     """Karpenter (kwok provider) running against the dev cluster, files in ``work``; yields its log file.
 
     Installs the Karpenter CRDs and the kwok node class :data:`NODE_CLASS`; stops the controller on exit.
+    On an existing cluster, skips without kwok or when the cluster has a Karpenter of its own.
     """
+    any_cluster.require(dev_cluster, "kwok")
     install_crds(
         dev_cluster, [module_dir(KARPENTER_MODULE, KARPENTER_VERSION) / f for f in KARPENTER_CRDS]
     )

@@ -28,7 +28,7 @@ import test_providers_crds as upstream
 from e2e_helpers import E2ECluster, service_account_kubeconfig, wait_for
 from gpuscaler.devcluster.cluster import wait_established
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("helm")]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "gpuscaler"
@@ -331,7 +331,7 @@ def test_clusterapi_provider_rules_are_confined_to_its_namespace(
 
 
 def test_operator_runs_a_job_with_the_charts_credentials(
-    dev_cluster: E2ECluster, release: Release, namespace: str, core: Any, tmp_path: Path
+    dev_cluster: E2ECluster, kwok: None, release: Release, namespace: str, core: Any, tmp_path: Path
 ) -> None:
     """The real operator, authenticated as the chart's ServiceAccount, takes a job to Running."""
     kubeconfig = sa_kubeconfig(dev_cluster, release, tmp_path / "sa.kubeconfig")

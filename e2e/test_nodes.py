@@ -69,7 +69,7 @@ def test_kubelet_style_reservations() -> None:
     assert nodes.reserved_memory_mib(110) == 255 + 1210 + 100
 
 
-def test_pool_on_the_cluster_matches_the_catalog(dev_cluster: Any, core: Any) -> None:
+def test_pool_on_the_cluster_matches_the_catalog(dev_cluster: Any, core: Any, kwok: None) -> None:
     inst = load_catalog().instance("p4d.24xlarge")
     pool = create_node_pool(dev_cluster.api, f"np-{uuid.uuid4().hex[:4]}", inst, 3, capacity_type="spot")
     try:
@@ -90,7 +90,7 @@ def test_pool_on_the_cluster_matches_the_catalog(dev_cluster: Any, core: Any) ->
     wait_for(lambda: not nodes.pool_node_names(core, pool.name), what="pool deleted")
 
 
-def test_node_registered_not_ready_turns_ready_after_the_delay(dev_cluster: Any, core: Any) -> None:
+def test_node_registered_not_ready_turns_ready_after_the_delay(dev_cluster: Any, core: Any, kwok: None) -> None:
     t0 = time.monotonic()
     pool = create_node_pool(dev_cluster.api, f"slow-{uuid.uuid4().hex[:4]}", "p4d.24xlarge", 1, ready_after=3)
     try:

@@ -55,7 +55,7 @@ def custom(dev_cluster: E2ECluster) -> Any:
 
 @pytest.fixture
 def observing_operator(
-    dev_cluster: E2ECluster, crd: None, namespace: str, tmp_path: Path, prometheus: PrometheusServer
+    dev_cluster: E2ECluster, crd: None, kwok: None, namespace: str, tmp_path: Path, prometheus: PrometheusServer
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Start an operator for this test's namespace, observing through the test Prometheus."""
     started: list[OperatorProcess] = []

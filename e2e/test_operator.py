@@ -84,7 +84,7 @@ class OperatorProcess:
 
 
 @pytest.fixture
-def operator(dev_cluster: E2ECluster, crd: None, namespace: str, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+def operator(dev_cluster: E2ECluster, crd: None, kwok: None, namespace: str, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
     """Start an operator for this test's namespace: ``operator(**GPUSCALER_env)``."""
     started: list[OperatorProcess] = []
 

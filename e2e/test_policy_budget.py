@@ -28,7 +28,7 @@ GROUP, VERSION = "gpuscaler.io", "v1alpha1"
 
 
 @pytest.fixture
-def operator(dev_cluster: E2ECluster, crd: None, namespace: str, tmp_path: Path) -> Iterator[None]:
+def operator(dev_cluster: E2ECluster, crd: None, kwok: None, namespace: str, tmp_path: Path) -> Iterator[None]:
     op = OperatorProcess(dev_cluster, namespace, tmp_path / "operator.log", GPUSCALER_WATCH_POLICIES="true")
     op.start()
     yield

@@ -9,8 +9,6 @@ API would read, and invalid ones are refused.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +19,13 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e_helpers import E2ECluster
+import any_cluster
+from e2e_helpers import E2ECluster, GoModuleError, go_module_dir
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, JobRef, NodeRequest, ProviderError
 from gpuscaler.cloud.clusterapi import ClusterApiProvider
 from gpuscaler.cloud.karpenter import KarpenterProvider, NodeClassRef
 from gpuscaler.cloud.provider import node_state
-from gpuscaler.devcluster import build
 from gpuscaler.devcluster.cluster import wait_established
 
 KARPENTER_MODULE = "sigs.k8s.io/karpenter"
@@ -48,28 +46,23 @@ CAT = load_catalog()
 
 def module_dir(module: str, version: str) -> Path:
     """Download a Go module into the module cache (``go mod download -json``) and return its directory."""
-    go = build._go()
-    res = subprocess.run(
-        [go, "mod", "download", "-json", f"{module}@{version}"],
-        env=build._go_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    info = json.loads(res.stdout or "{}")
-    # ``Error`` may only say the local Go is older than the module's go directive: the files are there
-    if not info.get("Dir") or not Path(info["Dir"]).is_dir():
-        pytest.fail(f"go mod download {module}@{version} failed: {res.stdout}{res.stderr}")
-    return Path(info["Dir"])
+    try:
+        return go_module_dir(module, version)
+    except GoModuleError as err:
+        pytest.fail(str(err))
 
 
 def install_crds(cluster: E2ECluster, files: list[Path]) -> list[str]:
-    """Create (or replace) CRDs from YAML files and wait until each is Established."""
+    """Create (or replace) CRDs from YAML files and wait until each is Established.
+
+    On an existing cluster, skips rather than replace CRDs the cluster has of its own
+    (:func:`any_cluster.claim_crds`).
+    """
     ext = client.ApiextensionsV1Api(cluster.api)
     names: list[str] = []
-    for f in files:
-        body = yaml.safe_load(f.read_text())
+    bodies = [yaml.safe_load(f.read_text()) for f in files]
+    any_cluster.claim_crds(cluster, bodies)
+    for body in bodies:
         name = body["metadata"]["name"]
         try:
             ext.create_custom_resource_definition(body)

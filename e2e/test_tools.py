@@ -40,7 +40,7 @@ def test_kubectl_sees_nodes_and_namespaces(dev_cluster: E2ECluster) -> None:
 
 
 def test_helm_version_and_install_a_chart(
-    dev_cluster: E2ECluster, namespace: str, tmp_path: Path, core: Any
+    dev_cluster: E2ECluster, helm: str, namespace: str, tmp_path: Path, core: Any
 ) -> None:
     assert _run(dev_cluster, "helm", "version", "--short").stdout.startswith("v3.")
     chart = tmp_path / "demo"

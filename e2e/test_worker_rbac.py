@@ -196,6 +196,7 @@ def chart_worker_policy(cluster: E2ECluster, release: str) -> str:
 
 def test_chart_admission_policy_confines_workers_to_their_own_pod(
     dev_cluster: E2ECluster,
+    helm: str,
     core: Any,
     custom: Any,
     namespace: str,

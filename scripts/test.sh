@@ -25,6 +25,9 @@ scripts/ci-cluster-deps.sh
 echo "==> Prometheus (Debian package) for the observe e2e"
 scripts/ci-prometheus.sh
 
+echo "==> shellcheck; e2e on an existing cluster (a dev cluster started separately, as a user's)"
+PYTHON="$PYTHON" scripts/ci-existing-cluster.sh
+
 echo "==> tests: unit and end-to-end"
 set +e
 "$PYTHON" -m pytest tests e2e -p no:cacheprovider "$@"

@@ -1,0 +1,116 @@
+"""The kind path's files (``e2e/kind/``), checked here since the kind path itself cannot run here.
+
+The kwok and stage manifests must be what :mod:`kind_cluster` generates from kwok's module source
+and the dev cluster's stages, and the session cluster's real API server must accept them
+(``kubectl apply --dry-run=server``: schema, defaulting and admission, nothing stored); an invalid
+Stage is refused, so the check has teeth. ``scripts/kind-e2e.sh`` applies the same files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+import any_cluster
+import kind_cluster
+from e2e_helpers import E2ECluster, wait_for
+from gpuscaler.devcluster.cluster import wait_established
+
+KIND = kind_cluster.KIND_DIR
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kind-e2e.sh"
+
+
+def kubectl(cluster: E2ECluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", *args], input=stdin, env=cluster.env, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = [d for d in yaml.safe_load_all((KIND / name).read_text(encoding="utf-8")) if d]
+    return docs
+
+
+def test_kind_manifests_are_generated_from_kwok_and_the_dev_cluster_stages() -> None:
+    try:
+        generated = kind_cluster.manifests()
+    except kind_cluster.ManifestError as err:
+        pytest.skip(f"cannot regenerate e2e/kind/ here: {err}")
+    for name, text in generated.items():
+        assert kind_cluster.same_objects((KIND / name).read_text(encoding="utf-8"), text), (
+            f"e2e/kind/{name} is stale: run python e2e/kind_cluster.py manifests"
+        )
+
+
+def test_kwok_manifest_is_kwoks_release_at_the_dev_cluster_version() -> None:
+    docs = documents("kwok.yaml")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Deployment", "kwok-controller") in kinds
+    assert ("CustomResourceDefinition", any_cluster.STAGE_CRD) in kinds
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"{kind_cluster.KWOK_IMAGE}:{kind_cluster.KWOK_VERSION}"
+    config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["kwok.yaml"])
+    # kwok reads its stages from Stage objects and plays only the nodes gpuscaler marks as fake
+    assert "Stage" in config["options"]["enableCRDs"]
+    assert config["options"]["manageNodesWithAnnotationSelector"] == "kwok.x-k8s.io/node=fake"
+
+
+def test_kind_cluster_config_and_script_agree() -> None:
+    config = yaml.safe_load((KIND / "cluster.yaml").read_text(encoding="utf-8"))
+    assert (config["kind"], config["apiVersion"]) == ("Cluster", "kind.x-k8s.io/v1alpha4")
+    assert [n["role"] for n in config["nodes"]] == ["control-plane"]
+    assert "@sha256:" in config["nodes"][0]["image"], "pin the node image by digest"
+    script = SCRIPT.read_text(encoding="utf-8")
+    assert f'KIND_CLUSTER_NAME:-{config["name"]}' in script
+    for name in ("cluster.yaml", "kwok.yaml", "stages.yaml"):
+        assert f"e2e/kind/{name}" in script
+
+
+def test_api_server_accepts_the_kwok_manifest(dev_cluster: E2ECluster) -> None:
+    res = kubectl(dev_cluster, "apply", "--dry-run=server", "-f", str(KIND / "kwok.yaml"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("(server dry run)") == len(documents("kwok.yaml")), res.stdout
+
+
+@pytest.fixture
+def stage_crd(dev_cluster: E2ECluster) -> Iterator[None]:
+    """kwok's Stage CRD (from e2e/kind/kwok.yaml), created for real if missing and removed afterwards."""
+    ext: Any = client.ApiextensionsV1Api(dev_cluster.api)
+    body = next(d for d in documents("kwok.yaml") if d["metadata"]["name"] == any_cluster.STAGE_CRD)
+    created = False
+    try:
+        ext.read_custom_resource_definition(any_cluster.STAGE_CRD)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        any_cluster.track_new_crds(dev_cluster, [any_cluster.STAGE_CRD])
+        ext.create_custom_resource_definition(body)
+        created = True
+    wait_established(dev_cluster.env, [any_cluster.STAGE_CRD])
+    yield
+    if created:
+        ext.delete_custom_resource_definition(any_cluster.STAGE_CRD)
+
+        def gone() -> bool:
+            return all(c.metadata.name != any_cluster.STAGE_CRD for c in ext.list_custom_resource_definition().items)
+
+        wait_for(gone, what=f"CRD {any_cluster.STAGE_CRD} gone")
+
+
+def test_api_server_accepts_the_stages_and_refuses_a_broken_one(dev_cluster: E2ECluster, stage_crd: None) -> None:
+    res = kubectl(dev_cluster, "apply", "--dry-run=server", "-f", str(KIND / "stages.yaml"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("(server dry run)") == len(documents("stages.yaml")) == 5, res.stdout
+    broken = documents("stages.yaml")[0]
+    broken["spec"]["delay"]["durationMilliseconds"] = "soon"
+    res = kubectl(dev_cluster, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(broken))
+    assert res.returncode != 0
+    assert "durationMilliseconds" in res.stderr
