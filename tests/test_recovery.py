@@ -148,7 +148,8 @@ def test_the_reconcile_loop_replans_as_the_simulator_would() -> None:
     w.nodes[name]["spec"]["taints"] = [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]
     w.step(job)
     rid = w.status.notice.request_id if w.status.notice else ""
-    w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: rid, rc.ANNOTATION_CHECKPOINT_STEP: "152"})
+    w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: rid, rc.ANNOTATION_CHECKPOINT_STEP: "152",
+                  rc.ANNOTATION_PROGRESS_STEP: "152"})
     for _ in range(20):
         if "Replanned" in w.step(job):
             break

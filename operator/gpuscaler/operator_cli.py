@@ -47,13 +47,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from gpuscaler.inputs import InputError, validation_error
+    from gpuscaler.inputs import InputError, shown
     from gpuscaler.settings import Settings
 
     try:
         settings = Settings()
-    except ValidationError as err:
-        raise validation_error(err, "settings (GPUSCALER_* environment variables)") from None
+    except ValidationError as err:  # name each variable as the user set it
+        lines = [
+            f"GPUSCALER_{'_'.join(str(p) for p in e['loc'][:1]).upper()}={shown(e.get('input'))}: {e['msg']}"
+            for e in err.errors()
+        ]
+        raise InputError("settings (GPUSCALER_* environment variables) is invalid:\n  " + "\n  ".join(lines)) from None
     except SettingsError as err:  # e.g. a list or map setting that is not JSON
         raise InputError(f"settings (GPUSCALER_* environment variables): {err} (lists and maps are JSON)") from None
     kopf.configure(verbose=args.verbose)
