@@ -133,7 +133,8 @@ def storage_error(action: str, directory: Path, err: BaseException, *, kept: int
     code = _errno_of(err)
     free = _free_bytes(directory)
     room = f"{free / 2**20:,.1f} MiB free" if free is not None else "free space unknown"
-    if code in _NO_SPACE or (free is not None and free < DISK_FULL_FREE_BYTES):
+    full = code in _NO_SPACE or (code not in _NOT_WRITABLE and free is not None and free < DISK_FULL_FREE_BYTES)
+    if full:
         why = f"the disk is full ({room} on the file system of {directory})"
         todo = (
             "free space there, keep fewer checkpoints (GPUSCALER_CHECKPOINT_KEEP / spec.checkpoint.keep) "
@@ -808,6 +809,8 @@ DATA_GLOBALS: Final = frozenset(
         ("numpy.core.multiarray", "scalar"),
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
     }
 )
 """What :func:`data_load` lets a pickle name: value types and containers whose construction runs
@@ -844,7 +847,10 @@ def data_save(state: object, path: Path) -> None:
             before anything is written, so a checkpoint that cannot be resumed is never committed).
     """
     blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    _DataUnpickler(io.BytesIO(blob)).load()
+    try:
+        _DataUnpickler(io.BytesIO(blob)).load()
+    except UnsafeCheckpointError as err:
+        raise UnsafeCheckpointError(f"refusing to save a state the default loader could not load back: {err}") from err
     path.write_bytes(blob)
 
 

@@ -378,8 +378,8 @@ class TrainingGuard(Generic[S]):
         if info is not None:
             try:
                 state = self._load(info.payload_path)
-            except CheckpointError as err:
-                raise CheckpointError(f"loading verified checkpoint {info.path}: {err}") from err
+            except CheckpointError as err:  # e.g. UnsafeCheckpointError: keep the type
+                raise type(err)(f"loading verified checkpoint {info.path}: {err}") from err
             except Exception as err:
                 raise CheckpointError(
                     f"loading verified checkpoint {info.path}: load callback failed: {err}"
