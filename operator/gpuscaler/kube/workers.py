@@ -33,6 +33,9 @@ ATTEMPT_LABEL = "gpuscaler.io/attempt"
 PODINFO_VOLUME = "gpuscaler-podinfo"
 PODINFO_DIR = "/etc/gpuscaler/podinfo"
 DEFAULT_CONTAINER = "train"
+DISRUPTION_TARGET = "DisruptionTarget"
+"""Pod condition Kubernetes sets before it deletes a pod for a disruption (eviction, preemption,
+taint manager, graceful node shutdown, pod GC): the pod's end is not the workload's failure."""
 WORKER_SERVICE_ACCOUNT = "gpuscaler-worker"
 """ServiceAccount, Role and RoleBinding name of the workers in a job's namespace (shared by its jobs)."""
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscaler"}
@@ -256,6 +259,11 @@ class PodState:
     checkpoint_step: int | None
     checkpoint_ack: str | None
     checkpoint_requested: str | None
+    runtime_phase: str | None = None
+    """The runtime's reported phase (``gpuscaler.io/runtime-phase``): running, preempted, finished."""
+    disruption: str | None = None
+    """The reason of the pod's ``DisruptionTarget`` condition when it is True (the pod is being
+    evicted, preempted, or its node is shutting down), else None."""
 
     @property
     def running(self) -> bool:
@@ -300,6 +308,14 @@ def pod_state(pod: dict[str, Any]) -> PodState:
                 exit_code = code
                 reason = term.get("reason") or reason
     owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    disruption = next(
+        (
+            str(c.get("reason") or "DisruptionTarget")
+            for c in status.get("conditions") or []
+            if c.get("type") == DISRUPTION_TARGET and c.get("status") == "True"
+        ),
+        None,
+    )
     return PodState(
         name=meta.get("name", ""),
         rank=_int(labels.get(RANK_LABEL)) or 0,
@@ -315,4 +331,6 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         checkpoint_step=_int(ann.get(rc.ANNOTATION_CHECKPOINT_STEP)),
         checkpoint_ack=ann.get(rc.ANNOTATION_CHECKPOINT_ACK),
         checkpoint_requested=ann.get(rc.ANNOTATION_CHECKPOINT_REQUESTED),
+        runtime_phase=ann.get(rc.ANNOTATION_RUNTIME_PHASE),
+        disruption=disruption,
     )
