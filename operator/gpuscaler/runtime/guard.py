@@ -41,6 +41,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -87,6 +88,22 @@ S = TypeVar("S")
 
 class GuardUsageError(RuntimeError):
     """The guard is used out of order (e.g. a step yielded by ``steps`` was not reported done)."""
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What one step boundary needs (:meth:`TrainingGuard.boundary`), the same on every rank."""
+
+    stop: bool
+    """Checkpoint, then stop and exit with :data:`EXIT_PREEMPTED`."""
+    checkpoint: bool
+    """Take a checkpoint now (always True when ``stop``)."""
+    reason: str
+    """``sigterm``, ``notice`` or ``interval`` (empty when nothing is due)."""
+    request_id: str | None
+    """The operator's request this checkpoint answers (acknowledged on commit)."""
+    notice_at: float | None
+    """Monotonic time the notice arrived, for the latency metric."""
 
 
 class TrainingGuard(Generic[S]):
@@ -325,6 +342,12 @@ class TrainingGuard(Generic[S]):
         if removed:
             log.info("removed %d torn checkpoint leftover(s): %s", len(removed), [p.name for p in removed])
 
+    def reclaim_signals(self) -> None:
+        """Install the SIGTERM handler again over a framework's own (Lightning's raises mid-step);
+        nothing when the guard was built with ``handle_signals=False``."""
+        if self._handle_signals and self._started and not self._closed:
+            self.stop_signal.reinstall()
+
     def close(self) -> None:
         """Restore the signal handler and stop the metrics server.
 
@@ -531,22 +554,89 @@ class TrainingGuard(Generic[S]):
         """
         if self._expected is not None and step != self._expected:
             raise GuardUsageError(f"guard.completed({step}) inside the loop at step {self._expected}")
-        self._step = step + 1
-        self._samples += samples
         self._state, self._has_state = state, True
-        self.metrics.set_progress(self._step, self._samples)
-        stop, request, checkpoint_wanted, due = self._decide()
-        if stop:
+        todo = self.boundary(step + 1, samples)
+        if todo.stop:
             self._stop(state)
             return True
-        if checkpoint_wanted:
-            request_id, seen_at = request if request is not None else (None, None)
-            self.checkpoint(state, reason="notice", request_id=request_id, notice_at=seen_at)
-            self._manual_request = None
-        elif due:
-            self.checkpoint(state, reason="interval")
+        if todo.checkpoint:
+            self.checkpoint(state, reason=todo.reason, request_id=todo.request_id, notice_at=todo.notice_at)
         self._report()
         return False
+
+    def boundary(self, steps_done: int, samples: int = 0) -> Boundary:
+        """Record progress and decide what this step boundary needs, agreed among ranks; act on nothing.
+
+        :meth:`completed` is this plus the acting. Framework hooks (the Trainer and Lightning
+        callbacks) call it from their step-end hook and then let the framework save, committing
+        with :meth:`commit` and ending with :meth:`stopped`. With ``agree``, a collective.
+
+        Args:
+            steps_done: Steps completed so far (the framework's global step).
+            samples: Samples processed since the previous boundary.
+
+        Returns:
+            What to do: stop (after a checkpoint), checkpoint (why, answering which request), or
+            nothing.
+        """
+        self._step = steps_done
+        self._samples += samples
+        self.metrics.set_progress(self._step, self._samples)
+        stop, request, wanted, due = self._decide()
+        request_id, seen_at = request if request is not None else (None, None)
+        if stop:
+            return Boundary(True, True, "sigterm", None, self.stop_signal.received_at)
+        if wanted:
+            self._manual_request = None
+            return Boundary(False, True, "notice", request_id, seen_at)
+        if due:
+            return Boundary(False, True, "interval", None, None)
+        self._report()
+        return Boundary(False, False, "", None, None)
+
+    def commit(
+        self, write: Callable[[Path], None], todo: Boundary | None = None, *, reason: str = "manual"
+    ) -> CheckpointInfo | None:
+        """Checkpoint what ``write(path)`` writes, as of :attr:`step`: for a framework that saves itself.
+
+        ``write`` gets the payload path (a directory to create, or a file; sharded: the shared
+        directory, on every rank). Acknowledges ``todo.request_id`` and reports like
+        :meth:`checkpoint`.
+
+        Args:
+            write: Writes the checkpoint (e.g. moves the framework's checkpoint directory there).
+            todo: The boundary that asked for it (reason, request, notice time); None: ``reason``.
+            reason: The reason when ``todo`` is None.
+
+        Returns:
+            The committed checkpoint (None for a reader that has none).
+
+        Raises:
+            CheckpointError: Writing failed.
+        """
+        if todo is not None:
+            return self._checkpoint(write, reason=todo.reason, request_id=todo.request_id, notice_at=todo.notice_at)
+        return self._checkpoint(write, reason=reason)
+
+    def finished(self) -> None:
+        """Mark training finished (framework hooks that committed the final checkpoint with
+        :meth:`commit`): report ``finished`` and close."""
+        self._phase = PHASE_FINISHED
+        self._report(force=True)
+        self.close()
+
+    def stopped(self) -> int:
+        """Mark the guard stopped after the stop checkpoint (framework hooks); report and close.
+
+        Returns:
+            The exit code the process must end with: :data:`EXIT_PREEMPTED`.
+        """
+        self.metrics.stop_requested = True
+        self._phase = PHASE_PREEMPTED
+        self._stop_handled = True
+        self._report(force=True)
+        self.close()
+        return EXIT_PREEMPTED
 
     step_done = completed
     """Alias of :meth:`completed`."""
@@ -615,6 +705,19 @@ class TrainingGuard(Generic[S]):
         Raises:
             CheckpointError: Writing failed (on any rank, for a sharded one); nothing was committed.
         """
+        return self._checkpoint(
+            lambda path: self._save(state, path), reason=reason, request_id=request_id, notice_at=notice_at, extra=extra
+        )
+
+    def _checkpoint(
+        self,
+        write: Callable[[Path], None],
+        *,
+        reason: str,
+        request_id: str | None = None,
+        notice_at: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CheckpointInfo | None:
         info = self._last
         if not self.store.writer and not self.sharded:
             # Readers neither write nor acknowledge: the writer answers for the job. The request
@@ -630,7 +733,7 @@ class TrainingGuard(Generic[S]):
                 assert self.agree is not None
                 info = self.store.save_sharded(
                     self._step,
-                    lambda path: self._save(state, path),
+                    write,
                     self.agree,
                     samples=self._samples,
                     reason=reason,
@@ -640,7 +743,7 @@ class TrainingGuard(Generic[S]):
             else:
                 info = self.store.save(
                     self._step,
-                    lambda path: self._save(state, path),
+                    write,
                     samples=self._samples,
                     reason=reason,
                     request_id=request_id,
