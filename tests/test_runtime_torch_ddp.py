@@ -11,8 +11,8 @@ SIGKILL to the whole process group (the node is gone) — and restarts it each t
 * nothing hangs (every wait is bounded; pytest-timeout bounds the test).
 
 The same for ``--sharded``: FSDP2 ``fully_shard``, every rank writing its shard with
-``torch.distributed.checkpoint``, committed by the manifest written last. The long soak is
-``benchmarks/runtime_checkpoint.py --soak``.
+``torch.distributed.checkpoint``, committed by the manifest written last. The per-step cost of the
+agreement is measured by ``benchmarks/runtime_checkpoint.py --what agreement``.
 """
 
 from __future__ import annotations
