@@ -295,7 +295,11 @@ class TrainingGuard(Generic[S]):
 
     @property
     def stop_requested(self) -> bool:
-        """Whether SIGTERM (or :meth:`request_stop`) arrived."""
+        """Whether SIGTERM (or :meth:`request_stop`) arrived at this process (a live flag).
+
+        Do not all-reduce it yourself to decide when to stop: it may change between your
+        reduction and the guard's next look. Pass ``agree=`` and the guard agrees on it race-free.
+        """
         return self.stop_signal.received
 
     @property
