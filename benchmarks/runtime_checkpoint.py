@@ -1,4 +1,4 @@
-"""Benchmark of gpuscaler.runtime: checkpoint write/verify time by size, SIGTERM-to-checkpoint latency.
+"""Benchmark of gpuscaler.runtime: checkpoint write/verify time, SIGTERM latency, per-step agreement cost.
 
 1. ``CheckpointStore.save_bytes`` (write, fsync, sha256, manifest, rename, dir fsync) and
    ``CheckpointStore.verify`` (re-hash on load) for each payload size, repeated.
@@ -7,12 +7,17 @@
    the time is taken two ways: inside the process, from the signal handler to the commit (the
    ``notice_latency_s`` the guard reports; includes waiting for the step boundary), and outside,
    from ``kill`` to process exit.
+3. The per-step cost of the ranks' agreement (needs torch): ``torchrun --nproc-per-node 2`` (gloo,
+   CPU) times ``TorchAgreement.max`` (one all-reduce of three int64) and ``guard.completed`` with
+   and without ``agree=`` on steps where no checkpoint is due, so the difference is what the
+   agreement adds to every training step.
 
 The numbers depend on the disk: pass ``--dir`` on the volume the checkpoints will live on
 (``/tmp`` is often tmpfs, where fsync is free). The spot notice is 30 s on GKE and 2 min on AWS;
 the SIGTERM p95 must stay well under the pod's ``terminationGracePeriodSeconds``.
 
-Run: ``python benchmarks/runtime_checkpoint.py --sizes-mb 1 100 --repeats 7``
+Run: ``python benchmarks/runtime_checkpoint.py --sizes-mb 1 100 --repeats 7`` (all three), or
+``--what agreement --agreement-steps 2000`` for the agreement alone.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def summary(values: list[float]) -> str:
     """``median / p95`` in milliseconds."""
-    return f"{statistics.median(values) * 1e3:9.1f} ms  {percentile(values, 95) * 1e3:9.1f} ms"
+    return f"{statistics.median(values) * 1e3:9.3f} ms  {percentile(values, 95) * 1e3:9.3f} ms"
 
 
 def bench_write(base: Path, size_mb: float, repeats: int) -> tuple[list[float], list[float]]:
@@ -110,8 +115,58 @@ def bench_sigterm(
     return inside, outside
 
 
+def agreement_worker(steps: int, directory: Path) -> None:
+    """One rank under torchrun: time the agreement and guard steps; rank 0 prints JSON."""
+    import torch.distributed as dist
+
+    from gpuscaler.runtime import TrainingGuard
+    from gpuscaler.runtime.distributed import TorchAgreement
+
+    dist.init_process_group("gloo")
+    agree = TorchAgreement()
+    for _ in range(50):
+        agree.max([0, 0, 0])
+    reduce_s = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        agree.max([0, 0, 0])
+        reduce_s.append(time.perf_counter() - t0)
+
+    def guard_steps(guard: TrainingGuard[dict[str, int]]) -> list[float]:
+        out = []
+        guard.resume({})
+        for step in guard.steps(0, steps):
+            t0 = time.perf_counter()
+            guard.completed(step, {})
+            out.append(time.perf_counter() - t0)
+        return out
+
+    agreed = guard_steps(TrainingGuard(directory / "agreed", agree=agree, interval_s=None, handle_signals=False))
+    solo = guard_steps(
+        TrainingGuard(directory / f"solo-{agree.rank}", interval_s=None, handle_signals=False)
+    )
+    if agree.rank == 0:
+        print(json.dumps({"reduce": reduce_s, "agreed": agreed, "solo": solo}))
+    dist.destroy_process_group()
+
+
+def bench_agreement(base: Path, steps: int) -> dict[str, list[float]]:
+    """Run :func:`agreement_worker` on 2 ranks with torchrun; return its timings."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        __file__, "--agreement-worker", "--agreement-steps", str(steps), "--dir", str(base),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"agreement benchmark failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    timings: dict[str, list[float]] = json.loads(lines[-1])
+    return timings
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run both benchmarks and print a table."""
+    """Run the benchmarks and print a table."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -119,21 +174,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--what", choices=["all", "write", "sigterm", "agreement"], default="all")
+    parser.add_argument("--agreement-steps", type=int, default=2000)
+    parser.add_argument("--agreement-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.agreement_worker:
+        agreement_worker(args.agreement_steps, args.dir)
+        return 0
     rng = random.Random(args.seed)
     base = Path(tempfile.mkdtemp(prefix="gpuscaler-bench-", dir=args.dir))
     try:
         print(f"# gpuscaler.runtime checkpoint benchmark: dir={base} repeats={args.repeats}")
         print(f"{'payload':>10}  {'what':<34}{'median':>12}  {'p95':>12}")
-        for size in args.sizes_mb:
+        for size in args.sizes_mb if args.what in ("all", "write") else []:
             saves, verifies = bench_write(base, size, args.repeats)
             mb_s = size / statistics.median(saves)
             print(f"{size:>7g} MB  {'save (write+fsync+hash+rename)':<34}{summary(saves)}  ({mb_s:.0f} MB/s)")
             print(f"{size:>7g} MB  {'verify on load (re-hash)':<34}{summary(verifies)}")
-        for size in args.sizes_mb:
+        for size in args.sizes_mb if args.what in ("all", "sigterm") else []:
             inside, outside = bench_sigterm(base, size, args.repeats, rng)
             print(f"{size:>7g} MB  {'SIGTERM -> checkpoint committed':<34}{summary(inside)}")
             print(f"{size:>7g} MB  {'SIGTERM -> process exited':<34}{summary(outside)}")
+        if args.what in ("all", "agreement"):
+            t = bench_agreement(base, args.agreement_steps)
+            extra = statistics.median(t["agreed"]) - statistics.median(t["solo"])
+            print(f"{'2 ranks':>10}  {'agreement all-reduce (gloo, CPU)':<34}{summary(t['reduce'])}")
+            print(f"{'2 ranks':>10}  {'guard.completed with agree=':<34}{summary(t['agreed'])}")
+            print(f"{'1 rank':>10}  {'guard.completed without':<34}{summary(t['solo'])}")
+            print(f"{'':>10}  {'agreement per step (median diff)':<34}{extra * 1e3:9.3f} ms")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

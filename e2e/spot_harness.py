@@ -10,8 +10,14 @@ in sync from the API (``GPUSCALER_PODINFO_DIR``), which is where the runtime see
 ``gpuscaler.io/checkpoint-requested``.
 
 It plays the node's end too: a deleted pod gets SIGTERM (the runtime checkpoints and exits 75);
-a pod whose node is gone gets SIGKILL (a hard loss). A process that exits 0 turns its pod
-Succeeded, as a kubelet would.
+a pod whose node is gone gets SIGKILL (a hard loss); :meth:`Harness.terminate` SIGTERMs a
+process whose pod stays (a kubelet's graceful node shutdown, an eviction the operator did not
+ask for). A process that exits 0 turns its pod Succeeded, any other code Failed with that exit
+code, as a kubelet would.
+
+With ``torchrun=True`` each pod's process is a real ``torchrun`` launcher (one worker) around the
+same training: torchrun exits 1 when its worker exits 75, so the operator must know the
+preemption from the runtime's ``gpuscaler.io/runtime-phase`` annotation, not the exit code.
 
 The batch of step ``s`` comes from ``numpy.random.default_rng([seed, s])`` and the update does
 not depend on the plan (micro-batch, accumulation, nodes), so an interrupted, re-planned run must
@@ -21,6 +27,7 @@ end with the same weights, bit for bit, as :func:`reference_weights`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -76,7 +83,7 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--samples-per-step", type=int, default=256)
     ap.add_argument("--step-sleep", type=float, default=0.03)
-    ap.add_argument("--log", type=Path, required=True)
+    ap.add_argument("--events-log", dest="log", type=Path, required=True)
     args = ap.parse_args(argv)
     seed, dim, size, lr = 1234, 16, 16, 0.01
     w_true = np.random.default_rng(seed).standard_normal(dim)
@@ -98,7 +105,7 @@ def worker_main(argv: list[str]) -> int:
         save=save, load=load, reporter=KubeReporter.from_env(), report_interval_s=0.5, writer=args.rank == 0
     )
     state, start = guard.resume({"w": np.zeros(dim), "v": np.zeros(dim), "step": 0})
-    emit(e="resume", start=start)
+    emit(e="resume", start=start, pid=os.getpid())
     try:
         for step in guard.steps(start, args.total_steps):
             state = sgd_step(state, *batch(seed, step, size, w_true), lr)
@@ -152,6 +159,8 @@ class Harness:
     step_sleep: float = 0.03
     samples_per_step: int = 256
     poll_s: float = 0.1
+    torchrun: bool = False
+    """Launch each worker under ``torchrun --nproc-per-node 1`` (needs torch)."""
     played: dict[str, Played] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -179,6 +188,21 @@ class Harness:
             if p.proc.poll() is None:
                 p.proc.kill()
                 p.proc.wait(5)
+            self._kill_worker(p)
+
+    def _kill_worker(self, played: Played) -> None:
+        """torchrun starts its worker in a session of its own: kill it too (by the pid it logged)."""
+        if not self.torchrun:
+            return
+        for e in self.events(played):
+            if e["e"] == "resume":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(e["pid"]), signal.SIGKILL)
+
+    def terminate(self, played: Played) -> None:
+        """SIGTERM a process whose pod is not deleted (graceful node shutdown, an eviction)."""
+        played.signalled = "TERM"
+        played.proc.send_signal(signal.SIGTERM)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -202,6 +226,7 @@ class Harness:
             alive = pl.proc.poll() is None
             if alive and pl.node not in nodes and pl.signalled != "KILL":
                 pl.proc.kill()  # the machine is gone: no SIGTERM, no last checkpoint
+                self._kill_worker(pl)
                 pl.signalled = "KILL"
             elif alive and (pod is None or pod.metadata.deletion_timestamp) and not pl.signalled:
                 pl.proc.send_signal(signal.SIGTERM)  # the kubelet stops a deleted pod
@@ -247,10 +272,15 @@ class Harness:
         )
         env.pop("KUBERNETES_SERVICE_HOST", None)
         log = self.work / f"worker-{pod.metadata.name}-{uid[:8]}.jsonl"
+        launcher = (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "--max-restarts", "0"]
+            if self.torchrun
+            else [sys.executable]
+        )
         cmd = [
-            sys.executable, str(HERE), "worker",
+            *launcher, str(HERE), "worker",
             "--total-steps", str(self.total_steps), "--out", str(self.weights), "--rank", str(rank),
-            "--samples-per-step", str(self.samples_per_step), "--step-sleep", str(self.step_sleep), "--log", str(log),
+            "--samples-per-step", str(self.samples_per_step), "--step-sleep", str(self.step_sleep), "--events-log", str(log),
         ]
         out = (self.work / "workers.stderr").open("ab")
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
@@ -295,4 +325,4 @@ class Harness:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         sys.exit(worker_main(sys.argv[2:]))
-    sys.exit("usage: spot_harness.py worker --total-steps N --out W.npy --log L.jsonl [--rank R]")
+    sys.exit("usage: spot_harness.py worker --total-steps N --out W.npy --events-log L.jsonl [--rank R]")

@@ -4,13 +4,17 @@ Each test runs the operator (a subprocess, kwok provider) and :class:`spot_harne
 starts a local process with the runtime library for every Running worker pod (see its docstring).
 A node is then interrupted the way a cloud would: an AWS NTH ``spot-itn`` taint, GKE's
 termination taint, a deletion with no notice, three reclaims in a row, a reclaim close to the
-deadline, and the reclaim of one node of two (continued elastically on the survivor). Every job must end Succeeded with the final weights bit-identical to an uninterrupted
-run, and lose at most one checkpoint interval of steps.
+deadline, the reclaim of one node of two (continued elastically on the survivor), and a torchrun
+launcher that exits 1 after a clean preemption (recovered as preempted, not counted as a failure).
+Every job must end Succeeded with the final weights bit-identical to an uninterrupted run, and lose
+at most one checkpoint interval of steps.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -61,8 +65,8 @@ def spot_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:
 def harness(dev_cluster: E2ECluster, core: Any, namespace: str, tmp_path: Path) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
-    def start(job: str, steps: int) -> Harness:
-        h = Harness(core, namespace, job, tmp_path / job, str(dev_cluster.kubeconfig), steps, step_sleep=STEP_S)
+    def start(job: str, steps: int, **kw: Any) -> Harness:
+        h = Harness(core, namespace, job, tmp_path / job, str(dev_cluster.kubeconfig), steps, step_sleep=STEP_S, **kw)
         made.append(h.start())
         return h
 
@@ -258,3 +262,42 @@ def test_spot_reclaim_of_one_node_continues_elastically_on_the_survivor(
     assert ran_on == set(nodes), ran_on  # no third node: the last attempt ran on nodes[0]
     assert [pl.node for pl in sorted(h.played.values(), key=lambda p: p.started)][-1] == nodes[0]
     assert "Replanned" in event_reasons(core, namespace, "tj")
+
+
+def test_spot_torchrun_launcher_exiting_1_on_a_preemption_is_recovered_as_preempted(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    harness: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    """The node shuts down gracefully (SIGTERM, no taint, the pod not deleted) under a real torchrun.
+
+    The worker checkpoints, reports ``gpuscaler.io/runtime-phase=preempted`` and exits 75; torchrun
+    exits 1 and the pod turns Failed with exit code 1. The operator must count an interruption, not
+    a failure against ``backoffLimit``, and resume from that checkpoint.
+    """
+    if importlib.util.find_spec("torch") is None:
+        why = "torch is not installed (pip install -e '.[dev,train]'; scripts/test.sh uses scripts/ci-torch-venv.sh)"
+        if os.environ.get("GPUSCALER_REQUIRE_TORCH") == "1":
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    start_operator(operator, tmp_path)
+    steps = 700
+    apply(dev_cluster, namespace, spot_job("tj", steps))
+    h = harness("tj", steps, torchrun=True)
+    wait_phase(custom, namespace, "tj", "Running", timeout=60)
+    progressed(h, 150, timeout=180)  # torchrun and its worker import torch first
+    played = h.rank0_running()
+    assert played is not None
+    h.terminate(played)
+    wait_for(lambda: played.exit_code is not None, timeout=60, what="the torchrun launcher to exit")
+    assert played.exit_code == 1, f"torchrun exited {played.exit_code}"
+    events = h.events(played)
+    assert events[-1]["e"] == "preempted", events[-3:]
+    st = finish(custom, h, namespace, "tj", steps, timeout=300)
+    assert st["interruptions"] == 1 and st.get("failures", 0) == 0, st
+    rec = st["interruptionHistory"][0]
+    assert rec["signal"] == "worker-preempted", rec
+    assert rec["lostSteps"] <= 5, rec  # the SIGTERM checkpoint: at most the steps the report lagged
+    reasons = event_reasons(core, namespace, "tj")
+    assert "WorkerFailed" not in reasons and "Interrupted" in reasons, reasons
+    pod_msgs = [e.message for e in core.list_namespaced_event(namespace).items if e.reason == "Interrupted"]
+    assert any("was preempted (the runtime reported preempted (exit code 1))" in m for m in pod_msgs), pod_msgs

@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; .ci/run calls exactly this).
-# On a fresh machine it installs everything itself: the Python package with its dev extras, the
-# dev-cluster binaries (built from Go modules once, cached outside the repo by version), then runs
-# the linters and the whole suite: unit tests (tests/) and end-to-end tests (e2e/) against a real
-# local control plane (etcd, kube-apiserver, scheduler, controller manager, kwok).
+# On a fresh machine it installs everything itself: a virtualenv with the pinned PyTorch,
+# transformers and Lightning (scripts/ci-torch-venv.sh: built once, cached outside the repo keyed
+# by the pins), the Python package with its dev extras into it, the dev-cluster binaries (built
+# from Go modules once, cached outside the repo by version), then runs the linters and the whole
+# suite with that venv's one interpreter: unit tests (tests/, the runtime's real-torch tests
+# included: GPUSCALER_REQUIRE_TORCH=1 makes a missing framework a failure, not a skip) and
+# end-to-end tests (e2e/) against a real local control plane (etcd, kube-apiserver, scheduler,
+# controller manager, kwok).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
+BASE_PYTHON="${PYTHON:-python3}"
 
-echo "==> installing gpuscaler and its dev dependencies"
-"$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+echo "==> the test venv: pinned torch, transformers, Lightning (cached after the first build)"
+VENV="$(PYTHON="$BASE_PYTHON" scripts/ci-torch-venv.sh | tail -n 1)"
+PYTHON="$VENV/bin/python"
+export PATH="$VENV/bin:$PATH" PYTHON GPUSCALER_REQUIRE_TORCH=1
+
+echo "==> installing gpuscaler and its dev dependencies into $VENV"
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev,train]'
 
 echo "==> static checks: ruff, mypy --strict, import-linter layers"
 "$PYTHON" -m ruff check operator tests e2e scripts benchmarks
 "$PYTHON" -m mypy
-lint-imports
+"$VENV/bin/lint-imports"
 
 echo "==> calibration is reproducible from its data"
 "$PYTHON" scripts/calibrate.py --check

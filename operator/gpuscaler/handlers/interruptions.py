@@ -132,9 +132,10 @@ NOTICE_SOURCES: tuple[NoticeSource, ...] = (
     # it, as the job's nodes in deletion are already out of the gang): resume from the last
     # periodic checkpoint.
     NoticeSource("node-deleted", "gone", "", 0.0, "node deleted without notice"),
-    # A worker exited 75 (it checkpointed on SIGTERM: evicted, or its node drained) and no notice
-    # was seen: resume from that checkpoint.
-    NoticeSource("worker-preempted", "exit", "", 0.0, "worker stopped on SIGTERM (exit 75)"),
+    # A worker was preempted (it checkpointed on SIGTERM and exited 75 or reported the preempted
+    # phase, or its pod has DisruptionTarget: evicted, or its node drained) and no notice was
+    # seen: resume from that checkpoint (gpuscaler.handlers.reconcile.preemption).
+    NoticeSource("worker-preempted", "exit", "", 0.0, "worker preempted (exit 75, runtime phase preempted, or DisruptionTarget)"),
 )
 """Every interruption signal gpuscaler understands. When several apply to one node, the earliest
 deadline wins (a soft notice has none); on a tie the earlier entry."""

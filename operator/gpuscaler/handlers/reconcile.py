@@ -13,6 +13,7 @@ Phases (``status.phase``) and what moves them::
     Provisioning/Starting --gang timeout--> release, back off the offering, re-plan -> Provisioning
     Running --node notice--> Checkpointing --ack or exit--> Recovering --gang gone--> Provisioning
     Running --worker failed--> Recovering (within backoffLimit) | Failed
+    Running --worker preempted (see preemption())--> Recovering (an interruption, not a failure)
     Running --all workers Succeeded--> Succeeded; nodes released
 """
 
@@ -653,6 +654,12 @@ class Reconciler:
         if ready >= request.count and not was:
             out.events.append(Event("Normal", "NodesReady", f"all {request.count} node(s) Ready"))
 
+    def _preempted(self, pod: PodState, nodes: list[NodeState], now: datetime) -> str | None:
+        """Why a failed worker counts as preempted (None: a failure), from what the operator knows."""
+        node = next((n for n in nodes if n.name == pod.node), None)
+        going = node is not None and (node.deleting or spot.node_notice(node, now, self.config.spot) is not None)
+        return preemption(pod, node_going=going)
+
     def _lost(
         self,
         st: TrainingJobStatus,
@@ -662,9 +669,14 @@ class Reconciler:
         now: datetime,
         job: Job,
     ) -> bool:
-        """A worker failed or its node went away: count it and move to Recovering (or Failed)."""
+        """A worker failed or its node went away: count it and move to Recovering (or Failed).
+
+        A worker that was preempted (:func:`preemption`) is an interruption, counted against
+        ``spot.maxInterruptions`` by the re-plan; only real failures count against backoffLimit.
+        """
         present = {n.name for n in nodes}
-        preempted = [p for p in pods if p.failed and p.exit_code == rc.EXIT_PREEMPTED]
+        why_preempted = {p.name: self._preempted(p, nodes, now) for p in pods if p.failed}
+        preempted = [p for p in pods if why_preempted.get(p.name)]
         orphaned = [
             p for p in pods if p.node and p.node not in present and not p.succeeded and self.provider.manages_nodes
         ]
@@ -690,7 +702,8 @@ class Reconciler:
         if preempted or orphaned:
             names = ", ".join(p.name for p in (preempted or orphaned)[:3])
             st.phase = Phase.RECOVERING
-            st.message = f"interrupted: {names} lost its node; resuming from the last checkpoint"
+            how = f"was preempted ({why_preempted[preempted[0].name]})" if preempted and not orphaned else "lost its node"
+            st.message = f"interrupted: {names} {how}; resuming from the last checkpoint"
             out.events.append(Event("Warning", "Interrupted", st.message))
             set_condition(st, "Running", False, "Interrupted", st.message, now, job.generation)
             lost = (orphaned or preempted)[0]
@@ -931,6 +944,36 @@ class Reconciler:
             left = st.plan.expected_hours * 3600 * (1 - st.progress.percent / 100)
         st.eta = format_duration(left)
         st.estimated_completion_time = (now + timedelta(seconds=left)).replace(microsecond=0)
+
+
+def preemption(pod: PodState, *, node_going: bool = False) -> str | None:
+    """Why a failed worker pod was preempted rather than failed, or None for a real failure.
+
+    The exit code alone cannot tell: a launcher such as torchrun exits 1 when its workers stopped
+    cleanly with 75. So, in this order: the runtime's exit 75; the runtime's ``preempted`` phase
+    annotation (it checkpointed and stopped on SIGTERM); the operator's own checkpoint request on
+    the pod (it sent the notice), answered or not; the pod's ``DisruptionTarget`` condition
+    (eviction, preemption, graceful node shutdown); its node under a notice or being deleted.
+
+    Args:
+        pod: A failed worker pod.
+        node_going: Whether the pod's node is under an interruption notice or being deleted.
+
+    Returns:
+        The reason, for the status message and the Interrupted event.
+    """
+    if pod.exit_code == rc.EXIT_PREEMPTED:
+        return f"exit code {rc.EXIT_PREEMPTED}"
+    if pod.runtime_phase == rc.RUNTIME_PHASE_PREEMPTED:
+        return f"the runtime reported {rc.RUNTIME_PHASE_PREEMPTED} (exit code {pod.exit_code})"
+    if pod.checkpoint_requested:
+        acked = pod.checkpoint_ack == pod.checkpoint_requested
+        return f"after the operator's checkpoint request {pod.checkpoint_requested}" + (" (acknowledged)" if acked else "")
+    if pod.disruption is not None:
+        return f"DisruptionTarget: {pod.disruption}"
+    if node_going:
+        return f"its node {pod.node} is going"
+    return None
 
 
 def _node_cost(node: NodeState, now: datetime) -> float:

@@ -37,6 +37,9 @@ NO_RANK = -1
 PODINFO_VOLUME = "gpuscaler-podinfo"
 PODINFO_DIR = "/etc/gpuscaler/podinfo"
 DEFAULT_CONTAINER = "train"
+DISRUPTION_TARGET = "DisruptionTarget"
+"""Pod condition Kubernetes sets before it deletes a pod for a disruption (eviction, preemption,
+taint manager, graceful node shutdown, pod GC): the pod's end is not the workload's failure."""
 WORKER_SERVICE_ACCOUNT = "gpuscaler-worker"
 """ServiceAccount, Role and RoleBinding name of the workers in a job's namespace (shared by its jobs)."""
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscaler"}
@@ -264,6 +267,11 @@ class PodState:
     rejected: tuple[Rejected, ...] = ()
     """Reported values that failed their type or range check (:func:`gpuscaler.kube.reports.parse`);
     the fields above are None for them."""
+    runtime_phase: str | None = None
+    """The runtime's reported phase (``gpuscaler.io/runtime-phase``): running, preempted, finished."""
+    disruption: str | None = None
+    """The reason of the pod's ``DisruptionTarget`` condition when it is True (the pod is being
+    evicted, preempted, or its node is shutting down), else None."""
 
     @property
     def running(self) -> bool:
@@ -306,6 +314,14 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     name = meta.get("name", "")
     reported = parse_reports(name, ann)
     rank = _int(labels.get(RANK_LABEL))
+    disruption = next(
+        (
+            str(c.get("reason") or "DisruptionTarget")
+            for c in status.get("conditions") or []
+            if c.get("type") == DISRUPTION_TARGET and c.get("status") == "True"
+        ),
+        None,
+    )
     return PodState(
         name=name,
         rank=NO_RANK if rank is None else rank,
@@ -322,4 +338,9 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         checkpoint_ack=reported.checkpoint_ack,
         checkpoint_requested=ann.get(rc.ANNOTATION_CHECKPOINT_REQUESTED),
         rejected=reported.rejected,
+        # only the one value the operator acts on is believed; anything else reads as no phase
+        runtime_phase=rc.RUNTIME_PHASE_PREEMPTED
+        if ann.get(rc.ANNOTATION_RUNTIME_PHASE) == rc.RUNTIME_PHASE_PREEMPTED
+        else None,
+        disruption=disruption,
     )

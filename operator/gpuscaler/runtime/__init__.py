@@ -16,6 +16,15 @@ first report of a :class:`KubeReporter`). Typical use in a worker the operator s
         state = train_step(state, step)
         guard.completed(step, state, samples=batch_size)
 
+The default save/load callbacks store and read plain data only (:func:`data_save`,
+:func:`data_load`): loading a checkpoint never runs code from it unless you pass
+:func:`pickle_load` yourself. Under ``torchrun`` pass ``agree=TorchAgreement()`` (and
+``save=torch_save, load=torch_load``) from the optional :mod:`gpuscaler.runtime.distributed`: the
+ranks then agree at every step boundary and stop or checkpoint at the same step; ``sharded=True``
+has every rank write its shard. Hooks for the Hugging Face Trainer and for Lightning are in
+:mod:`gpuscaler.runtime.transformers_callback` and :mod:`gpuscaler.runtime.lightning_callback`
+(docs/runtime.md).
+
 ``KubeReporter.from_env()`` reads ``POD_NAME``/``POD_NAMESPACE`` (the operator sets them through
 the downward API) and patches the worker's own pod with its progress, ``checkpoint-step`` and, on
 a spot notice, ``checkpoint-ack``: that is how the operator follows the job and finishes the
@@ -31,6 +40,7 @@ the operator, :mod:`.kube_reporter` for the reporter.
 
 from typing import TYPE_CHECKING, Any
 
+from gpuscaler.runtime.agreement import Agreement, SoloAgreement
 from gpuscaler.runtime.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
 from gpuscaler.runtime.checkpoint import (
     CheckpointError,
@@ -39,7 +49,10 @@ from gpuscaler.runtime.checkpoint import (
     CorruptCheckpointError,
     LoadFn,
     SaveFn,
+    UnsafeCheckpointError,
     bytes_callbacks,
+    data_load,
+    data_save,
     pickle_load,
     pickle_save,
 )
@@ -51,6 +64,7 @@ from gpuscaler.runtime.constants import (
     ANNOTATION_CHECKPOINT_TIME,
     ANNOTATION_PROGRESS_SAMPLES,
     ANNOTATION_PROGRESS_STEP,
+    ANNOTATION_RUNTIME_PHASE,
     ENV_ACCUMULATION_STEPS,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_STEPS,
@@ -64,7 +78,7 @@ from gpuscaler.runtime.constants import (
     EXIT_DONE,
     EXIT_PREEMPTED,
 )
-from gpuscaler.runtime.guard import GuardUsageError, TrainingGuard
+from gpuscaler.runtime.guard import Boundary, GuardUsageError, TrainingGuard
 from gpuscaler.runtime.metrics import RuntimeMetrics, serve_metrics
 from gpuscaler.runtime.notice import AnnotationWatcher, StopSignal, parse_downward_annotations
 from gpuscaler.runtime.progress import (
@@ -101,6 +115,7 @@ __all__ = [
     "ANNOTATION_CHECKPOINT_TIME",
     "ANNOTATION_PROGRESS_SAMPLES",
     "ANNOTATION_PROGRESS_STEP",
+    "ANNOTATION_RUNTIME_PHASE",
     "ENV_ACCUMULATION_STEPS",
     "ENV_CHECKPOINT_DIR",
     "ENV_CHECKPOINT_EVERY_STEPS",
@@ -113,7 +128,9 @@ __all__ = [
     "ENV_PROGRESS_FILE",
     "EXIT_DONE",
     "EXIT_PREEMPTED",
+    "Agreement",
     "AnnotationWatcher",
+    "Boundary",
     "CheckpointError",
     "CheckpointEvent",
     "CheckpointInfo",
@@ -133,11 +150,15 @@ __all__ = [
     "RuntimeConfigError",
     "RuntimeMetrics",
     "SaveFn",
+    "SoloAgreement",
     "StopSignal",
     "TrainingGuard",
+    "UnsafeCheckpointError",
     "atomic_write_bytes",
     "atomic_write_text",
     "bytes_callbacks",
+    "data_load",
+    "data_save",
     "fsync_dir",
     "parse_downward_annotations",
     "pickle_load",

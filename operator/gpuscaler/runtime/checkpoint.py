@@ -7,6 +7,7 @@ Layout of the checkpoint directory (``GPUSCALER_CHECKPOINT_DIR``)::
         MANIFEST.json              step, samples, time, reason, sha256 + size of every payload file,
                                    and a checksum of the manifest itself
     .step-000000000130.staging-…   a checkpoint being written (or torn by a crash): never loaded
+    .step-000000000140.staging-sharded   a sharded checkpoint being written by every rank
     corrupt-step-000000000110-…    a checkpoint that failed verification, set aside for inspection
 
 A save writes into a hidden staging directory, fsyncs every payload file, writes the manifest last,
@@ -16,14 +17,30 @@ of checkpoints or the new complete one. Loading re-hashes the payload against th
 falls back to the previous checkpoint when anything is missing, truncated or altered. Older
 checkpoints are deleted only after the new one is committed.
 
+A sharded checkpoint (:meth:`CheckpointStore.save_sharded`: FSDP, ZeRO,
+``torch.distributed.checkpoint``) is written by every rank into one shared staging directory;
+each rank then hashes its share of the files into ``shard-<rank>.json``, and only when every rank
+has (an agreed vote) does the writer write the manifest, last, and commit by the same rename. So a
+checkpoint is complete only when every shard is.
+
+Storage errors (disk full, a read-only or foreign-owned directory) raise :class:`CheckpointError`
+naming the directory, the free space and what to do; cleanup after a failure is best-effort and
+the previous checkpoint is never touched before the new one is committed.
+
+The checksums detect torn, truncated and bit-rotted files; they are not a signature: whoever can
+write the checkpoint directory can write a matching manifest. That is why the default loader
+(:func:`data_load`) reads data only and never runs code from a checkpoint; :func:`pickle_load`
+must be asked for by name.
+
 The training loop does not use this module directly: :class:`gpuscaler.runtime.TrainingGuard` does.
 Benchmarks and tests call it to measure and to corrupt checkpoints on purpose.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -36,8 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from gpuscaler.runtime.atomic import fsync_dir, temp_name
-from gpuscaler.runtime.constants import DEFAULT_CHECKPOINT_KEEP
+from gpuscaler.runtime.agreement import Agreement
+from gpuscaler.runtime.atomic import atomic_write_text, fsync_dir, temp_name
+from gpuscaler.runtime.constants import DEFAULT_CHECKPOINT_KEEP, DISK_FULL_FREE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +78,10 @@ STEP_DIGITS: Final = 12
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)-")
 _LEFTOVER = re.compile(r"^\.step-\d+\.(staging|trash)-")
+SHARD_STAGING_TAG: Final = "staging-sharded"
+"""Suffix of the shared staging directory of a sharded checkpoint (one name all ranks derive)."""
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class CheckpointError(Exception):
@@ -68,6 +90,67 @@ class CheckpointError(Exception):
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint directory failed verification: incomplete, truncated or altered."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """The data-only loader met a payload that would run code (or build an object it does not know)."""
+
+
+def _errno_of(err: BaseException | None) -> int | None:
+    """The errno of the first OSError in an exception's cause/context chain."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError) and err.errno is not None:
+            return err.errno
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return None
+
+
+def _free_bytes(directory: Path) -> int | None:
+    """Free bytes on the file system of ``directory`` (or its nearest existing parent)."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def storage_error(action: str, directory: Path, err: BaseException, *, kept: int | None) -> CheckpointError:
+    """A :class:`CheckpointError` for a failed write that says why, how much room is left and what to do.
+
+    Args:
+        action: What failed, e.g. ``writing checkpoint for step 120``.
+        directory: The checkpoint directory.
+        err: The cause.
+        kept: Step of the newest complete checkpoint still on disk (None: there is none).
+
+    Returns:
+        The error to raise (chain ``err`` as its cause).
+    """
+    code = _errno_of(err)
+    free = _free_bytes(directory)
+    room = f"{free / 2**20:,.1f} MiB free" if free is not None else "free space unknown"
+    full = code in _NO_SPACE or (code not in _NOT_WRITABLE and free is not None and free < DISK_FULL_FREE_BYTES)
+    if full:
+        why = f"the disk is full ({room} on the file system of {directory})"
+        todo = (
+            "free space there, keep fewer checkpoints (GPUSCALER_CHECKPOINT_KEEP / spec.checkpoint.keep) "
+            "or give the checkpoint volume more room"
+        )
+    elif code in _NOT_WRITABLE:
+        why = f"{directory} is not writable ({os.strerror(code) if code else err})"
+        todo = (
+            "mount the checkpoint volume read-write and make the directory writable by this "
+            "container's user"
+        )
+    else:
+        why = f"{err} ({room} in {directory})"
+        todo = "check the checkpoint volume"
+    previous = f"the previous checkpoint (step {kept}) is kept" if kept is not None else "no earlier checkpoint exists"
+    return CheckpointError(f"{action}: {why}; {todo}; {previous}")
 
 
 @dataclass(frozen=True)
@@ -183,7 +266,12 @@ class CheckpointStore:
         self.writer = writer
         self._wall_clock = wall_clock
         if writer:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise storage_error(
+                    f"creating the checkpoint directory {self.directory}", self.directory, err, kept=None
+                ) from err
 
     # --- listing ------------------------------------------------------------------------------
 
@@ -197,6 +285,8 @@ class CheckpointStore:
             entries = list(os.scandir(self.directory))
         except FileNotFoundError:
             return []
+        except OSError as err:
+            raise CheckpointError(f"cannot list the checkpoint directory {self.directory}: {err}") from err
         found = []
         for entry in entries:
             match = _STEP_DIR.match(entry.name)
@@ -234,8 +324,10 @@ class CheckpointStore:
 
         Raises:
             CheckpointError: This store is not a writer, ``step`` is negative, the callback
-                failed or wrote nothing, or the file system refused a write (the cause is
-                chained). Nothing is committed then and the staging directory is removed.
+                failed or wrote nothing, or the file system refused a write (disk full,
+                read-only: the message says which, with the free space; the cause is chained).
+                Nothing is committed then, the staging directory is removed (best-effort) and
+                the previous checkpoint is kept.
         """
         if not self.writer:
             raise CheckpointError(f"this store for {self.directory} is read-only (writer=False)")
@@ -244,57 +336,205 @@ class CheckpointStore:
         started = time.perf_counter()
         final = self.directory / step_dir_name(step)
         staging = temp_name(final, "staging")
+        action = f"writing checkpoint for step {step}"
         try:
             staging.mkdir()
             try:
                 write(staging / PAYLOAD_NAME)
             except Exception as err:
-                raise CheckpointError(
-                    f"writing checkpoint for step {step}: save callback failed: {err}"
-                ) from err
+                raise self._write_error(f"{action}: save callback failed: {err}", err) from err
             files = _digest_tree(staging)
             write_seconds = time.perf_counter() - started
             created_at = self._wall_clock()
-            body: dict[str, Any] = {
-                "format": FORMAT,
-                "version": FORMAT_VERSION,
-                "step": step,
-                "samples": samples,
-                "created_at": created_at,
-                "reason": reason,
-                "request_id": request_id,
-                "write_seconds": write_seconds,
-                "hash": HASH_ALGORITHM,
-                "files": [{"path": d.path, "size": d.size, "sha256": d.sha256} for d in files],
-                "extra": dict(extra or {}),
-            }
-            body["checksum"] = _manifest_checksum(body)
-            with open(staging / MANIFEST_NAME, "x", encoding="utf-8") as f:
-                json.dump(body, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_dir(staging)
+            body = self._manifest_body(step, samples, created_at, reason, request_id, write_seconds, files, extra)
+            self._write_manifest(staging, body)
             self._commit(staging, final)
         except CheckpointError:
             self._remove(staging)
             raise
-        except (OSError, TypeError, ValueError) as err:
+        except OSError as err:
             self._remove(staging)
-            raise CheckpointError(f"writing checkpoint for step {step} in {self.directory}: {err}") from err
-        info = CheckpointInfo(
-            step=step,
-            path=final,
-            created_at=created_at,
-            samples=samples,
-            reason=reason,
-            request_id=request_id,
-            payload_bytes=sum(d.size for d in files),
-            write_seconds=write_seconds,
-            extra=dict(extra or {}),
-            files=tuple(files),
-        )
+            raise storage_error(action, self.directory, err, kept=self._newest_step()) from err
+        except (TypeError, ValueError) as err:
+            self._remove(staging)
+            raise CheckpointError(f"{action} in {self.directory}: {err}") from err
+        info = self._info(final, body, files)
         self.prune()
         return info
+
+    def _newest_step(self) -> int | None:
+        try:
+            steps = self.list_steps()
+        except CheckpointError:
+            return None
+        return steps[0][0] if steps else None
+
+    def _write_error(self, message: str, err: BaseException) -> CheckpointError:
+        """A save callback's failure; a full or read-only disk is named as such (frameworks wrap
+        the OSError in their own exceptions, so the errno and the free space are both looked at)."""
+        code = _errno_of(err)
+        free = _free_bytes(self.directory)
+        if code in _NO_SPACE | _NOT_WRITABLE or (free is not None and free < DISK_FULL_FREE_BYTES):
+            return storage_error(message, self.directory, err, kept=self._newest_step())
+        return CheckpointError(message)
+
+    @staticmethod
+    def _manifest_body(
+        step: int,
+        samples: int,
+        created_at: float,
+        reason: str,
+        request_id: str | None,
+        write_seconds: float,
+        files: list[FileDigest],
+        extra: Mapping[str, Any] | None,
+        world_size: int | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "samples": samples,
+            "created_at": created_at,
+            "reason": reason,
+            "request_id": request_id,
+            "write_seconds": write_seconds,
+            "hash": HASH_ALGORITHM,
+            "files": [{"path": d.path, "size": d.size, "sha256": d.sha256} for d in files],
+            "extra": dict(extra or {}),
+        }
+        if world_size is not None:
+            body["shards"] = world_size
+        body["checksum"] = _manifest_checksum(body)
+        return body
+
+    @staticmethod
+    def _write_manifest(staging: Path, body: Mapping[str, Any]) -> None:
+        with open(staging / MANIFEST_NAME, "x", encoding="utf-8") as f:
+            json.dump(body, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(staging)
+
+    @staticmethod
+    def _info(final: Path, body: Mapping[str, Any], files: list[FileDigest]) -> CheckpointInfo:
+        return CheckpointInfo(
+            step=int(body["step"]),
+            path=final,
+            created_at=float(body["created_at"]),
+            samples=int(body["samples"]),
+            reason=str(body["reason"]),
+            request_id=body["request_id"],
+            payload_bytes=sum(d.size for d in files),
+            write_seconds=float(body["write_seconds"]),
+            extra=dict(body["extra"]),
+            files=tuple(files),
+        )
+
+    def save_sharded(
+        self,
+        step: int,
+        write: Callable[[Path], None],
+        agree: Agreement,
+        *,
+        samples: int = 0,
+        reason: str = "manual",
+        request_id: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CheckpointInfo:
+        """Write a checkpoint that every rank writes a part of; a collective (every rank calls it).
+
+        1. The writer creates the shared staging directory ``.step-N.staging-sharded/payload``.
+        2. Every rank's ``write(payload)`` writes its shard there (e.g.
+           ``torch.distributed.checkpoint.save(state, checkpoint_id=payload)``).
+        3. Every rank hashes and fsyncs its share of the payload files (file ``i`` of the sorted
+           list belongs to rank ``i % world``) into ``shard-<rank>.json``.
+        4. The writer writes the manifest listing every file, last, and commits by renaming.
+
+        After each step the ranks vote (:meth:`Agreement.max`), so a failure on any rank makes
+        every rank raise instead of waiting for it, and nothing is committed.
+
+        Args:
+            step: Steps completed (>= 0), agreed by the ranks.
+            write: Writes this rank's shard under the payload directory.
+            agree: The ranks' agreement (rank, world size, votes).
+            samples: Samples processed up to ``step``.
+            reason: Why it is taken.
+            request_id: The checkpoint request it answers.
+            extra: JSON-serialisable metadata for the manifest.
+
+        Returns:
+            The committed checkpoint (the same on every rank).
+
+        Raises:
+            CheckpointError: Some rank failed (this rank's own error, or which rank failed);
+                storage errors as for :meth:`save`.
+        """
+        if step < 0:
+            raise CheckpointError(f"checkpoint step must be >= 0 (got {step})")
+        rank, world = agree.rank, agree.world_size
+        final = self.directory / step_dir_name(step)
+        staging = self.directory / f".{final.name}.{SHARD_STAGING_TAG}"
+        action = f"writing sharded checkpoint for step {step}"
+        started = time.perf_counter()
+        error: CheckpointError | None = None
+
+        def vote(stage: str) -> None:
+            (failed,) = agree.max([rank + 1 if error is not None else 0])
+            if not failed:
+                return
+            if self.writer:
+                self._remove(staging)
+            if error is not None:
+                raise error
+            raise CheckpointError(f"{action}: rank {failed - 1} failed while {stage}; nothing was committed")
+
+        if self.writer:
+            try:
+                self._remove(staging)
+                (staging / PAYLOAD_NAME).mkdir(parents=True)
+            except OSError as err:
+                error = storage_error(action, self.directory, err, kept=self._newest_step())
+        vote("creating the staging directory")
+        try:
+            write(staging / PAYLOAD_NAME)
+        except Exception as err:
+            error = self._write_error(f"{action}: save callback failed on rank {rank}: {err}", err)
+        vote("writing its shard")
+        try:
+            names = _payload_files(staging)
+            mine = [_digest_file(staging / rel, rel) for i, rel in enumerate(names) if i % world == rank]
+            doc = [{"path": d.path, "size": d.size, "sha256": d.sha256} for d in mine]
+            atomic_write_text(staging / f"shard-{rank}.json", json.dumps(doc))
+        except OSError as err:
+            error = storage_error(f"{action} (rank {rank} hashing its share)", self.directory, err, kept=None)
+        vote("hashing its share")
+        body: dict[str, Any] = {}
+        files: list[FileDigest] = []
+        if self.writer:
+            try:
+                for r in range(world):
+                    for item in json.loads((staging / f"shard-{r}.json").read_text(encoding="utf-8")):
+                        files.append(FileDigest(item["path"], int(item["size"]), item["sha256"]))
+                files.sort(key=lambda d: d.path)
+                for dirpath, _, _ in os.walk(staging / PAYLOAD_NAME):
+                    fsync_dir(dirpath)
+                body = self._manifest_body(
+                    step, samples, self._wall_clock(), reason, request_id,
+                    time.perf_counter() - started, files, extra, world_size=world,
+                )
+                self._write_manifest(staging, body)
+                self._commit(staging, final)
+            except OSError as err:
+                error = storage_error(action, self.directory, err, kept=self._newest_step())
+            except (KeyError, TypeError, ValueError) as err:
+                error = CheckpointError(f"{action}: a shard list is malformed: {err}")
+        vote("committing")
+        if self.writer:
+            self.prune()
+            return self._info(final, body, files)
+        return self.verify(final, share=(rank, world), hashes=False)
+
 
     def save_bytes(self, step: int, data: bytes, **kwargs: Any) -> CheckpointInfo:
         """Write ``data`` as the payload of a checkpoint for ``step``; see :meth:`save`.
@@ -329,12 +569,19 @@ class CheckpointStore:
             self._remove(trash)
 
     @staticmethod
-    def _remove(path: Path) -> None:
-        with contextlib.suppress(FileNotFoundError):
+    def _remove(path: Path) -> bool:
+        """Delete a file or tree, best-effort: a failure (read-only, vanished) is logged, not raised."""
+        try:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
                 path.unlink()
+        except FileNotFoundError:
+            return True
+        except OSError as err:
+            log.warning("could not remove %s: %s (left in place)", path, err)
+            return False
+        return True
 
     def prune(self) -> list[Path]:
         """Delete complete checkpoints beyond the newest ``keep``, and quarantined ones older than those.
@@ -347,7 +594,12 @@ class CheckpointStore:
         """
         if not self.writer:
             return []
-        steps = self.list_steps()
+        try:
+            steps = self.list_steps()
+            entries = list(os.scandir(self.directory))
+        except (CheckpointError, OSError) as err:
+            log.warning("not pruning old checkpoints: %s", err)
+            return []
         kept, old = steps[: self.keep], steps[self.keep :]
         removed: list[Path] = []
         for _, path in old:
@@ -356,17 +608,22 @@ class CheckpointStore:
                 os.rename(path, trash)
             except FileNotFoundError:
                 continue
+            except OSError as err:
+                log.warning("could not prune old checkpoint %s: %s (left in place)", path, err)
+                continue
             self._remove(trash)
             removed.append(path)
         if kept:
             oldest_kept = kept[-1][0]
-            for entry in os.scandir(self.directory):
+            for entry in entries:
                 match = _CORRUPT_DIR.match(entry.name)
-                if match and int(match.group(1)) < oldest_kept:
-                    self._remove(Path(entry.path))
+                if match and int(match.group(1)) < oldest_kept and self._remove(Path(entry.path)):
                     removed.append(Path(entry.path))
         if removed:
-            fsync_dir(self.directory)
+            try:
+                fsync_dir(self.directory)
+            except OSError as err:
+                log.warning("fsync of %s after pruning failed: %s", self.directory, err)
         return removed
 
     def cleanup_leftovers(self) -> list[Path]:
@@ -380,20 +637,29 @@ class CheckpointStore:
         if not self.writer:
             return []
         removed = []
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.directory):
-                if _LEFTOVER.match(entry.name):
-                    self._remove(Path(entry.path))
-                    removed.append(Path(entry.path))
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError as err:
+            log.warning("not cleaning checkpoint leftovers in %s: %s", self.directory, err)
+            return []
+        for entry in entries:
+            if _LEFTOVER.match(entry.name) and self._remove(Path(entry.path)):
+                removed.append(Path(entry.path))
         return removed
 
     # --- reading ------------------------------------------------------------------------------
 
-    def verify(self, path: str | os.PathLike[str]) -> CheckpointInfo:
+    def verify(
+        self, path: str | os.PathLike[str], *, share: tuple[int, int] | None = None, hashes: bool = True
+    ) -> CheckpointInfo:
         """Check a checkpoint directory against its manifest (all files present, sizes and hashes).
 
         Args:
             path: A ``step-N`` directory.
+            share: ``(rank, world)``: re-hash only this rank's share of the files (file ``i`` when
+                ``i % world == rank``; every file's size is still checked), so the ranks of a job
+                split the reading; they must then agree on the verdict.
+            hashes: False: check presence and sizes only (a manifest this process just committed).
 
         Returns:
             The checkpoint's metadata.
@@ -404,11 +670,11 @@ class CheckpointStore:
         """
         ckpt = Path(path)
         try:
-            return self._verify(ckpt)
+            return self._verify(ckpt, share, hashes)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise CorruptCheckpointError(f"{ckpt}: malformed {MANIFEST_NAME}: {err!r}") from err
 
-    def _verify(self, ckpt: Path) -> CheckpointInfo:
+    def _verify(self, ckpt: Path, share: tuple[int, int] | None = None, hashes: bool = True) -> CheckpointInfo:
         try:
             body = json.loads((ckpt / MANIFEST_NAME).read_text(encoding="utf-8"))
         except FileNotFoundError as err:
@@ -428,7 +694,7 @@ class CheckpointStore:
         if match and int(match.group(1)) != body["step"]:
             raise CorruptCheckpointError(f"{ckpt}: manifest says step {body['step']}")
         files = []
-        for item in body["files"]:
+        for index, item in enumerate(body["files"]):
             rel = str(item["path"])
             if rel.startswith("/") or ".." in rel.split("/"):
                 raise CorruptCheckpointError(f"{ckpt}: manifest lists a path outside the checkpoint: {rel!r}")
@@ -441,7 +707,8 @@ class CheckpointStore:
                         raise CorruptCheckpointError(
                             f"{ckpt}: {rel} has {size} bytes, the manifest says {digest.size} (truncated?)"
                         )
-                    actual = hashlib.file_digest(f, str(body["hash"])).hexdigest()
+                    mine = hashes and (share is None or index % share[1] == share[0])
+                    actual = hashlib.file_digest(f, str(body["hash"])).hexdigest() if mine else digest.sha256
             except OSError as err:
                 raise CorruptCheckpointError(f"{ckpt}: cannot read {rel}: {err}") from err
             if actual != digest.sha256:
@@ -495,11 +762,118 @@ class CheckpointStore:
         return target
 
 
+def _payload_files(staging: Path) -> list[str]:
+    """Every file under ``staging/payload``, as sorted ``/``-separated paths relative to ``staging``."""
+    payload = staging / PAYLOAD_NAME
+    if payload.is_file():
+        return [PAYLOAD_NAME]
+    names = [
+        Path(dirpath, name).relative_to(staging).as_posix()
+        for dirpath, _, filenames in os.walk(payload)
+        for name in filenames
+    ]
+    if not names:
+        raise CheckpointError(f"the save callbacks wrote nothing under {payload}")
+    return sorted(names)
+
+
 # --- ready-made callbacks ---------------------------------------------------------------------
+
+DATA_GLOBALS: Final = frozenset(
+    {
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "complex"),
+        ("builtins", "bytearray"),
+        ("builtins", "slice"),
+        ("builtins", "range"),
+        ("builtins", "list"),
+        ("builtins", "dict"),
+        ("builtins", "tuple"),
+        ("builtins", "int"),
+        ("builtins", "float"),
+        ("builtins", "str"),
+        ("builtins", "bytes"),
+        ("builtins", "bool"),
+        ("collections", "OrderedDict"),
+        ("collections", "deque"),
+        ("collections", "defaultdict"),
+        ("datetime", "datetime"),
+        ("datetime", "date"),
+        ("datetime", "time"),
+        ("datetime", "timedelta"),
+        ("datetime", "timezone"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+    }
+)
+"""What :func:`data_load` lets a pickle name: value types and containers whose construction runs
+no code of the payload's choosing (the "restricting globals" recipe of the :mod:`pickle` docs, as
+``torch.load(weights_only=True)`` does). numpy arrays are data here: an object array's elements
+are unpickled under the same restriction. ``numpy.dtypes.*`` classes (numpy 2) are allowed by the
+name pattern in :meth:`_DataUnpickler.find_class`."""
+
+
+class _DataUnpickler(pickle.Unpickler):
+    """An unpickler that builds only :data:`DATA_GLOBALS` (and numpy dtype classes)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in DATA_GLOBALS or (module == "numpy.dtypes" and name.endswith("DType")):
+            return super().find_class(module, name)
+        raise UnsafeCheckpointError(
+            f"the checkpoint refers to {module}.{name}, which the data-only loader does not build "
+            "(a pickle can run any code through such a reference); save plain data (dict, list, "
+            "numbers, str, bytes, numpy arrays), use torch.load(weights_only=True) through "
+            "gpuscaler.runtime.distributed.torch_load, or, only if nobody else can write the "
+            "checkpoint directory, pass load=gpuscaler.runtime.pickle_load"
+        )
+
+
+def data_save(state: object, path: Path) -> None:
+    """Default save callback: ``state`` as a pickle that :func:`data_load` can read back.
+
+    Args:
+        state: Plain data: dicts, lists, tuples, numbers, strings, bytes, sets, numpy arrays.
+        path: The payload path.
+
+    Raises:
+        UnsafeCheckpointError: The state holds something :func:`data_load` would refuse (checked
+            before anything is written, so a checkpoint that cannot be resumed is never committed).
+    """
+    blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        _DataUnpickler(io.BytesIO(blob)).load()
+    except UnsafeCheckpointError as err:
+        raise UnsafeCheckpointError(f"refusing to save a state the default loader could not load back: {err}") from err
+    path.write_bytes(blob)
+
+
+def data_load(path: Path) -> Any:
+    """Default load callback: read a payload that is data only; never runs code from it.
+
+    Args:
+        path: The payload path.
+
+    Returns:
+        The state.
+
+    Raises:
+        UnsafeCheckpointError: The payload names anything outside :data:`DATA_GLOBALS` (e.g.
+            ``os.system``, or a class of your own).
+    """
+    with open(path, "rb") as f:
+        return _DataUnpickler(f).load()
+
 
 
 def pickle_save(state: object, path: Path) -> None:
-    """Default save callback: pickle ``state`` to ``path``.
+    """Save callback for any picklable state (pair it with :func:`pickle_load`).
 
     Args:
         state: Any picklable object.
@@ -510,7 +884,11 @@ def pickle_save(state: object, path: Path) -> None:
 
 
 def pickle_load(path: Path) -> Any:
-    """Default load callback: unpickle the payload. Only load checkpoints your own job wrote.
+    """Load callback that unpickles anything, and so runs whatever code the payload names.
+
+    Pass it explicitly (``load=pickle_load``) only when nobody but your job can write the
+    checkpoint directory: anyone who can write there can then run code in every worker that
+    resumes (the manifest's checksums do not prevent that: they are not a signature).
 
     Args:
         path: The payload path.

@@ -68,12 +68,22 @@ ANNOTATION_PROGRESS_STEP: Final = "gpuscaler.io/progress-step"
 ANNOTATION_PROGRESS_SAMPLES: Final = "gpuscaler.io/progress-samples"
 """Set from the runtime's reports: samples processed so far (across restarts)."""
 
+ANNOTATION_RUNTIME_PHASE: Final = "gpuscaler.io/runtime-phase"
+"""Set from the runtime's reports: ``running``, ``preempted`` (stopped on SIGTERM or a stop request
+after a complete checkpoint) or ``finished``. The operator counts a worker that failed after
+reporting ``preempted`` as preempted whatever its exit code (a launcher such as torchrun exits 1
+when its workers exit 75)."""
+
+RUNTIME_PHASE_PREEMPTED: Final = "preempted"
+"""The value of :data:`ANNOTATION_RUNTIME_PHASE` after a stop with a complete checkpoint."""
+
 REPORTED_ANNOTATIONS: Final = (
     ANNOTATION_PROGRESS_STEP,
     ANNOTATION_PROGRESS_SAMPLES,
     ANNOTATION_CHECKPOINT_STEP,
     ANNOTATION_CHECKPOINT_TIME,
     ANNOTATION_CHECKPOINT_ACK,
+    ANNOTATION_RUNTIME_PHASE,
 )
 """Every annotation a worker writes on its own pod (:meth:`gpuscaler.runtime.progress.Progress.annotations`);
 the Helm chart's worker admission policy allows a worker to change these and nothing else."""
@@ -100,6 +110,10 @@ DEFAULT_CHECKPOINT_KEEP: Final = 3
 DEFAULT_CHECKPOINT_INTERVAL_S: Final = 600.0
 """Used only when neither the env nor the caller gives an interval. Ten minutes bounds the work
 lost to a spot reclaim without notice; the operator normally sets the planned interval."""
+
+DISK_FULL_FREE_BYTES: Final = 1 << 20
+"""A failed checkpoint write on a file system with less than this free (1 MiB) is reported as "disk
+full" even when the framework's exception hides the ENOSPC (torch.save raises a RuntimeError)."""
 
 DEFAULT_REPORT_INTERVAL_S: Final = 10.0
 """Minimum seconds between periodic progress reports (checkpoints and exit always report), so a

@@ -19,6 +19,13 @@ At every step boundary (:meth:`TrainingGuard.completed`) the guard, in this orde
 3. if the planned interval (seconds and/or steps) has passed: checkpoints;
 4. reports progress when ``report_interval_s`` has passed.
 
+In a job of several processes, pass ``agree=`` (e.g.
+:class:`gpuscaler.runtime.distributed.TorchAgreement`): at every boundary each rank snapshots its
+flags for 1-3 once, the ranks reduce them (MAX) in one tiny collective, and every rank acts on the
+agreed result, so all ranks stop or checkpoint at the same step. Only the writer (rank 0 by
+default) saves, acknowledges and reports, unless ``sharded=True``: then every rank writes its own
+shard and the writer commits the manifest last (:meth:`CheckpointStore.save_sharded`).
+
 When ``steps`` runs to the end, a final checkpoint is written and the signal handler removed.
 Steps are counted as *steps completed*: the checkpoint taken after step index ``i`` is named
 ``i + 1`` and a resume from it starts the loop at index ``i + 1``, so no step runs twice.
@@ -34,10 +41,12 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from gpuscaler.runtime.agreement import Agreement
 from gpuscaler.runtime.checkpoint import (
     CheckpointError,
     CheckpointInfo,
@@ -45,8 +54,9 @@ from gpuscaler.runtime.checkpoint import (
     CorruptCheckpointError,
     LoadFn,
     SaveFn,
-    pickle_load,
-    pickle_save,
+    data_load,
+    data_save,
+    step_dir_name,
 )
 from gpuscaler.runtime.config import GuardConfig
 from gpuscaler.runtime.constants import (
@@ -80,14 +90,35 @@ class GuardUsageError(RuntimeError):
     """The guard is used out of order (e.g. a step yielded by ``steps`` was not reported done)."""
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """What one step boundary needs (:meth:`TrainingGuard.boundary`), the same on every rank."""
+
+    stop: bool
+    """Checkpoint, then stop and exit with :data:`EXIT_PREEMPTED`."""
+    checkpoint: bool
+    """Take a checkpoint now (always True when ``stop``)."""
+    reason: str
+    """``sigterm``, ``notice`` or ``interval`` (empty when nothing is due)."""
+    request_id: str | None
+    """The operator's request this checkpoint answers (acknowledged on commit)."""
+    notice_at: float | None
+    """Monotonic time the notice arrived, for the latency metric."""
+
+
 class TrainingGuard(Generic[S]):
     """Checkpoint/resume/notice handling around a training loop.
 
     Args:
         checkpoint_dir: Directory of checkpoints (created if missing).
         save: ``save(state, path)`` writes the state to the file or new directory ``path``;
-            default: pickle. Atomicity, fsync and checksums are the guard's job, not the callback's.
-        load: ``load(path) -> state`` reads it back; default: unpickle.
+            default: :func:`~gpuscaler.runtime.checkpoint.data_save`. Atomicity, fsync and
+            checksums are the guard's job, not the callback's. With ``sharded=True`` every rank
+            calls it with the same directory ``path`` (e.g. ``torch.distributed.checkpoint.save``).
+        load: ``load(path) -> state`` reads it back; default:
+            :func:`~gpuscaler.runtime.checkpoint.data_load`, which loads data only and refuses a
+            payload that would run code. Pass :func:`~gpuscaler.runtime.checkpoint.pickle_load`
+            explicitly only for checkpoints nobody else can write (see docs/runtime.md).
         interval_s: Seconds between planned checkpoints; None disables the time limit.
         every_steps: Steps between planned checkpoints; None disables the step limit.
         keep: Complete checkpoints to keep.
@@ -100,9 +131,15 @@ class TrainingGuard(Generic[S]):
         exit_on_stop: After the SIGTERM checkpoint, raise ``SystemExit(EXIT_PREEMPTED)``. When
             False, :meth:`completed` returns True, :meth:`steps` ends, :attr:`preempted` is True,
             and the caller must exit (with :data:`EXIT_PREEMPTED`).
-        writer: Whether this process writes checkpoints. In a data-parallel job only rank 0
-            should; the others load, and must stop at the same step (all-reduce
-            :attr:`stop_requested` yourself).
+        writer: Whether this process commits checkpoints (saves, acknowledges requests, prunes).
+            Default: rank 0 of ``agree`` (True without one).
+        agree: How the ranks agree at each step boundary (:mod:`gpuscaler.runtime.agreement`);
+            None: a single process. Every rank must then call :meth:`resume`, :meth:`steps`,
+            :meth:`completed` and :meth:`finish` in the same order (they are collectives).
+        sharded: Every rank writes its own shard of each checkpoint (FSDP, ZeRO,
+            ``torch.distributed.checkpoint``); needs ``agree``.
+        reports: Whether this process reports progress (one reporter per pod, so ranks never
+            overwrite each other). Default: the writer.
         handle_signals: Install the SIGTERM handler (main thread only).
         clock: Monotonic seconds (injectable for tests).
         wall_clock: Unix seconds (injectable for tests).
@@ -123,14 +160,25 @@ class TrainingGuard(Generic[S]):
         metrics_port: int | None = None,
         report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
         exit_on_stop: bool = True,
-        writer: bool = True,
+        writer: bool | None = None,
+        agree: Agreement | None = None,
+        sharded: bool = False,
+        reports: bool | None = None,
         handle_signals: bool = True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        if sharded and agree is None:
+            raise GuardUsageError("sharded=True needs agree= (the ranks must agree on each checkpoint)")
+        self.agree = agree if agree is not None and agree.world_size > 1 else None
+        """The agreement among ranks; None for a single process."""
+        if writer is None:
+            writer = agree is None or agree.rank == 0
+        self.sharded = sharded and self.agree is not None
+        self.reports = writer if reports is None else reports
         self.store = CheckpointStore(checkpoint_dir, keep, writer=writer, wall_clock=wall_clock)
-        self._save: SaveFn[S] = save if save is not None else pickle_save
-        self._load: LoadFn[S] = load if load is not None else pickle_load
+        self._save: SaveFn[S] = save if save is not None else data_save
+        self._load: LoadFn[S] = load if load is not None else data_load
         self.schedule = CheckpointSchedule(interval_s, every_steps, clock=clock)
         self.watcher = (
             AnnotationWatcher(Path(podinfo_dir) / DOWNWARD_ANNOTATIONS_FILE, clock=clock)
@@ -161,6 +209,7 @@ class TrainingGuard(Generic[S]):
         self._last_report: float | None = None
         self._phase = PHASE_RUNNING
         self._stop_handled = False
+        self._agreed_stop = False
 
     @classmethod
     def from_env(
@@ -176,11 +225,13 @@ class TrainingGuard(Generic[S]):
 
         Reads ``GPUSCALER_CHECKPOINT_DIR``, ``_CHECKPOINT_INTERVAL_S``, ``_CHECKPOINT_EVERY_STEPS``,
         ``_CHECKPOINT_KEEP``, ``_PODINFO_DIR``, ``_METRICS_PORT`` and ``_PROGRESS_FILE``. A progress
-        file adds a :class:`~gpuscaler.runtime.progress.FileReporter` next to ``reporter``.
+        file adds a :class:`~gpuscaler.runtime.progress.FileReporter` next to ``reporter``. Only a
+        process that reports has reporters: by default the writer, and in every other pod its
+        first process (``LOCAL_RANK`` 0 with ``RANK`` > 0: the node's pod is reported on, once).
 
         Args:
-            save: Save callback (default: pickle).
-            load: Load callback (default: unpickle).
+            save: Save callback (default: :func:`~gpuscaler.runtime.checkpoint.data_save`).
+            load: Load callback (default: :func:`~gpuscaler.runtime.checkpoint.data_load`).
             env: The environment; ``os.environ`` when None.
             reporter: An extra progress reporter.
             **kwargs: :class:`~gpuscaler.runtime.config.GuardConfig` fields (``checkpoint_dir``,
@@ -196,11 +247,19 @@ class TrainingGuard(Generic[S]):
         fields = set(GuardConfig.__dataclass_fields__)
         config = GuardConfig.from_env(env, **{k: v for k, v in kwargs.items() if k in fields})
         passthrough = {k: v for k, v in kwargs.items() if k not in fields}
+        agree: Agreement | None = passthrough.get("agree")
+        writer = passthrough.get("writer")
+        if writer is None:
+            writer = agree is None or agree.rank == 0
+        if passthrough.get("reports") is None:
+            local_rank = (os.environ if env is None else env).get("LOCAL_RANK", "0").strip()
+            passthrough["reports"] = bool(writer) or local_rank in ("", "0")
         reporters: list[ProgressReporter] = []
-        if config.progress_file is not None:
-            reporters.append(FileReporter(config.progress_file))
-        if reporter is not None:
-            reporters.append(reporter)
+        if passthrough["reports"]:
+            if config.progress_file is not None:
+                reporters.append(FileReporter(config.progress_file))
+            if reporter is not None:
+                reporters.append(reporter)
         combined: ProgressReporter | None = (
             reporters[0] if len(reporters) == 1 else FanoutReporter(*reporters) if reporters else None
         )
@@ -236,7 +295,11 @@ class TrainingGuard(Generic[S]):
 
     @property
     def stop_requested(self) -> bool:
-        """Whether SIGTERM (or :meth:`request_stop`) arrived."""
+        """Whether SIGTERM (or :meth:`request_stop`) arrived at this process (a live flag).
+
+        Do not all-reduce it yourself to decide when to stop: it may change between your
+        reduction and the guard's next look. Pass ``agree=`` and the guard agrees on it race-free.
+        """
         return self.stop_signal.received
 
     @property
@@ -283,6 +346,12 @@ class TrainingGuard(Generic[S]):
         if removed:
             log.info("removed %d torn checkpoint leftover(s): %s", len(removed), [p.name for p in removed])
 
+    def reclaim_signals(self) -> None:
+        """Install the SIGTERM handler again over a framework's own (Lightning's raises mid-step);
+        nothing when the guard was built with ``handle_signals=False``."""
+        if self._handle_signals and self._started and not self._closed:
+            self.stop_signal.reinstall()
+
     def close(self) -> None:
         """Restore the signal handler and stop the metrics server.
 
@@ -314,6 +383,10 @@ class TrainingGuard(Generic[S]):
     def resume(self, initial_state: S) -> tuple[S, int]:
         """Load the newest complete, verified checkpoint; skip (and set aside) corrupt ones.
 
+        With ``agree``, the ranks agree on the checkpoint first (the newest one every rank can
+        verify; each rank re-hashes its share of the files) and all load that one, so they start at
+        the same step even when one of them saw a newer or a corrupt one.
+
         Args:
             initial_state: Returned when there is no usable checkpoint.
 
@@ -323,22 +396,17 @@ class TrainingGuard(Generic[S]):
 
         Raises:
             CheckpointError: Loading a verified checkpoint failed in the load callback (a code or
-                format problem, not corruption: falling back would hide it).
+                format problem, not corruption: falling back would hide it), or the default loader
+                refused a payload that would run code.
         """
         self.start()
         state = initial_state
-        info: CheckpointInfo | None = None
-        for step, path in self.store.list_steps():
-            try:
-                info = self.store.verify(path)
-                break
-            except CorruptCheckpointError as err:
-                log.warning("skipping checkpoint at step %d: %s", step, err)
-                self.metrics.corrupt_checkpoints += 1
-                self.store.quarantine(path)
+        info = self._agreed_checkpoint() if self.agree is not None else self._newest_checkpoint()
         if info is not None:
             try:
                 state = self._load(info.payload_path)
+            except CheckpointError as err:  # e.g. UnsafeCheckpointError: keep the type
+                raise type(err)(f"loading verified checkpoint {info.path}: {err}") from err
             except Exception as err:
                 raise CheckpointError(
                     f"loading verified checkpoint {info.path}: load callback failed: {err}"
@@ -360,6 +428,47 @@ class TrainingGuard(Generic[S]):
         self.schedule.mark(self._step)
         self._report(force=True)
         return state, self._step
+
+    def _newest_checkpoint(self) -> CheckpointInfo | None:
+        for step, path in self.store.list_steps():
+            try:
+                return self.store.verify(path)
+            except CorruptCheckpointError as err:
+                log.warning("skipping checkpoint at step %d: %s", step, err)
+                self.metrics.corrupt_checkpoints += 1
+                self.store.quarantine(path)
+        return None
+
+    def _agreed_checkpoint(self) -> CheckpointInfo | None:
+        """The newest checkpoint every rank has and verifies (its share of the files), agreed on.
+
+        Each round agrees on the lowest of the ranks' newest candidate steps (MAX of negated
+        steps; no candidate counts as -1), verifies it on every rank and agrees on the verdict;
+        a corrupt one is quarantined by the writer (after the vote, when no rank reads it any
+        more) and the next round looks below it.
+        """
+        assert self.agree is not None
+        rank, world = self.agree.rank, self.agree.world_size
+        below: int | None = None
+        while True:
+            mine = [(s, p) for s, p in self.store.list_steps() if below is None or s < below]
+            candidate = mine[0][0] if mine else -1
+            (neg,) = self.agree.max([-candidate])
+            step = -neg
+            if step < 0:
+                return None
+            path = self.store.directory / step_dir_name(step)
+            info: CheckpointInfo | None = None
+            try:
+                info = self.store.verify(path, share=(rank, world))
+            except CorruptCheckpointError as err:
+                log.warning("checkpoint at step %d fails verification on rank %d: %s", step, rank, err)
+            (bad,) = self.agree.max([int(info is None)])
+            if not bad:
+                return info
+            self.metrics.corrupt_checkpoints += 1
+            self.store.quarantine(path)
+            below = step
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -385,15 +494,18 @@ class TrainingGuard(Generic[S]):
         if not self._has_state:
             self._step = start
         step = start
+        first = True
         try:
             while step < stop:
                 if self._phase == PHASE_PREEMPTED:
                     return
-                if self.stop_signal.received:
-                    # Signal before the first step (e.g. while loading), or between completed()
-                    # and here: stop at this boundary; _stop saves only if the step is new.
+                if self._stop_before_step(first):
+                    # Signal before the first step (e.g. while loading), or, for a single
+                    # process, between completed() and here: stop at this boundary; _stop saves
+                    # only if the step is new.
                     self._stop(self._state if self._has_state else None)
                     return
+                first = False
                 self._expected = step
                 yield step
                 if self._step != step + 1:
@@ -408,14 +520,32 @@ class TrainingGuard(Generic[S]):
             self._expected = None
         self.finish()
 
+    def _stop_before_step(self, first: bool) -> bool:
+        """Whether to stop before running the next step.
+
+        A single process looks at the live flag. Ranks that agree do so only before the first step
+        (one collective); later they act only on what :meth:`completed` agreed, never on a flag
+        re-read after the agreement.
+        """
+        if self.agree is None:
+            return self.stop_signal.received
+        if not first:
+            return self._agreed_stop
+        (stop,) = self.agree.max([int(self.stop_signal.received)])
+        self._agreed_stop = bool(stop)
+        return self._agreed_stop
+
     def completed(self, step: int, state: S, samples: int = 0) -> bool:
         """Report step ``step`` done with the resulting ``state``; checkpoint and stop if needed.
+
+        With ``agree``, this is a collective: every rank calls it for every step.
 
         Args:
             step: The step index just completed (the value :meth:`steps` yielded).
             state: The state after the step (kept by reference until the next call; it is passed
                 to the save callback only when a checkpoint is taken).
-            samples: Samples processed in this step.
+            samples: Samples processed in this step (by this rank: the writer's count is reported,
+                so pass the global batch, or the rank's share times the world size).
 
         Returns:
             True when training must stop (only with ``exit_on_stop=False``); else False.
@@ -428,25 +558,108 @@ class TrainingGuard(Generic[S]):
         """
         if self._expected is not None and step != self._expected:
             raise GuardUsageError(f"guard.completed({step}) inside the loop at step {self._expected}")
-        self._step = step + 1
-        self._samples += samples
         self._state, self._has_state = state, True
-        self.metrics.set_progress(self._step, self._samples)
-        if self.stop_signal.received:
+        todo = self.boundary(step + 1, samples)
+        if todo.stop:
             self._stop(state)
             return True
-        request = self._pending_request()
-        if request is not None:
-            request_id, seen_at = request
-            self.checkpoint(state, reason="notice", request_id=request_id, notice_at=seen_at)
-            self._manual_request = None
-        elif self.schedule.due(self._step):
-            self.checkpoint(state, reason="interval")
+        if todo.checkpoint:
+            self.checkpoint(state, reason=todo.reason, request_id=todo.request_id, notice_at=todo.notice_at)
         self._report()
         return False
 
+    def boundary(self, steps_done: int, samples: int = 0) -> Boundary:
+        """Record progress and decide what this step boundary needs, agreed among ranks; act on nothing.
+
+        :meth:`completed` is this plus the acting. Framework hooks (the Trainer and Lightning
+        callbacks) call it from their step-end hook and then let the framework save, committing
+        with :meth:`commit` and ending with :meth:`stopped`. With ``agree``, a collective.
+
+        Args:
+            steps_done: Steps completed so far (the framework's global step).
+            samples: Samples processed since the previous boundary.
+
+        Returns:
+            What to do: stop (after a checkpoint), checkpoint (why, answering which request), or
+            nothing.
+        """
+        self._step = steps_done
+        self._samples += samples
+        self.metrics.set_progress(self._step, self._samples)
+        stop, request, wanted, due = self._decide()
+        request_id, seen_at = request if request is not None else (None, None)
+        if stop:
+            return Boundary(True, True, "sigterm", None, self.stop_signal.received_at)
+        if wanted:
+            self._manual_request = None
+            return Boundary(False, True, "notice", request_id, seen_at)
+        if due:
+            return Boundary(False, True, "interval", None, None)
+        self._report()
+        return Boundary(False, False, "", None, None)
+
+    def commit(
+        self, write: Callable[[Path], None], todo: Boundary | None = None, *, reason: str = "manual"
+    ) -> CheckpointInfo | None:
+        """Checkpoint what ``write(path)`` writes, as of :attr:`step`: for a framework that saves itself.
+
+        ``write`` gets the payload path (a directory to create, or a file; sharded: the shared
+        directory, on every rank). Acknowledges ``todo.request_id`` and reports like
+        :meth:`checkpoint`.
+
+        Args:
+            write: Writes the checkpoint (e.g. moves the framework's checkpoint directory there).
+            todo: The boundary that asked for it (reason, request, notice time); None: ``reason``.
+            reason: The reason when ``todo`` is None.
+
+        Returns:
+            The committed checkpoint (None for a reader that has none).
+
+        Raises:
+            CheckpointError: Writing failed.
+        """
+        if todo is not None:
+            return self._checkpoint(write, reason=todo.reason, request_id=todo.request_id, notice_at=todo.notice_at)
+        return self._checkpoint(write, reason=reason)
+
+    def finished(self) -> None:
+        """Mark training finished (framework hooks that committed the final checkpoint with
+        :meth:`commit`): report ``finished`` and close."""
+        self._phase = PHASE_FINISHED
+        self._report(force=True)
+        self.close()
+
+    def stopped(self) -> int:
+        """Mark the guard stopped after the stop checkpoint (framework hooks); report and close.
+
+        Returns:
+            The exit code the process must end with: :data:`EXIT_PREEMPTED`.
+        """
+        self.metrics.stop_requested = True
+        self._phase = PHASE_PREEMPTED
+        self._stop_handled = True
+        self._report(force=True)
+        self.close()
+        return EXIT_PREEMPTED
+
     step_done = completed
     """Alias of :meth:`completed`."""
+
+    def _decide(self) -> tuple[bool, tuple[str, float] | None, bool, bool]:
+        """This boundary's (stop, local request, checkpoint requested, interval due), agreed.
+
+        The local flags are read exactly once; with ``agree`` the decision is the ranks' MAX of
+        them, the same on every rank.
+        """
+        stop = self.stop_signal.received
+        request = None if stop else self._pending_request()
+        due = not stop and request is None and self.schedule.due(self._step)
+        wanted = request is not None
+        if self.agree is not None:
+            stop_i, wanted_i, due_i = self.agree.max([int(stop), int(wanted), int(due)])
+            stop, wanted, due = bool(stop_i), bool(wanted_i), bool(due_i)
+            self._agreed_stop = stop
+        return stop, request, wanted, due
 
     def _pending_request(self) -> tuple[str, float] | None:
         if self._manual_request is not None:
@@ -479,6 +692,9 @@ class TrainingGuard(Generic[S]):
     ) -> CheckpointInfo | None:
         """Checkpoint ``state`` as of :attr:`step` now, unless the newest checkpoint is at this step.
 
+        With ``sharded=True`` this is a collective (every rank writes its shard); otherwise only
+        the writer saves, and a reader only marks the request as seen.
+
         Args:
             state: The state after :attr:`step` steps.
             reason: Stored in the manifest and the ``checkpoints_total`` metric.
@@ -487,28 +703,56 @@ class TrainingGuard(Generic[S]):
             extra: JSON-serialisable metadata for the manifest.
 
         Returns:
-            The committed (or already current) checkpoint; for a non-writer (which saves
-            nothing) the checkpoint it resumed from.
+            The committed (or already current) checkpoint; for a non-writer of an unsharded
+            checkpoint (which saves nothing) the checkpoint it resumed from.
 
         Raises:
-            CheckpointError: Writing failed; nothing was committed.
+            CheckpointError: Writing failed (on any rank, for a sharded one); nothing was committed.
         """
+        return self._checkpoint(
+            lambda path: self._save(state, path), reason=reason, request_id=request_id, notice_at=notice_at, extra=extra
+        )
+
+    def _checkpoint(
+        self,
+        write: Callable[[Path], None],
+        *,
+        reason: str,
+        request_id: str | None = None,
+        notice_at: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CheckpointInfo | None:
         info = self._last
-        if not self.store.writer:
-            # Readers (ranks > 0) neither write nor acknowledge: rank 0 answers for the job.
+        if not self.store.writer and not self.sharded:
+            # Readers neither write nor acknowledge: the writer answers for the job. The request
+            # is answered all the same (by the agreed checkpoint): do not ask again for it.
             self.schedule.mark(self._step)
+            if request_id is not None and self.watcher is not None:
+                self.watcher.acknowledge(request_id)
             return info
         saved = False
         if info is None or info.step != self._step:
             saved = True
-            info = self.store.save(
-                self._step,
-                lambda path: self._save(state, path),
-                samples=self._samples,
-                reason=reason,
-                request_id=request_id,
-                extra=extra,
-            )
+            if self.sharded:
+                assert self.agree is not None
+                info = self.store.save_sharded(
+                    self._step,
+                    write,
+                    self.agree,
+                    samples=self._samples,
+                    reason=reason,
+                    request_id=request_id,
+                    extra=extra,
+                )
+            else:
+                info = self.store.save(
+                    self._step,
+                    write,
+                    samples=self._samples,
+                    reason=reason,
+                    request_id=request_id,
+                    extra=extra,
+                )
             self._last = info
             self.metrics.observe_checkpoint(
                 info.step, info.created_at, info.write_seconds, info.payload_bytes, reason
@@ -521,15 +765,16 @@ class TrainingGuard(Generic[S]):
         if latency is not None:
             self.metrics.notice_to_checkpoint_seconds = latency
         if request_id is not None:
-            self._ack = request_id
+            if self.store.writer:
+                self._ack = request_id
             if self.watcher is not None:
                 self.watcher.acknowledge(request_id)
-        if info is not None:
+        if info is not None and self.reports:
             event = CheckpointEvent(
                 step=info.step,
                 samples=info.samples,
                 reason=reason if saved else info.reason,
-                request_id=request_id,
+                request_id=request_id if self.store.writer else None,
                 path=str(info.path),
                 created_at=info.created_at,
                 write_seconds=info.write_seconds,
@@ -544,15 +789,16 @@ class TrainingGuard(Generic[S]):
         """Write the final checkpoint (if the newest is older), report ``finished`` and close.
 
         Called by :meth:`steps` when the range is exhausted; call it yourself when not using
-        :meth:`steps`.
+        :meth:`steps` (with ``agree``, on every rank).
 
         Returns:
             The final checkpoint, or None when no state is known.
 
         Raises:
             SystemExit: With :data:`EXIT_PREEMPTED` when SIGTERM arrived after the last step
-                (``exit_on_stop=True``): the final checkpoint is complete, the kubelet wants the
-                process gone, and a restart resumes at the end and carries on after the loop.
+                (``exit_on_stop=True``; with ``agree``, on any rank): the final checkpoint is
+                complete, the kubelet wants the process gone, and a restart resumes at the end
+                and carries on after the loop.
         """
         info = None
         if self._has_state:
@@ -560,6 +806,9 @@ class TrainingGuard(Generic[S]):
         self._phase = PHASE_FINISHED
         self._report(force=True)
         stopping = self.stop_signal.received and not self._stop_handled
+        if self.agree is not None:
+            (agreed,) = self.agree.max([int(stopping)])
+            stopping = bool(agreed)
         self._stop_handled = self._stop_handled or (stopping and self.exit_on_stop)
         self.close()
         if stopping and self.exit_on_stop:
@@ -582,6 +831,8 @@ class TrainingGuard(Generic[S]):
     # --- reporting ----------------------------------------------------------------------------
 
     def _report(self, *, force: bool = False) -> None:
+        if not self.reports:
+            return
         now = self._clock()
         if not force and self._last_report is not None and now - self._last_report < self.report_interval_s:
             return

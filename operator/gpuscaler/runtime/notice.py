@@ -287,6 +287,22 @@ class StopSignal:
             return False
         return True
 
+    def reinstall(self) -> bool:
+        """Install the handlers again over whatever replaced them since :meth:`install` (a
+        framework's own SIGTERM handler), keeping the original handlers for :meth:`restore`.
+
+        Returns:
+            True when installed (see :meth:`install`).
+        """
+        if not self._previous:
+            return self.install()
+        try:
+            for sig in self.signals:
+                signal.signal(sig, self._handle)
+        except ValueError:
+            return False
+        return True
+
     def restore(self) -> None:
         """Put the previous handlers back."""
         for sig, previous in self._previous.items():

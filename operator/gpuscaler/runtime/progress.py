@@ -29,12 +29,14 @@ from gpuscaler.runtime.constants import (
     ANNOTATION_CHECKPOINT_TIME,
     ANNOTATION_PROGRESS_SAMPLES,
     ANNOTATION_PROGRESS_STEP,
+    ANNOTATION_RUNTIME_PHASE,
+    RUNTIME_PHASE_PREEMPTED,
 )
 
 log = logging.getLogger(__name__)
 
 PHASE_RUNNING = "running"
-PHASE_PREEMPTED = "preempted"
+PHASE_PREEMPTED = RUNTIME_PHASE_PREEMPTED
 """Stopped on SIGTERM after a complete checkpoint."""
 PHASE_FINISHED = "finished"
 """All steps done, final checkpoint complete."""
@@ -96,7 +98,11 @@ class Progress:
         Returns:
             Annotation key -> value; checkpoint keys only once there is a checkpoint.
         """
-        out = {ANNOTATION_PROGRESS_STEP: str(self.step), ANNOTATION_PROGRESS_SAMPLES: str(self.samples)}
+        out = {
+            ANNOTATION_PROGRESS_STEP: str(self.step),
+            ANNOTATION_PROGRESS_SAMPLES: str(self.samples),
+            ANNOTATION_RUNTIME_PHASE: self.phase,
+        }
         if self.last_checkpoint_step is not None:
             out[ANNOTATION_CHECKPOINT_STEP] = str(self.last_checkpoint_step)
         if self.last_checkpoint_time is not None:
