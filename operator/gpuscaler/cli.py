@@ -21,6 +21,7 @@ from gpuscaler import __version__
 from gpuscaler.api import TrainingJob
 from gpuscaler.catalog import Precision, UnknownIdError, load_catalog
 from gpuscaler.perfmodel import ParallelConfig, PrecisionUnsupportedError, estimate
+from gpuscaler.perfmodel.uncertainty import CrossValidationError, throughput_band
 from gpuscaler.planner import JobError, PlanResult, plan
 from gpuscaler.policy import Policy, PolicyConflictError, PolicyFileError, load_policies, policy_for_namespace
 from gpuscaler.validation import format_validation
@@ -115,6 +116,7 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
             for r in result.rejected
         ],
         "hints": result.hints,
+        "caveats": result.caveats,
         "candidatesEvaluated": result.candidates_evaluated,
         "planningSeconds": round(result.planning_seconds, 4),
     }
@@ -159,6 +161,24 @@ def render_plan(result: PlanResult) -> str:
                 else ""
             )
         )
+        band = c.band
+        spread = (
+            f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s (model error +-{band.log_sigma:.0%}"
+            + (f": {', '.join(band.reasons)}" if band.reasons else "")
+            + ")"
+            if band is not None
+            else ""
+        )
+        out.append(
+            f"  P50 {c.expected_hours:.2f} h, {_money(c.expected_cost_usd)}; P90 {c.p90_hours:.2f} h, "
+            f"{_money(c.p90_cost_usd)}" + (f"; {spread}" if spread else "")
+        )
+        if job.deadline_h is not None:
+            out.append(
+                f"  P(miss deadline) {c.outlook.deadline_miss_probability:.1%} with interruptions and model error"
+            )
+        for caveat in result.caveats:
+            out.append(f"  caveat: {caveat}")
     else:
         out.append("No feasible plan.")
         for h in result.hints:
@@ -180,13 +200,14 @@ def render_plan(result: PlanResult) -> str:
                 f"{p.estimate.throughput:,.0f}",
                 f"{p.estimate.memory_per_gpu_gb:.1f}",
                 f"{p.expected_hours:.2f}",
+                f"{p.p90_hours:.2f}",
                 _money(p.expected_cost_usd),
                 f"{p.outlook.deadline_miss_probability:.1%}" if job.deadline_h is not None else "-",
             ]
         )
     out.append(
         _table(
-            ["", "plan", "micro x K", f"{job.workload.unit}/s", "GB/GPU", "hours", "cost", "P(miss)"], rows
+            ["", "plan", "micro x K", f"{job.workload.unit}/s", "GB/GPU", "hours", "P90 h", "cost", "P(miss)"], rows
         )
     )
     if result.rejected:
@@ -257,7 +278,9 @@ def plot_plan(result: PlanResult, path: str) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     doc = load_job(args.file)
     policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
-    result = plan(doc.spec, load_catalog(), policy, name=doc.metadata.name)
+    result = plan(
+        doc.spec, load_catalog(), policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices
+    )
     if args.json:
         print(json.dumps(plan_to_dict(result), indent=2))
     else:
@@ -300,6 +323,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         network_gbps=network,
     )
     est = estimate(workload, gpu, cfg)
+    band = throughput_band(workload, gpu, cfg.precision, est.throughput)
     data = {
         "workload": workload.id,
         "gpu": gpu.id,
@@ -311,6 +335,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         "accumulation": cfg.accumulation,
         "global_batch": cfg.global_batch,
         "throughput": est.throughput,
+        "throughput_p10": band.p10,
+        "throughput_p90": band.p90,
+        "throughput_log_sigma": band.log_sigma,
+        "throughput_band_reasons": list(band.reasons),
         "unit": est.unit,
         "step_time_s": est.step_time_s,
         "memory_per_gpu_gb": est.memory_per_gpu_gb,
@@ -341,6 +369,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"{cfg.micro_batch} x {cfg.accumulation}:\n"
             f"  throughput {est.throughput:,.1f} {est.unit}/s, step {est.step_time_s * 1000:,.1f} ms, "
             f"scaling efficiency {est.scaling_efficiency:.0%}, bound by {est.bottleneck}\n"
+            f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error +-{band.log_sigma:.0%}"
+            + (f": {', '.join(band.reasons)}" if band.reasons else "")
+            + ")\n"
             f"  memory {est.memory_per_gpu_gb:.2f} GB/GPU of {gpu.memory_gb:g} GB: "
             f"{'fits' if est.fits else 'DOES NOT FIT'}"
         )
@@ -546,6 +577,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--namespace", help="namespace whose policies apply (default: the job's, else 'default')")
     sp.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sp.add_argument("--plot", metavar="FILE.png", help="draw cost vs time with the chosen plan marked")
+    sp.add_argument(
+        "--allow-flagged-prices",
+        action="store_true",
+        help="plan on spot prices the catalog flags as suspicious (left out by default; shown with a caveat)",
+    )
     sp.set_defaults(func=cmd_plan)
 
     se = sub.add_parser("estimate", help="predict memory, step time and throughput of one configuration")
@@ -600,6 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except (UsageError, JobError, PrecisionUnsupportedError) as err:
         print(f"gpuscaler: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except CrossValidationError as err:  # a broken install, not the user's input; still no traceback
+        print(f"gpuscaler: the performance model's data is broken: {err}; reinstall gpuscaler", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         return 0

@@ -172,7 +172,7 @@ class Settings(BaseSettings):
         description="Notice of a gpuscaler.io/interruption-notice annotation that gives no deadline timestamp.",
     )
 
-    # --- Observed performance (gpuscaler.observe, docs/observe.md); needs prometheus_url
+    # --- Observed performance (gpuscaler.observe, docs/observe.md): progress annotations always, Prometheus when prometheus_url is set
     observe_interval_s: float = Field(
         default=60.0, gt=0, description="Seconds between assessments of a running job's metrics (2 Prometheus queries each)."
     )
@@ -192,6 +192,14 @@ class Settings(BaseSettings):
         gt=0,
         lt=1,
         description="Observed vs predicted throughput differing by more than this fraction corrects the job's model.",
+    )
+    correction_min_window_s: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Seconds of the workers' progress annotations (after the warm-up) before the estimate is "
+            "corrected without Prometheus (gpuscaler.planner.correction)."
+        ),
     )
     replan_margin: float = Field(
         default=0.10,

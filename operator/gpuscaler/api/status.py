@@ -92,6 +92,12 @@ class PlanStatus(StatusModel):
     efficiency_factor: float = Field(
         default=1.0, gt=0, description="Observed/model efficiency factor of the GPU type that throughput includes (1 = the model as calibrated)."
     )
+    throughput_p10: float | None = Field(default=None, ge=0, description="Slow end of the throughput band (10th percentile of the model's error), samples/s.")
+    throughput_p90: float | None = Field(default=None, ge=0, description="Fast end of the throughput band (90th percentile), samples/s.")
+    throughput_log_sigma: float | None = Field(default=None, ge=0, description="Log-space sigma of the throughput band (the model's cross-validated error, widened away from calibration).")
+    p90_hours: float | None = Field(default=None, ge=0, description="Expected hours at the band's slow end (P90 time).")
+    p90_cost_usd: float | None = Field(default=None, ge=0, description="Expected cost at the band's slow end (P90 cost).")
+    deadline_miss_probability: float | None = Field(default=None, ge=0, le=1, description="P(miss deadline) at planning, with interruptions and model error.")
 
 
 class Progress(StatusModel):
@@ -140,8 +146,16 @@ class InterruptionRecord(StatusModel):
     action: str = Field(default="", description="What the re-plan chose, and why.")
 
 
+class ProgressSample(StatusModel):
+    """One reading of the workers' ``gpuscaler.io/progress-samples`` annotation."""
+
+    at: datetime = Field(description="When the operator saw the value.")
+    samples: float = Field(ge=0, description="Samples processed so far.")
+
+
 class ObservedStatus(StatusModel):
-    """Observed performance from the cluster's Prometheus (DCGM exporter + the runtime's metrics).
+    """Observed performance: the workers' progress annotations (always), and the cluster's
+    Prometheus (DCGM exporter + the runtime's metrics) when configured.
 
     Written by :mod:`gpuscaler.observe.controller` while the job runs; the efficiency factors are
     applied when the job is planned again (see docs/observe.md).
@@ -168,6 +182,18 @@ class ObservedStatus(StatusModel):
     replan_after_checkpoint_step: int | None = Field(default=None, ge=0, description="Move when a checkpoint newer than this step is reported.")
     last_replan: datetime | None = Field(default=None, description="When the job last moved to a plan found by observation.")
     replans: int = Field(default=0, ge=0, description="Moves to a plan found by observation so far.")
+    source: str = Field(default="", description="Where throughput was measured: annotations (progress annotations) or prometheus.")
+    progress_points: list[ProgressSample] = Field(
+        default_factory=list, max_length=64, description="Recent progress readings of the running gang (the correction's input)."
+    )
+    corrected_throughput: float | None = Field(default=None, ge=0, description="The running plan's corrected throughput, samples/s.")
+    correction_log_sigma: float | None = Field(
+        default=None, ge=0, description="How sure the correction is: log-space sigma of the corrected throughput."
+    )
+    window_seconds: float | None = Field(default=None, ge=0, description="Seconds of progress the correction was measured over.")
+    deadline_miss_probability: float | None = Field(
+        default=None, ge=0, le=1, description="The running plan's P(miss deadline) for the work left, at the corrected throughput."
+    )
 
 
 class TrainingJobStatus(StatusModel):
@@ -200,4 +226,4 @@ class TrainingJobStatus(StatusModel):
     recovery_seconds: float = Field(default=0, ge=0, description="Seconds from notices to Running again, in total.")
     unavailable: list[UnavailableOffering] = Field(default_factory=list, description="Offerings in capacity back-off.")
     nodes: list[str] = Field(default_factory=list, description="Names of the nodes the job holds.")
-    observed: ObservedStatus | None = Field(default=None, description="Observed performance vs the plan's prediction (needs GPUSCALER_PROMETHEUS_URL).")
+    observed: ObservedStatus | None = Field(default=None, description="Observed performance vs the plan's prediction (progress annotations; Prometheus when configured).")

@@ -11,6 +11,10 @@ from enum import StrEnum
 
 from gpuscaler.catalog.workloads import TransformerShape
 
+SUSPECT_PRICE_MARK = "suspiciously deep"
+"""The phrase with which ``instances.csv`` flags a spot price its source lists but that looks wrong
+(``scripts/build_instances_catalog.py``: Azure spot prices ~88% below on-demand)."""
+
 
 class CapacityType(StrEnum):
     """How an instance is bought; the values are Karpenter's ``karpenter.sh/capacity-type``."""
@@ -91,6 +95,11 @@ class InstanceType:
     source: str
     gpu: GPU = field(compare=False, repr=False)
     """The resolved GPU row."""
+
+    @property
+    def spot_price_suspect(self) -> bool:
+        """The catalog row flags its spot price as suspicious (see :data:`SUSPECT_PRICE_MARK`)."""
+        return SUSPECT_PRICE_MARK in self.source
 
     def price(self, capacity: CapacityType) -> float | None:
         """Hourly price for a capacity type, or None when that capacity does not exist."""

@@ -13,10 +13,12 @@ The sequence, for a notice with a deadline (AWS spot-itn: 2 min; GKE: 30 s)::
               record {time, node, signal, checkpointStep}, leave the reclaimed spot offering out
               of plans for settings.interruption_backoff_s, delete the workers (SIGTERM: the
               runtime saves once more and exits 75), release the noticed node
-            --old workers gone--> re-plan the REMAINING samples in the REMAINING hours:
-              same capacity elsewhere, another instance type, on-demand (after
+            --old workers gone--> re-plan the REMAINING samples in the REMAINING hours within the
+              REMAINING budget by the one recovery rule (gpuscaler.planner.recovery, shared with
+              the simulator): same capacity elsewhere, another instance type, on-demand (after
               policy.spot.maxInterruptions, below policy.spot.minHoursToDeadline, or when another
-              reclaim would miss the deadline), or the surviving nodes with more accumulation
+              reclaim would miss the deadline), the surviving nodes with more accumulation, or
+              the fastest sensible finish when no plan meets the deadline
             --> Provisioning --> Starting --> Running ("Recovered": recoverySeconds, lostSteps)
 
 A hard loss (the node deleted or NotReady past the grace period, a worker exiting 75 with no
@@ -26,7 +28,7 @@ notice) skips the handshake and resumes from the last periodic checkpoint.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
@@ -42,7 +44,7 @@ from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION, NodeState, node_state
 from gpuscaler.handlers import policy as governance
 from gpuscaler.kube.workers import PodState
-from gpuscaler.planner import PlanResult, choose_recovery, remaining_spec, survivors_spec
+from gpuscaler.planner import Interrupted, PlanResult, Situation, recover
 from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
 
@@ -464,6 +466,7 @@ class Replan:
     """The outcome of re-planning after an interruption."""
 
     result: PlanResult | None
+    """The planner result whose ``chosen`` runs the rest (None, or ``chosen`` None: no plan now)."""
     action: str
     """What was chosen and why (the record's ``action``, the Replanned event)."""
     elastic: bool = False
@@ -482,15 +485,13 @@ def replan(
     survivors: int = 0,
     rules: SpotRules | None = None,
     efficiency: Mapping[str, float] | None = None,
+    spent_usd: float = 0.0,
 ) -> Replan:
-    """Plan the remaining work after an interruption.
+    """Plan the remaining work after an interruption: :func:`gpuscaler.planner.recovery.recover`.
 
-    Spot stays allowed unless the policy says otherwise: after ``spot.maxInterruptions``
-    interruptions, or with less than ``spot.minHoursToDeadline`` hours left, the re-plan is
-    on-demand only. If the spot plan it finds could not absorb one more reclaim (restart plus one
-    checkpoint interval) before the deadline, on-demand is taken instead. With ``survivors`` nodes
-    of the plan still up, the planner also plans the rest on them alone (more accumulation, same
-    global batch) and :func:`gpuscaler.planner.choose_recovery` picks.
+    The rule (spot or on-demand, the budget left, the deadline-risk fallback, the survivors, the
+    fastest finish when the deadline cannot be met) is the one the simulator's ``gpuscaler``
+    strategy uses; this adapts the loop's planner and status to it.
 
     Args:
         spec: The job's spec.
@@ -505,69 +506,32 @@ def replan(
         rules: Spot rules (default: the governing policy's).
         efficiency: Observed/model efficiency factors per GPU id (``status.observed.efficiency_by_gpu``):
             every planner call of the re-plan uses the corrected model (None or empty: the model as is).
+        spent_usd: What the job has cost so far (``status.costUsd``): the budget left is the rest's.
 
     Returns:
         The new plan result (None when no plan) and the reason.
     """
-    rules = rules or spot_rules()
     factors = dict(efficiency or {})
 
-    def call(s: TrainingJobSpec, un: frozenset[tuple[str, str]]) -> PlanResult:
+    def call(s: TrainingJobSpec, dl: float | None, un: frozenset[tuple[str, str]]) -> PlanResult:
         if factors:
-            return planner(s, name, deadline_h, un, efficiency=factors)
-        return planner(s, name, deadline_h, un)
+            return planner(s, name, dl, un, efficiency=factors)
+        return planner(s, name, dl, un)
 
-    reasons: list[str] = []
-    on_demand = False
-    if plan.capacity_type == CapacityType.SPOT.value:
-        if interruptions >= rules.max_interruptions:
-            on_demand = True
-            reasons.append(
-                f"{interruptions} interruption(s) reached policy spot.maxInterruptions {rules.max_interruptions}"
-            )
-        elif deadline_h is not None and deadline_h < rules.min_hours_to_deadline:
-            on_demand = True
-            reasons.append(
-                f"{deadline_h:.2f} h to the deadline < policy spot.minHoursToDeadline {rules.min_hours_to_deadline:g} h"
-            )
-    rest = remaining_spec(spec, plan.total_samples, done_samples, on_demand_only=on_demand)
-    result = call(rest, unavailable)
-    chosen = result.chosen
-    if (
-        not on_demand
-        and chosen is not None
-        and chosen.capacity is CapacityType.SPOT
-        and deadline_h is not None
-    ):
-        worst = chosen.expected_hours + (spec.checkpoint.restart_seconds + chosen.outlook.interval_s) / 3600
-        if worst > deadline_h:
-            safe = call(remaining_spec(spec, plan.total_samples, done_samples, on_demand_only=True), unavailable)
-            if safe.chosen is not None:
-                reasons.append(
-                    f"spot would put the deadline at risk: another reclaim makes {worst:.2f} h > {deadline_h:.2f} h left"
-                )
-                result, chosen, on_demand = safe, safe.chosen, True
-    left = rest.training.samples or 0
-    what = f"re-planned the remaining {left:,.0f} samples"
-    if deadline_h is not None:
-        what += f" in {deadline_h:.2f} h"
-    if survivors > 0 and survivors < plan.nodes and not on_demand:
-        back = unavailable - {(plan.instance_type, plan.capacity_type)}
-        small = survivors_spec(
-            rest, plan.instance_type, CapacityType(plan.capacity_type), survivors, plan.gpus_per_node
-        )
-        alt = call(small, back)
-        choice = choose_recovery(chosen, alt.chosen, spec.objective)
-        if choice.elastic and alt.chosen is not None:
-            return Replan(alt, f"{what}: {choice.why}", elastic=True)
-        reasons.append(choice.why)
-    if chosen is None:
-        return Replan(result, f"{what}: no feasible plan ({result.why})")
-    moved = (
-        "same offering"
-        if (chosen.instance.name, chosen.capacity.value) == (plan.instance_type, plan.capacity_type)
-        else f"moved from {plan.instance_type} {plan.capacity_type}"
+    situation = Situation(
+        spec=spec,
+        total_samples=plan.total_samples,
+        done_samples=done_samples,
+        interrupted=Interrupted(plan.instance_type, plan.capacity_type, plan.nodes, plan.gpus_per_node),
+        interruptions=interruptions,
+        deadline_h=deadline_h,
+        spent_usd=spent_usd,
+        unavailable=unavailable,
+        survivors=survivors,
+        rules=rules or spot_rules(),
     )
-    head = "on-demand fallback" if on_demand else f"{chosen.capacity.value}, {moved}"
-    why = "; ".join(reasons) or result.why
-    return Replan(result, f"{what}: {chosen.label} ({head}; {why})")
+    rec = recover(situation, call)
+    result = rec.result
+    if result is not None and rec.chosen is not None and rec.chosen is not result.chosen:
+        result = replace(result, chosen=rec.chosen, why=rec.action)
+    return Replan(result, rec.action, elastic=rec.elastic)

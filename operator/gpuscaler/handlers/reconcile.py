@@ -52,9 +52,9 @@ from gpuscaler.kube.workers import (
     worker_pod,
     worker_rbac,
 )
-from gpuscaler.observe.controller import Observer
+from gpuscaler.observe.controller import JobContext, Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
-from gpuscaler.planner import JobError, PlanResult
+from gpuscaler.planner import JobError, PlanResult, remaining_spec
 from gpuscaler.runtime import constants as rc
 
 COST_REFRESH_S = 30.0
@@ -201,6 +201,12 @@ def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatu
         checkpoint_interval_seconds=round(c.outlook.interval_s),
         total_samples=result.job.total_samples,
         throughput=round(c.estimate.throughput, 3),
+        throughput_p10=round(c.band.p10, 3) if c.band else None,
+        throughput_p90=round(c.band.p90, 3) if c.band else None,
+        throughput_log_sigma=round(c.outlook.log_sigma, 4),
+        p90_hours=round(c.p90_hours, 4),
+        p90_cost_usd=round(c.p90_cost_usd, 2),
+        deadline_miss_probability=round(c.outlook.deadline_miss_probability, 4),
         why=result.why,
         summary=c.label,
         planned_at=now,
@@ -368,6 +374,18 @@ class Reconciler:
         assert self.observer is not None and st.plan is not None
         unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
         ckpt = max((p.checkpoint_step for p in pods if p.checkpoint_step is not None), default=None)
+        gang = [p.samples for p in pods if p.samples is not None and p.attempt == st.attempt]
+        hours_left = self._deadline_hours(job, now)
+        total = st.plan.total_samples
+        # the corrected planner plans the rest: samples after the progress made, the budget left
+        budget = None if job.spec.budget_usd is None else max(job.spec.budget_usd - st.cost_usd, 0.0)
+        rest = replace(job, spec=remaining_spec(job.spec, total, st.progress.samples, budget_usd=budget))
+        context = JobContext(
+            progress_samples=max(gang) if gang else None,
+            hours_left=hours_left,
+            max_deadline_risk=job.spec.constraints.max_deadline_risk,
+            restart_s=job.spec.checkpoint.restart_seconds,
+        )
         res = self.observer.step(
             job.namespace,
             job.name,
@@ -375,13 +393,15 @@ class Reconciler:
             st,
             ckpt,
             now,
-            lambda eff: self._call_planner(job, st, now, unavailable, eff),
+            lambda eff: self._call_planner(rest, st, now, unavailable, eff),
+            context,
         )
         out.events.extend(Event(*e) for e in res.events)
         if res.replan is None or res.replan.chosen is None:
             return
         before = st.plan.summary
         st.plan = plan_status(res.replan, job.generation, now)
+        st.plan.total_samples = total
         st.plan.efficiency_factor = (st.observed.efficiency_by_gpu if st.observed else {}).get(st.plan.gpu_type, 1.0)
         st.gpus, st.instance_type, st.capacity_type = st.plan.gpus, st.plan.instance_type, st.plan.capacity_type
         set_condition(st, "Planned", True, "Replanned", st.plan.summary, now, job.generation)
@@ -756,6 +776,7 @@ class Reconciler:
             planner=self.planner,
             survivors=keep,
             efficiency=st.observed.efficiency_by_gpu if st.observed else None,
+            spent_usd=st.cost_usd,
         )
         rec.action = rp.action
         if rp.result is None or rp.result.chosen is None:

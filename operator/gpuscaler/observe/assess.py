@@ -1,5 +1,6 @@
 """Pure decisions on observed performance: how far from the model, the corrected factor, named
-bottlenecks with advice, and whether moving to another plan pays.
+bottlenecks with advice. Whether moving to another plan pays is
+:func:`gpuscaler.planner.correction.decide_replan` (re-exported here), shared with the simulator.
 
 Called by :mod:`gpuscaler.observe.controller` (the operator) and :mod:`gpuscaler.observe.cli`
 (``gpuscaler report``). Inputs are plain values (a :class:`JobMetrics` summarised from
@@ -18,11 +19,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuscaler.observe.estimators import RateEstimate
+from gpuscaler.planner.correction import MAX_FACTOR, MIN_FACTOR, PlanOption, ReplanDecision, decide_replan
 
-MIN_FACTOR = 0.05
-MAX_FACTOR = 3.0
-"""Bounds of a believable efficiency factor: outside them the measurement, not the model, is wrong
-(a runtime counting local instead of global samples is off by the GPU count)."""
+__all__ = [
+    "MAX_FACTOR",
+    "MIN_FACTOR",
+    "Assessment",
+    "Expectation",
+    "Finding",
+    "JobMetrics",
+    "PlanOption",
+    "PodMetrics",
+    "ReplanDecision",
+    "Thresholds",
+    "assess",
+    "bottlenecks",
+    "decide_replan",
+]
 PRECISIONS_WITH_TENSOR_CORES = ("amp", "bf16", "fp16", "fp8")
 
 
@@ -265,71 +278,3 @@ def assess(m: JobMetrics, e: Expectation, t: Thresholds) -> Assessment:
     if findings:
         summary += "; " + ", ".join(f.type for f in findings)
     return Assessment(observed, e.predicted, ratio, measured, factor, corrected, findings, summary)
-
-
-# ------------------------------------------------------------------------------------ re-planning
-
-
-@dataclass(frozen=True)
-class PlanOption:
-    """A plan as the re-plan decision sees it (full-job numbers from the corrected planner)."""
-
-    key: tuple[str, int, str, str]
-    """(instance type, nodes, capacity type, precision): the same key = the same plan."""
-    label: str
-    usd_per_hour: float
-    expected_cost_usd: float
-    expected_hours: float
-
-
-@dataclass(frozen=True)
-class ReplanDecision:
-    replan: bool
-    reason: str
-    saving_usd: float = 0.0
-
-
-def decide_replan(
-    current: PlanOption | None,
-    best: PlanOption | None,
-    remaining_fraction: float,
-    restart_s: float,
-    margin: float,
-) -> ReplanDecision:
-    """Whether moving the rest of the job from ``current`` to ``best`` pays.
-
-    Both options are the corrected planner's full-job predictions; the remaining work costs
-    ``remaining_fraction`` of them. Moving also pays ``restart_s`` of the new plan's nodes
-    (provisioning, start, resume). It pays when the new remaining cost plus the restart is below
-    the current remaining cost by more than ``margin`` of it.
-
-    ``current`` None means the running plan is no longer feasible under the corrected model (it
-    would miss the deadline or the budget): any feasible ``best`` is taken.
-    """
-    if best is None:
-        return ReplanDecision(False, "no feasible plan under the corrected model")
-    if current is not None and best.key == current.key:
-        return ReplanDecision(False, f"the running plan {current.label} is still the best")
-    left = max(min(remaining_fraction, 1.0), 0.0)
-    new = best.expected_cost_usd * left + restart_s / 3600 * best.usd_per_hour
-    if current is None:
-        return ReplanDecision(
-            True,
-            f"the running plan no longer meets the job's limits with the corrected model; {best.label} does "
-            f"(${new:,.2f} for the rest)",
-        )
-    cur = current.expected_cost_usd * left
-    saving = cur - new
-    if saving > margin * cur:
-        return ReplanDecision(
-            True,
-            f"{best.label} costs ${new:,.2f} for the remaining {left:.0%} (restart included) vs ${cur:,.2f} "
-            f"on {current.label}: saves ${saving:,.2f} ({saving / cur:.0%} > {margin:.0%} margin)",
-            saving,
-        )
-    return ReplanDecision(
-        False,
-        f"{best.label} would save ${saving:,.2f} ({(saving / cur if cur > 0 else 0):.0%}), "
-        f"not more than the {margin:.0%} margin",
-        saving,
-    )

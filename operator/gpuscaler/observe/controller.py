@@ -1,4 +1,4 @@
-"""Observed performance inside the reconcile loop: assess, correct the model, re-plan at a checkpoint.
+"""Observed performance inside the reconcile loop: measure, correct the model, re-plan at a checkpoint.
 
 :class:`gpuscaler.handlers.reconcile.Reconciler` calls :meth:`Observer.step` on every tick of a
 Running job. The observer:
@@ -7,17 +7,26 @@ Running job. The observer:
    when it was decided (annotation ``gpuscaler.io/checkpoint-step``): it plans again with the
    corrected model and, if the move still pays, returns the new plan for the loop to move the gang
    to (the loop restarts the gang from that checkpoint, so no work is lost);
-2. every ``interval_s`` (after ``warmup_s`` of the gang), reads the job's metrics from the
-   :class:`MetricsSource` (Prometheus), compares them with the plan
-   (:func:`gpuscaler.observe.assess.assess`), writes ``status.observed``, sets the bottleneck
-   conditions, and, when the efficiency factor changed, asks the planner whether another plan is
-   now cheaper by ``margin`` (:func:`~gpuscaler.observe.assess.decide_replan`); if so it marks a
-   re-plan pending. Hysteresis: the factor changes only beyond the divergence threshold, a move
-   must save more than the margin after paying for the restart, and no move comes within
-   ``min_interval_s`` of the last plan change.
+2. on every tick, records the workers' progress (annotation ``gpuscaler.io/progress-samples``,
+   always there: the runtime writes it) in ``status.observed.progressPoints``;
+3. every ``interval_s`` (after ``warmup_s`` of the gang): with Prometheus configured (a
+   :class:`MetricsSource`), reads the job's metrics, compares them with the plan
+   (:func:`gpuscaler.observe.assess.assess`) and sets the bottleneck conditions; without it (or
+   when it has no throughput for the job), corrects from the progress points
+   (:func:`gpuscaler.planner.correction.correct`, after ``min_window_s`` of them). It writes
+   ``status.observed`` (the corrected throughput, how sure it is, the efficiency factor per GPU
+   type) and the running plan's corrected P(miss deadline) for the work left;
+4. when the factor changed or that P(miss) exceeds the job's ``maxDeadlineRisk``, asks the
+   planner for the rest with the corrected model and
+   :func:`gpuscaler.planner.correction.should_replan` decides; a re-plan waits for the next
+   checkpoint (step 1). Hysteresis: the factor changes only beyond the divergence threshold, a
+   move for cost must save more than the margin after paying for the restart, and no move comes
+   within ``min_interval_s`` of the last plan change.
 
-Everything it decides is in ``status.observed`` and the conditions, so a restarted operator goes on
-from there. Prometheus being down is reported in ``status.observed.message``, never fails the job.
+The decisions are the pure functions of :mod:`gpuscaler.planner.correction`, the ones the
+simulator's simulated operator calls. Everything the observer decides is in ``status.observed``
+and the conditions, so a restarted operator goes on from there. Prometheus being down is reported
+in ``status.observed.message``, never fails the job, and the progress annotations carry on.
 """
 
 from __future__ import annotations
@@ -27,8 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from gpuscaler.api.status import Condition, ObservedStatus, TrainingJobStatus
-from gpuscaler.catalog import Catalog, UnknownIdError
+from gpuscaler.api.status import Condition, ObservedStatus, ProgressSample, TrainingJobStatus
+from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
 from gpuscaler.observe.assess import (
     Assessment,
     Expectation,
@@ -37,17 +46,30 @@ from gpuscaler.observe.assess import (
     ReplanDecision,
     Thresholds,
     assess,
-    decide_replan,
 )
 from gpuscaler.observe.prometheus import PrometheusError
+from gpuscaler.perfmodel.uncertainty import base_log_sigma
 from gpuscaler.planner import Candidate, PlanResult
+from gpuscaler.planner.correction import (
+    MEASURED_LOG_SIGMA_FLOOR,
+    CorrectionConfig,
+    ProgressPoint,
+    correct,
+    keep_factor,
+    remaining_miss_probability,
+    should_replan,
+)
+from gpuscaler.planner.risk import hourly_rate
 from gpuscaler.settings import Settings
 
 BOTTLENECKS = ("InputBound", "MemoryBound", "CommunicationBound", "AMPInactive", "MemoryNearFull")
 """Condition types the observer owns."""
 
 PlanWith = Callable[[Mapping[str, float]], PlanResult]
-"""Plan the job again with these efficiency factors per GPU id (deadline, policy, back-offs bound)."""
+"""Plan the rest of the job (samples, hours and budget left; policy, back-offs bound) with these
+efficiency factors per GPU id."""
+MAX_POINTS = 60
+"""Progress readings kept in the status (the newest; one is added only when the samples moved)."""
 
 
 class MetricsSource(Protocol):
@@ -70,6 +92,32 @@ class ObserveConfig:
     min_interval_s: float = 1800.0
     restart_s: float = 300.0
     thresholds: Thresholds = field(default_factory=Thresholds)
+    min_window_s: float = 120.0
+    """Seconds of progress readings before the annotation path corrects the estimate."""
+
+    def correction(self) -> CorrectionConfig:
+        """The pure correction's configuration (:mod:`gpuscaler.planner.correction`)."""
+        return CorrectionConfig(
+            warmup_s=self.warmup_s,
+            min_window_s=self.min_window_s,
+            divergence=self.thresholds.divergence,
+            margin=self.margin,
+            restart_s=self.restart_s,
+        )
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the observer needs of the job beyond its status (the loop passes it)."""
+
+    progress_samples: float | None = None
+    """The gang's newest ``gpuscaler.io/progress-samples`` (None: none reported yet)."""
+    hours_left: float | None = None
+    """Hours to the deadline (None: no deadline)."""
+    max_deadline_risk: float = 1.0
+    """The job's ``constraints.maxDeadlineRisk``."""
+    restart_s: float = 300.0
+    """The job's ``checkpoint.restartSeconds`` (an interruption's cost in the risk)."""
 
 
 @dataclass
@@ -122,8 +170,9 @@ def _option(c: Candidate) -> PlanOption:
 class Observer:
     """Observed performance of running jobs (see the module docstring)."""
 
-    def __init__(self, source: MetricsSource, config: ObserveConfig, catalog: Catalog | None = None) -> None:
+    def __init__(self, source: MetricsSource | None, config: ObserveConfig, catalog: Catalog | None = None) -> None:
         self.source = source
+        """Prometheus (None: the progress annotations only)."""
         self.config = config
         self.catalog = catalog
 
@@ -138,19 +187,37 @@ class Observer:
         checkpoint_step: int | None,
         now: datetime,
         plan_with: PlanWith,
+        job: JobContext | None = None,
     ) -> ObserveResult:
-        """One look at a Running job; updates ``st`` in place and returns what the loop must do."""
+        """One look at a Running job; updates ``st`` in place and returns what the loop must do.
+
+        Args:
+            namespace: The job's namespace.
+            name: The job's name.
+            generation: Its metadata.generation (for conditions).
+            st: Its status, updated in place.
+            checkpoint_step: The newest checkpoint the workers report.
+            now: The time.
+            plan_with: Plans the rest of the job with efficiency factors.
+            job: Progress, deadline and risk of the job (None: no progress reported, no deadline).
+
+        Returns:
+            Events to post and, at a checkpoint with a pending re-plan, the plan to move to.
+        """
         out = ObserveResult()
         if st.plan is None:
             return out
+        ctx = job or JobContext()
         obs = st.observed if st.observed is not None else ObservedStatus()
         st.observed = obs
+        since = _running_since(st)
+        if since is not None:
+            self._record_progress(obs, ctx.progress_samples, since, now)
         if obs.replan_pending and self._checkpoint_reached(obs, checkpoint_step):
-            self._act_on_pending(st, obs, checkpoint_step, now, plan_with, out)
+            self._act_on_pending(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk)
             if out.replan is not None:
                 return out
         due = obs.last_assessed is None or (now - obs.last_assessed).total_seconds() >= self.config.interval_s
-        since = _running_since(st)
         if not due or since is None:
             return out
         if (now - since).total_seconds() < self.config.warmup_s:
@@ -158,19 +225,130 @@ class Observer:
             return out
         start = since.timestamp() + self.config.warmup_s
         obs.last_assessed = now
-        try:
-            metrics = self.source.job_metrics(namespace, name, self.config.window_s, start, self.config.rate_window_s)
-        except PrometheusError as err:
-            text = f"Prometheus unavailable: {err}"
-            if obs.message != text:
-                out.events.append(("Warning", "ObserveFailed", text[:1000]))
-            obs.message = text
-            return out
-        a = self._assess(st, obs, metrics)
-        self._record(st, obs, metrics, a, now, generation, out)
-        if a.corrected or st.plan.efficiency_factor != obs.efficiency_factor:
-            self._consider_replan(st, obs, checkpoint_step, now, plan_with, out)
+        factor_changed = False
+        sigma = MEASURED_LOG_SIGMA_FLOOR
+        measured = False
+        if self.source is not None:
+            try:
+                metrics = self.source.job_metrics(namespace, name, self.config.window_s, start, self.config.rate_window_s)
+            except PrometheusError as err:
+                text = f"Prometheus unavailable: {err}"
+                if not obs.message.startswith(text):
+                    out.events.append(("Warning", "ObserveFailed", text[:1000]))
+                obs.message = text
+                metrics = None
+            if metrics is not None:
+                a = self._assess(st, obs, metrics)
+                self._record(st, obs, metrics, a, now, generation, out)
+                factor_changed = a.corrected
+                if a.ratio is not None and metrics.rate is not None:
+                    measured = True
+                    obs.source = "prometheus"
+                    sigma = max(MEASURED_LOG_SIGMA_FLOOR, metrics.rate.spread)
+                    obs.corrected_throughput = round(st.plan.throughput / st.plan.efficiency_factor * obs.efficiency_factor, 3)
+                    obs.correction_log_sigma = round(sigma, 4)
+                    obs.window_seconds = round(metrics.rate.seconds, 1)
+        if not measured:
+            got = self._correct_from_progress(st, obs, since, now, out)
+            if got is None:
+                return out
+            factor_changed, sigma = got
+        miss = self._miss_probability(st, obs, sigma, ctx)
+        at_risk = miss is not None and miss > ctx.max_deadline_risk
+        if factor_changed or at_risk or st.plan.efficiency_factor != obs.efficiency_factor:
+            self._consider_replan(st, obs, checkpoint_step, now, plan_with, out, miss or 0.0, ctx.max_deadline_risk)
         return out
+
+    # ------------------------------------------------------------------------------- progress
+
+    def _record_progress(self, obs: ObservedStatus, samples: float | None, since: datetime, now: datetime) -> None:
+        """Keep the gang's progress readings (only those of the gang running since ``since``)."""
+        pts = [p for p in obs.progress_points if p.at >= since]
+        if samples is not None and (not pts or pts[-1].samples != samples) and now >= since:
+            pts.append(ProgressSample(at=now, samples=samples))
+        obs.progress_points = pts[-MAX_POINTS:]
+
+    def _correct_from_progress(
+        self, st: TrainingJobStatus, obs: ObservedStatus, since: datetime, now: datetime, out: ObserveResult
+    ) -> tuple[bool, float] | None:
+        """The annotation path: correct the plan's GPU type from the progress points.
+
+        Returns:
+            (factor changed, how sure) once the window is covered, else None (message written).
+        """
+        assert st.plan is not None
+        p = st.plan
+        prior = p.throughput_log_sigma if p.throughput_log_sigma else base_log_sigma()
+        c = correct(
+            [ProgressPoint(x.at.timestamp(), x.samples) for x in obs.progress_points],
+            gpu_type=p.gpu_type,
+            predicted=p.throughput,
+            running_since=since.timestamp(),
+            prior_log_sigma=prior,
+            plan_factor=p.efficiency_factor,
+            config=self.config.correction(),
+        )
+        obs.predicted = round(p.throughput, 3)
+        if c.observed is not None:
+            obs.throughput = round(c.observed, 3)
+            obs.ratio = round(c.observed / p.throughput, 3) if p.throughput > 0 else None
+        if self.source is not None and obs.message.startswith("Prometheus unavailable"):
+            prefix = obs.message + "; from the progress annotations: "
+        else:
+            prefix = ""
+        if not c.ready:
+            obs.message = prefix + c.reason
+            return None
+        obs.source = "annotations"
+        obs.pods = max(obs.pods, 1)
+        obs.corrected_throughput = round(c.throughput, 3)
+        obs.correction_log_sigma = round(c.log_sigma, 4)
+        obs.window_seconds = round(c.window_s, 1)
+        obs.message = prefix + c.reason
+        gpu = p.gpu_type
+        current = obs.efficiency_by_gpu.get(gpu, p.efficiency_factor)
+        changed = not keep_factor(current, c.factor, self.config.thresholds.divergence)
+        if changed:
+            obs.efficiency_by_gpu = {**obs.efficiency_by_gpu, gpu: round(c.factor, 3)}
+            obs.last_corrected = now
+            out.events.append(
+                (
+                    "Normal",
+                    "ModelCorrected",
+                    f"{c.reason}: efficiency factor on {gpu} {current:.2f} -> {c.factor:.2f} (from the progress "
+                    "annotations; applied when re-planning)",
+                )
+            )
+        obs.efficiency_factor = obs.efficiency_by_gpu.get(gpu, p.efficiency_factor)
+        return changed, c.log_sigma
+
+    def _miss_probability(
+        self, st: TrainingJobStatus, obs: ObservedStatus, sigma: float, ctx: JobContext
+    ) -> float | None:
+        """The running plan's corrected P(miss deadline) for the work left (None without a deadline)."""
+        assert st.plan is not None
+        p = st.plan
+        if ctx.hours_left is None:
+            obs.deadline_miss_probability = None
+            return None
+        throughput = p.throughput / p.efficiency_factor * obs.efficiency_factor
+        rate = 0.0
+        if p.capacity_type == CapacityType.SPOT.value and self.catalog is not None:
+            try:
+                rate = hourly_rate(self.catalog.instance(p.instance_type).interruption_bucket) * p.nodes
+            except UnknownIdError:
+                rate = hourly_rate(None) * p.nodes
+        miss = remaining_miss_probability(
+            max(p.total_samples - st.progress.samples, 0.0),
+            throughput,
+            sigma,
+            ctx.hours_left,
+            rate_per_h=rate,
+            interval_s=float(p.checkpoint_interval_seconds),
+            restart_s=ctx.restart_s,
+        )
+        obs.deadline_miss_probability = round(miss, 4)
+        return miss
 
     # ------------------------------------------------------------------------------- stages
 
@@ -242,15 +420,18 @@ class Observer:
             if c.type in BOTTLENECKS and c.type not in found and c.status == "True":
                 _set_condition(st, c.type, False, "NotObserved", f"no longer observed: {a.summary}", now, generation)
 
-    def _decide(self, st: TrainingJobStatus, obs: ObservedStatus, plan_with: PlanWith) -> tuple[ReplanDecision, PlanResult]:
+    def _decide(
+        self, st: TrainingJobStatus, obs: ObservedStatus, plan_with: PlanWith, miss: float, max_risk: float
+    ) -> tuple[ReplanDecision, PlanResult]:
         assert st.plan is not None
         result = plan_with(dict(obs.efficiency_by_gpu))
         p = st.plan
         key = (p.instance_type, p.nodes, p.capacity_type, p.precision)
         current = next((_option(c) for c in result.feasible if _option(c).key == key), None)
         best = _option(result.chosen) if result.chosen is not None else None
-        remaining = 1 - st.progress.percent / 100
-        return decide_replan(current, best, remaining, self.config.restart_s, self.config.margin), result
+        # plan_with plans the rest only: the options' costs are the rest's
+        decision = should_replan(miss, max_risk, current, best, self.config.correction())
+        return decision, result
 
     def _consider_replan(
         self,
@@ -260,6 +441,8 @@ class Observer:
         now: datetime,
         plan_with: PlanWith,
         out: ObserveResult,
+        miss: float = 0.0,
+        max_risk: float = 1.0,
     ) -> None:
         assert st.plan is not None
         if obs.replan_pending:
@@ -268,7 +451,7 @@ class Observer:
         if (now - changed).total_seconds() < self.config.min_interval_s:
             obs.message += f"; re-plan not considered within {self.config.min_interval_s:g}s of the last plan change"
             return
-        decision, _ = self._decide(st, obs, plan_with)
+        decision, _ = self._decide(st, obs, plan_with, miss, max_risk)
         if not decision.replan:
             obs.replan_reason = decision.reason
             return
@@ -291,8 +474,10 @@ class Observer:
         now: datetime,
         plan_with: PlanWith,
         out: ObserveResult,
+        max_risk: float = 1.0,
     ) -> None:
-        decision, result = self._decide(st, obs, plan_with)
+        miss = obs.deadline_miss_probability or 0.0
+        decision, result = self._decide(st, obs, plan_with, miss, max_risk)
         obs.replan_pending = False
         obs.replan_after_checkpoint_step = None
         obs.replan_reason = decision.reason
@@ -307,22 +492,22 @@ class Observer:
         )
 
 
-def from_settings(settings: Settings, catalog: Catalog | None = None) -> Observer | None:
-    """The operator's observer, or None when ``settings.prometheus_url`` is unset or the
-    ``observe`` extra (prometheus-api-client) is not installed."""
-    if not settings.prometheus_url:
-        return None
-    try:
-        from gpuscaler.observe.prometheus import PrometheusSource
+def from_settings(settings: Settings, catalog: Catalog | None = None) -> Observer:
+    """The operator's observer: from the progress annotations always, and from Prometheus when
+    ``settings.prometheus_url`` is set and the ``observe`` extra (prometheus-api-client) is installed."""
+    source: MetricsSource | None = None
+    if settings.prometheus_url:
+        try:
+            from gpuscaler.observe.prometheus import PrometheusSource
 
-        source = PrometheusSource(
-            settings.prometheus_url,
-            timeout_s=settings.observe_query_timeout_s,
-            dcgm_pod_label=settings.dcgm_pod_label,
-            dcgm_namespace_label=settings.dcgm_namespace_label,
-        )
-    except ImportError:
-        return None
+            source = PrometheusSource(
+                settings.prometheus_url,
+                timeout_s=settings.observe_query_timeout_s,
+                dcgm_pod_label=settings.dcgm_pod_label,
+                dcgm_namespace_label=settings.dcgm_namespace_label,
+            )
+        except ImportError:
+            source = None
     config = ObserveConfig(
         interval_s=settings.observe_interval_s,
         window_s=settings.observe_window_s,
@@ -332,5 +517,6 @@ def from_settings(settings: Settings, catalog: Catalog | None = None) -> Observe
         min_interval_s=settings.replan_min_interval_s,
         restart_s=settings.replan_restart_s,
         thresholds=Thresholds(divergence=settings.observe_divergence),
+        min_window_s=settings.correction_min_window_s,
     )
     return Observer(source, config, catalog)

@@ -6,8 +6,10 @@ A pipeline of named stages (after SkyPilot's optimizer), each a pure function:
 2. ``configure``   for each offering, node count and precision: the largest micro-batch that fits
                    in memory with the global batch kept exactly (``global = GPUs x micro x K``),
                    turning on activation checkpointing and then ZeRO sharding only when needed;
-3. ``evaluate``    the performance model's step time -> work hours; spot risk (Young/Daly interval,
-                   expected interruptions, deadline-miss probability); expected cost;
+3. ``evaluate``    the performance model's step time -> work hours and its throughput band
+                   (:mod:`gpuscaler.perfmodel.uncertainty`); spot risk (Young/Daly interval,
+                   expected interruptions) and the deadline-miss probability with the model's
+                   error (:mod:`gpuscaler.planner.risk`); expected cost, P50 and P90;
 4. ``solve``       filter by deadline risk, budget and policy caps; pick by objective; Pareto front
                    of expected cost vs time; for every rejected offering the reason.
 
@@ -15,6 +17,11 @@ Objective ``cheapest``: minimise expected cost subject to P(miss deadline) <= ma
 cost <= budget. ``fastest``: minimise expected hours subject to cost <= budget. Spot ``preferred``
 restricts the choice to spot when any spot plan is feasible. The CLI, the operator and the
 simulator all call :func:`plan`.
+
+Believability: a spot price the catalog itself flags as suspicious (``InstanceType.spot_price_suspect``:
+Azure spot listed ~88% below on-demand) is left out of plans with the reason ``price``, unless the
+policy overrides that price (the platform team vouches for it) or the caller allows flagged prices
+(``gpuscaler plan --allow-flagged-prices``); a plan chosen on such a price carries a caveat.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from gpuscaler.perfmodel import (
     estimate,
     memory_per_gpu,
 )
+from gpuscaler.perfmodel.uncertainty import Band, throughput_band
+from gpuscaler.planner.correction import MEASURED_LOG_SIGMA_FLOOR
 from gpuscaler.planner.job import ResolvedJob, resolve
 from gpuscaler.planner.risk import RunOutlook, hourly_rate, optimal_interval_s, outlook
 from gpuscaler.policy import Policy
@@ -66,6 +75,10 @@ class Candidate:
     work_hours: float
     checkpoint_write_s: float
     outlook: RunOutlook
+    band: Band | None = None
+    """The throughput band of ``estimate`` (P10/P50/P90); None only for hand-built candidates."""
+    price_caveat: str = ""
+    """Why its price may not hold (a price the catalog flags), empty when none."""
 
     @property
     def gpus(self) -> int:
@@ -78,6 +91,15 @@ class Candidate:
     @property
     def expected_cost_usd(self) -> float:
         return self.outlook.expected_hours * self.usd_per_hour
+
+    @property
+    def p90_hours(self) -> float:
+        """Expected hours at the band's P10 throughput (9 in 10 finish sooner for model error)."""
+        return self.outlook.p90_hours or self.outlook.expected_hours
+
+    @property
+    def p90_cost_usd(self) -> float:
+        return self.p90_hours * self.usd_per_hour
 
     @property
     def label(self) -> str:
@@ -104,6 +126,9 @@ class Candidate:
             "zeroStage": self.zero_stage,
             "activationCheckpointing": self.activation_checkpointing,
             "throughput": round(e.throughput, 3),
+            "throughputP10": round(self.band.p10, 3) if self.band else round(e.throughput, 3),
+            "throughputP90": round(self.band.p90, 3) if self.band else round(e.throughput, 3),
+            "throughputLogSigma": round(self.outlook.log_sigma, 4),
             "unit": e.unit,
             "stepTimeSeconds": round(e.step_time_s, 5),
             "memoryPerGpuGb": round(e.memory_per_gpu_gb, 2),
@@ -113,10 +138,15 @@ class Candidate:
             "workHours": round(self.work_hours, 3),
             "expectedHours": round(self.expected_hours, 3),
             "expectedCostUsd": round(self.expected_cost_usd, 2),
+            "p50Hours": round(self.expected_hours, 3),
+            "p90Hours": round(self.p90_hours, 3),
+            "p50CostUsd": round(self.expected_cost_usd, 2),
+            "p90CostUsd": round(self.p90_cost_usd, 2),
             "checkpointIntervalSeconds": round(self.outlook.interval_s),
             "checkpointWriteSeconds": round(self.checkpoint_write_s, 1),
             "expectedInterruptions": round(self.outlook.interruptions, 3),
             "deadlineMissProbability": round(self.outlook.deadline_miss_probability, 4),
+            "priceCaveat": self.price_caveat,
         }
 
 
@@ -147,6 +177,8 @@ class PlanResult:
     """When infeasible: what would make the job feasible."""
     candidates_evaluated: int = 0
     planning_seconds: float = 0.0
+    caveats: list[str] = field(default_factory=list)
+    """What the chosen plan's figures rest on that may not hold (a flagged price)."""
 
     @property
     def ok(self) -> bool:
@@ -161,10 +193,28 @@ def _matches(name: str, wanted: list[str], aliases: tuple[str, ...] = ()) -> boo
     return any(normalize(w) in keys for w in wanted)
 
 
+def flagged_price(inst: InstanceType, cap: CapacityType, price: float) -> str:
+    """The caveat of a price the catalog flags (empty when it does not, or a policy overrode it)."""
+    if cap is not CapacityType.SPOT or not inst.spot_price_suspect or price != inst.spot_usd_hr:
+        return ""
+    return (
+        f"{inst.name} spot ${price:,.2f}/h is {1 - price / inst.ondemand_usd_hr:.0%} below on-demand: "
+        "the catalog flags this price as suspiciously deep"
+    )
+
+
 def offerings(
-    job: ResolvedJob, spec: TrainingJobSpec, catalog: Catalog, policy: Policy
+    job: ResolvedJob,
+    spec: TrainingJobSpec,
+    catalog: Catalog,
+    policy: Policy,
+    allow_flagged_prices: bool = False,
 ) -> tuple[list[tuple[InstanceType, CapacityType, float]], list[Rejection]]:
-    """Instance x capacity pairs the constraints and policy allow, with their price after overrides."""
+    """Instance x capacity pairs the constraints and policy allow, with their price after overrides.
+
+    A price the catalog flags (:func:`flagged_price`) is rejected (category ``price``) unless
+    ``allow_flagged_prices``; a policy price override replaces it and so is never flagged.
+    """
     c = spec.constraints
     allowed: list[tuple[InstanceType, CapacityType, float]] = []
     rejected: list[Rejection] = []
@@ -212,6 +262,11 @@ def offerings(
                     "policy",
                     f"policy {policy.name}: spot needs >= {policy.spot.min_hours_to_deadline:g} h to the deadline, "
                     f"{job.deadline_h:.1f} h left",
+                )
+            elif not allow_flagged_prices and (caveat := flagged_price(inst, cap, price)):
+                reject(
+                    "price",
+                    f"{caveat}; left out (set a policy priceOverride for it, or plan with --allow-flagged-prices)",
                 )
             else:
                 allowed.append((inst, cap, price))
@@ -315,8 +370,27 @@ def evaluate(
     price: float,
     cfg: ParallelConfig,
     est: Estimate,
+    band: Band | None = None,
 ) -> Candidate:
+    """A configured offering with its predicted time, cost and risk.
+
+    Args:
+        job: The resolved job.
+        spec: Its spec (checkpoint settings).
+        policy: The policy (checkpoint bounds and write speed).
+        inst: The instance type.
+        cap: The capacity type.
+        price: Price per node-hour after overrides.
+        cfg: The parallel configuration.
+        est: The (possibly corrected) estimate.
+        band: The throughput band of ``est`` (None: the model's band for this GPU and precision).
+
+    Returns:
+        The candidate; its deadline risk includes the band's model error.
+    """
     nodes = cfg.nodes
+    if band is None:
+        band = throughput_band(job.workload, inst.gpu, cfg.precision, est.throughput)
     work_h = job.total_samples / est.throughput / 3600.0
     write_s = checkpoint_write_seconds(job.workload, cfg, policy, spec.checkpoint.write_seconds)
     rate = hourly_rate(inst.interruption_bucket) * nodes if cap is CapacityType.SPOT else 0.0
@@ -326,7 +400,9 @@ def evaluate(
         if spec.checkpoint.interval_seconds
         else optimal_interval_s(write_s, rate, lo, hi)
     )
-    out = outlook(work_h, rate, write_s, spec.checkpoint.restart_seconds, STARTUP_S, interval, job.deadline_h)
+    out = outlook(
+        work_h, rate, write_s, spec.checkpoint.restart_seconds, STARTUP_S, interval, job.deadline_h, band.log_sigma
+    )
     return Candidate(
         instance=inst,
         nodes=nodes,
@@ -341,6 +417,8 @@ def evaluate(
         work_hours=work_h,
         checkpoint_write_s=write_s,
         outlook=out,
+        band=band,
+        price_caveat=flagged_price(inst, cap, price),
     )
 
 
@@ -418,6 +496,8 @@ def plan(
     deadline_h: float | None = None,
     unavailable: frozenset[tuple[str, str]] = frozenset(),
     efficiency: Mapping[str, float] | None = None,
+    efficiency_sigma: Mapping[str, float] | None = None,
+    allow_flagged_prices: bool = False,
 ) -> PlanResult:
     """Plan a training job.
 
@@ -433,6 +513,11 @@ def plan(
             ``status.observed.efficiencyByGpu``, see :mod:`gpuscaler.observe.assess`): each
             candidate's predicted throughput on that GPU is multiplied by it; GPUs not listed keep
             the model's prediction.
+        efficiency_sigma: how sure each factor of ``efficiency`` is (log-space sigma, from
+            :func:`gpuscaler.planner.correction.correct`); a measured GPU's band is drawn with it
+            (at least :data:`~gpuscaler.planner.correction.MEASURED_LOG_SIGMA_FLOOR` when not given)
+            instead of the model's cross-validated error.
+        allow_flagged_prices: plan on spot prices the catalog flags as suspicious (with a caveat).
 
     Returns:
         The plan result; ``chosen`` is None when no plan is feasible, with ``hints``.
@@ -445,7 +530,7 @@ def plan(
     pol = policy or Policy()
     dl = deadline_h if deadline_h is not None else spec.deadline_hours(now)
     job = resolve(spec, catalog, name, dl)
-    offers, rejected = offerings(job, spec, catalog, pol)
+    offers, rejected = offerings(job, spec, catalog, pol, allow_flagged_prices)
     gpu_cap, cap_source = _gpu_cap(spec, pol)
     precisions = _precisions(spec, pol, job.workload)
 
@@ -454,7 +539,7 @@ def plan(
     over_cap: list[Candidate] = []  # beyond the GPU cap: kept only to say what the deadline would need
     reasons: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
     evaluated = 0
-    estimates: dict[tuple[str, int, Precision], tuple[ParallelConfig, Estimate] | str] = {}
+    estimates: dict[tuple[str, int, Precision], tuple[ParallelConfig, Estimate, Band] | str] = {}
     for inst, cap, price in offers:
         key2 = (inst.name, cap.value)
         if key2 in unavailable:
@@ -481,7 +566,14 @@ def plan(
                         estimates[ekey] = why
                     else:
                         try:
-                            estimates[ekey] = (cfg, estimate(job.workload, inst.gpu, cfg))
+                            est0 = estimate(job.workload, inst.gpu, cfg)
+                            band0 = throughput_band(job.workload, inst.gpu, precision, est0.throughput)
+                            if efficiency and inst.gpu_id in efficiency:
+                                factor = efficiency[inst.gpu_id]
+                                est0 = corrected(est0, factor)
+                                measured = (efficiency_sigma or {}).get(inst.gpu_id, MEASURED_LOG_SIGMA_FLOOR)
+                                band0 = band0.scaled(factor, max(measured, MEASURED_LOG_SIGMA_FLOOR))
+                            estimates[ekey] = (cfg, est0, band0)
                             evaluated += 1
                         except PrecisionUnsupportedError as err:
                             estimates[ekey] = str(err)
@@ -492,10 +584,7 @@ def plan(
                     )
                     reasons[key2].setdefault(category, found)
                     continue
-                est = found[1]
-                if efficiency and inst.gpu_id in efficiency:
-                    est = corrected(est, efficiency[inst.gpu_id])
-                cand = evaluate(job, spec, pol, inst, cap, price, found[0], est)
+                cand = evaluate(job, spec, pol, inst, cap, price, found[0], found[1], found[2])
                 if gpus > gpu_cap:
                     over_cap.append(cand)
                     reasons[key2].setdefault("policy", f"{gpus} GPUs > {gpu_cap} ({cap_source})")
@@ -509,6 +598,9 @@ def plan(
                     feasible.append(cand)
 
     chosen, why = _solve(feasible, spec, job)
+    caveats = [chosen.price_caveat] if chosen is not None and chosen.price_caveat else []
+    if caveats:
+        why += f"; caveat: {caveats[0]}"
     have = {(c.instance.name, c.capacity.value) for c in feasible}
     order = ("deadline", "budget", "policy", "memory", "batch", "precision")
     for (inst_name, cap_name), by_cat in reasons.items():
@@ -531,6 +623,7 @@ def plan(
         hints=hints,
         candidates_evaluated=evaluated,
         planning_seconds=time.perf_counter() - t0,
+        caveats=caveats,
     )
 
 

@@ -15,14 +15,29 @@ Pure maths used by the planner (and the simulator):
 * Expected wall time for ``W`` hours of work: ``W (1 + C / tau)`` plus, per interruption, the
   restart time ``R`` and on average half an interval of lost work; interruptions are Poisson with
   mean ``Lambda x T``.
-* Deadline risk: the probability that more interruptions happen than the slack absorbs, each
-  costing ``R + tau`` at worst: ``P(N > floor((D - T0) / (R + tau)))`` with ``N ~ Poisson(Lambda T0)``.
+* Deadline risk, with the performance model's own error: the true throughput is the predicted
+  one times ``f``, ``ln f ~ N(0, s^2)`` (``s`` is the candidate's throughput band,
+  :mod:`gpuscaler.perfmodel.uncertainty`), so the interruption-free time is
+  ``T0(f) = W (1 + C / tau) / f + startup``. Each interruption costs ``R + tau`` at worst, and
+  ``N ~ Poisson(Lambda T0)``. The job misses the deadline ``D`` when ``T0(f) + N (R + tau) > D``::
+
+      P(miss) = sum_n P(N = n) P(f < W' / (D - startup - n (R + tau)))
+              = sum_n P(N = n) Phi(ln(W' / S_n) / s)            (S_n <= 0: the term is P(N = n))
+
+  with ``W' = W (1 + C / tau)``. ``s = 0`` gives back the interruption-only risk
+  ``P(N > floor((D - T0) / (R + tau)))``. The Poisson terms are summed in log space from a few
+  standard deviations below the mean, so a mean of thousands of interruptions (where ``exp(-mean)``
+  underflows to 0 past 745) still gives the right answer.
+* P50/P90: the expected hours at the band's P50 and P10 throughput (the slow end makes the long
+  time), interruptions at their expectation; cost is hours x the plan's price.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from gpuscaler.perfmodel.uncertainty import Z90
 
 SPOT_EXPOSURE_HOURS = 24.0
 """Hours over which a Spot Advisor bucket's interruption share is read as a probability (assumption:
@@ -45,19 +60,82 @@ def optimal_interval_s(write_s: float, rate_per_h: float, lo_s: float, hi_s: flo
     return min(hi_s, max(lo_s, tau))
 
 
+POISSON_SPAN_SIGMAS = 12.0
+"""Poisson terms further than this many standard deviations from the mean are left out (their
+mass is below 1e-30)."""
+DIRECT_POISSON_MEAN = 50.0
+"""Up to this mean the Poisson terms start at ``exp(-mean)``; above it, in log space."""
+
+
+def _poisson_start(mean: float) -> tuple[int, float]:
+    """The first Poisson term worth summing: (n0, P(N = n0))."""
+    if mean <= DIRECT_POISSON_MEAN:
+        return 0, math.exp(-mean)
+    n0 = max(0, math.floor(mean - POISSON_SPAN_SIGMAS * math.sqrt(mean)))
+    return n0, math.exp(-mean + n0 * math.log(mean) - math.lgamma(n0 + 1))
+
+
 def poisson_cdf(k: int, mean: float) -> float:
-    """P(N <= k) for N ~ Poisson(mean)."""
+    """P(N <= k) for N ~ Poisson(mean), accurate for any mean (no underflow past 745)."""
     if k < 0:
         return 0.0
     if mean <= 0:
         return 1.0
-    term = math.exp(-mean)
-    total = term
-    for i in range(1, k + 1):
-        term *= mean / i
+    if k > mean + POISSON_SPAN_SIGMAS * math.sqrt(mean) + 20:
+        return 1.0
+    n, term = _poisson_start(mean)
+    total = 0.0
+    while n <= k:
         total += term
-        if term < 1e-16 and i > mean:
-            break
+        n += 1
+        term *= mean / n
+    return min(1.0, total)
+
+
+def deadline_miss_probability(
+    work_eff_h: float, fixed_h: float, rate_per_h: float, base_h: float, worst_each_h: float,
+    deadline_h: float, log_sigma: float = 0.0,
+) -> float:
+    """P(miss deadline) with interruptions and model error (see the module docstring).
+
+    Args:
+        work_eff_h: ``W (1 + C / tau)``: training plus checkpoint writes at the predicted speed.
+        fixed_h: Hours that do not scale with throughput (start-up).
+        rate_per_h: Interruptions per hour of the whole allocation (0 on-demand).
+        base_h: Interruption-free hours at the predicted speed (sets the Poisson mean).
+        worst_each_h: Hours one interruption costs at worst (restart + one interval).
+        deadline_h: Hours to the deadline.
+        log_sigma: The throughput band's log-space sigma (0: the model taken as exact).
+
+    Returns:
+        The probability, in [0, 1].
+    """
+    mean = rate_per_h * base_h if rate_per_h > 0 else 0.0
+
+    def miss_given(n: int) -> float:
+        room = deadline_h - fixed_h - n * worst_each_h
+        if room <= 0:
+            return 1.0
+        if log_sigma <= 0:
+            return 1.0 if work_eff_h > room else 0.0
+        if work_eff_h <= 0:
+            return 0.0
+        # P(f < W'/room) with ln f ~ N(0, s^2)
+        return 0.5 * math.erfc(-math.log(work_eff_h / room) / (log_sigma * math.sqrt(2.0)))
+
+    if mean <= 0:
+        return miss_given(0)
+    n, term = _poisson_start(mean)
+    last = mean + POISSON_SPAN_SIGMAS * math.sqrt(mean) + 20
+    total = covered = 0.0
+    while n <= last:
+        g = miss_given(n)
+        if g >= 1.0:
+            return min(1.0, total + max(0.0, 1.0 - covered))
+        total += term * g
+        covered += term
+        n += 1
+        term *= mean / n
     return min(1.0, total)
 
 
@@ -66,14 +144,20 @@ class RunOutlook:
     """Expected time and risk of running ``work_h`` hours of training with checkpoints."""
 
     expected_hours: float
+    """At the predicted (P50) throughput, interruptions at their expectation."""
     base_hours: float
     """Hours with no interruption (work plus checkpoint writes plus start-up)."""
     interval_s: float
     interruptions: float
     """Expected number of interruptions."""
     deadline_miss_probability: float
+    """Interruptions and the model's error together (see the module docstring)."""
     lost_work_hours: float
     """Expected work redone after interruptions."""
+    p90_hours: float = 0.0
+    """Expected hours at the band's P10 throughput: 9 in 10 runs finish sooner for model error."""
+    log_sigma: float = 0.0
+    """The throughput band's sigma the risk was computed with."""
 
 
 def outlook(
@@ -84,22 +168,38 @@ def outlook(
     startup_s: float,
     interval_s: float,
     deadline_h: float | None,
+    log_sigma: float = 0.0,
 ) -> RunOutlook:
-    """Expected hours and deadline-miss probability for one plan."""
-    base = work_h * (1.0 + write_s / interval_s) + startup_s / 3600.0
+    """Expected hours (P50, P90) and deadline-miss probability for one plan.
+
+    Args:
+        work_h: Training hours at the predicted throughput.
+        rate_per_h: Interruptions per hour of the allocation (0 on-demand).
+        write_s: Seconds per checkpoint write.
+        restart_s: Seconds to restart after an interruption.
+        startup_s: Seconds before the first step.
+        interval_s: Seconds of training between checkpoints.
+        deadline_h: Hours to the deadline (None: none).
+        log_sigma: The throughput band's log-space sigma (0: the prediction taken as exact).
+
+    Returns:
+        The outlook.
+    """
+    work_eff = work_h * (1.0 + write_s / interval_s)
+    fixed = startup_s / 3600.0
+    base = work_eff + fixed
     per_interruption_h = (restart_s + interval_s / 2.0) / 3600.0
     # Interruptions over the run, solving T = base + Lambda T x per_interruption.
     denom = 1.0 - rate_per_h * per_interruption_h
-    expected = base / denom if denom > 0.05 else base * 20.0
+    stretch = 1.0 / denom if denom > 0.05 else 20.0
+    expected = base * stretch
+    p90 = (work_eff * math.exp(Z90 * log_sigma) + fixed) * stretch
     interruptions = rate_per_h * expected
     miss = 0.0
     if deadline_h is not None:
-        if base > deadline_h:
-            miss = 1.0
-        elif rate_per_h > 0:
-            worst_each = (restart_s + interval_s) / 3600.0
-            allowed = math.floor((deadline_h - base) / worst_each)
-            miss = 1.0 - poisson_cdf(allowed, rate_per_h * base)
+        worst_each = (restart_s + interval_s) / 3600.0
+        miss = deadline_miss_probability(work_eff, fixed, rate_per_h, base, worst_each, deadline_h, log_sigma)
     return RunOutlook(
-        expected, base, interval_s, interruptions, max(0.0, miss), interruptions * interval_s / 7200.0
+        expected, base, interval_s, interruptions, max(0.0, miss), interruptions * interval_s / 7200.0,
+        p90, log_sigma,
     )

@@ -57,12 +57,11 @@ from dataclasses import dataclass
 from gpuscaler.api import PrecisionName, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType
 from gpuscaler.planner import Candidate
+from gpuscaler.planner.recovery import LATE_H, fastest_sensible
 from gpuscaler.simulator.allocation import Allocation, Review
 from gpuscaler.simulator.planning import CachedPlanner, config_key, with_remaining
-from gpuscaler.simulator.strategies import Decision, JobState, Strategy, _fastest_sensible
+from gpuscaler.simulator.strategies import Decision, JobState, Strategy
 
-LATE_H = 0.05
-"""Hours left below which a deadline counts as passed (plan without it)."""
 MIN_REVIEW_H = 60.0 / 3600
 """Shortest wait between two reviews of one allocation (a minute)."""
 
@@ -101,7 +100,8 @@ def on_demand_plan(st: JobState, planner: CachedPlanner, now_h: float, spec: Tra
             return chosen
     fallback = with_remaining(od, budget_usd=None)
     for offerings in (avoided, frozenset()):
-        chosen = _fastest_sensible(planner.choose(fallback, None, offerings, st.name)).chosen
+        choice = planner.choose(fallback, None, offerings, st.name)
+        chosen = fastest_sensible(choice.pareto) if choice.chosen is not None else None
         if chosen is not None:
             return chosen
     return None

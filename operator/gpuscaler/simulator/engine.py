@@ -2,9 +2,8 @@
 
 Events are (hour, sequence, kind, job, epoch): ``arrive``, ``request`` (ask for capacity),
 ``interrupt`` (a spot reclaim), ``finish``, ``review`` (a strategy asked to look at its running
-allocation), ``observe`` (the simulated operator reads the job's samples counter), ``consider``
-(the operator may now weigh a move) and ``move`` (the rest of the job leaves the allocation, at a
-checkpoint). Every allocation has an epoch; an event of an allocation that has ended is dropped.
+allocation), ``observe`` (the simulated operator reads the job's progress, corrects and weighs a
+move) and ``move`` (the rest of the job leaves the allocation, at a checkpoint). Every allocation has an epoch; an event of an allocation that has ended is dropped.
 Nothing sleeps; the clock jumps from event to event.
 
 Each allocation runs at the world's *true* throughput, the model's prediction times the hidden
@@ -43,14 +42,15 @@ from dataclasses import dataclass, field
 
 from gpuscaler.catalog import CapacityType
 from gpuscaler.planner import resolve
+from gpuscaler.planner.correction import keep_factor
 from gpuscaler.planner.planner import STARTUP_S
 from gpuscaler.simulator.allocation import Allocation
 from gpuscaler.simulator.cloud import Cloud, CloudModel, Draws
 from gpuscaler.simulator.observing import (
     ObserveRules,
-    assess_points,
-    current_option,
+    correction,
     decide_move,
+    miss_probability,
     progress_points,
 )
 from gpuscaler.simulator.planning import CachedPlanner, config_key
@@ -63,7 +63,7 @@ MAX_REQUESTS = 400
 MAX_JOB_HOURS = 24.0 * 90
 """Hours after arrival after which a job is abandoned."""
 
-ARRIVE, REQUEST, INTERRUPT, FINISH, REVIEW, OBSERVE, CONSIDER, MOVE = range(8)
+ARRIVE, REQUEST, INTERRUPT, FINISH, REVIEW, OBSERVE, MOVE = range(7)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +237,7 @@ class _Run:
     def run(self) -> SimulationResult:
         events = 0
         handlers = {ARRIVE: self.arrive, REQUEST: self.request, INTERRUPT: self.interrupt, FINISH: self.finish,
-                    REVIEW: self.review, OBSERVE: self.observe, CONSIDER: self.consider, MOVE: self.move}
+                    REVIEW: self.review, OBSERVE: self.observe, MOVE: self.move}
         while self.heap:
             t, _, kind, i, epoch = heapq.heappop(self.heap)
             if epoch != self.epoch[i]:
@@ -317,7 +317,7 @@ class _Run:
                                      st.total_samples - st.remaining_samples, end_h)
         self.push(end_h, INTERRUPT if interrupted else FINISH, i)
         if self.strategy.corrects:
-            at = t + (prov_s + self.rules.warmup_s + self.rules.window_s) / 3600.0
+            at = t + (prov_s + self.rules.first_look_s) / 3600.0
             if at < end_h:
                 self.push(at, OBSERVE, i)
         review = self.strategy.review_at_h(st, self._view(a, t, st))
@@ -385,31 +385,34 @@ class _Run:
             self.push(r.again_h, REVIEW, i)
 
     def observe(self, t: float, i: int) -> None:
+        """The operator's look at a running gang: correct, weigh the risk, maybe move (observing)."""
         st, out, a = self._job(i)
         d = a.decision
         gpu = d.candidate.instance.gpu_id
         draws = self.draws[i]
         assert draws is not None
-        start_s = a.provisioning_s + self.rules.warmup_s
-        samples0 = a.samples0 + a.rate * self.rules.warmup_s
-        points = progress_points(a.rate, samples0, start_s, self.rules.window_s, self.model.scrape_s,
+        since_s = a.start_h * 3600.0 + a.provisioning_s
+        points = progress_points(a.rate, a.samples0, since_s, t * 3600.0, self.rules.tick_s,
                                  lambda: draws.noise(self.model.measurement_noise))
+        c = correction(points, d, since_s, self.rules)
+        if not c.ready:
+            return
         known = st.efficiency.get(gpu, d.efficiency)
-        assessment = assess_points(points, d, known, self.rules)
-        if assessment.corrected:
-            st.efficiency[gpu] = assessment.factor
+        changed = not keep_factor(known, c.factor, self.rules.correction.divergence)
+        if changed:
+            st.efficiency[gpu] = round(c.factor, 3)
             out.corrections += 1
-        if assessment.corrected or st.efficiency.get(gpu, d.efficiency) != d.efficiency:
-            self.consider(t, i)
-
-    def consider(self, t: float, i: int) -> None:
-        st, _, a = self._job(i)
-        if a.moving is not None:
+        factor = st.efficiency.get(gpu, d.efficiency)
+        throughput = d.candidate.estimate.throughput / d.efficiency * factor
+        miss = miss_probability(d, st.total_samples - points[-1].samples, throughput, c.log_sigma,
+                                st.deadline_left_h(t), st.spec.checkpoint.restart_seconds)
+        at_risk = miss > st.spec.constraints.max_deadline_risk
+        if not (changed or at_risk or factor != d.efficiency) or a.moving is not None:
             return
         earliest = st.plan_changed_h + self.rules.min_interval_s / 3600.0
         if t < earliest - 1e-12:
             if earliest < a.end_h:
-                self.push(earliest, CONSIDER, i)
+                self.push(earliest, OBSERVE, i)  # look again (with more readings) when a move may come
             return
         at = self._next_checkpoint(a, t)
         if at is None:
@@ -418,11 +421,11 @@ class _Run:
         before = st.remaining_samples
         st.remaining_samples = max(before - compute * a.rate, 0.0)  # what is left at that checkpoint
         try:
-            best = self.strategy.replan(st, self.planner, end_h)
-            current = current_option(st, self.planner, a.decision, end_h)
+            best, current = self.strategy.replan(st, self.planner, end_h)
         finally:
             st.remaining_samples = before
-        if decide_move(current, best, self.rules).replan and best is not None:
+        decision = decide_move(miss, st.spec.constraints.max_deadline_risk, current, best, self.rules)
+        if decision.replan and best is not None:
             self._schedule_move(i, a, t, best, at_checkpoint=True)
 
     def _next_checkpoint(self, a: _Active, t: float) -> tuple[float, float, float] | None:

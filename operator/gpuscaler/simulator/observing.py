@@ -1,22 +1,25 @@
-"""The simulated operator's observe-and-correct step: the operator's own code on simulated samples.
+"""The simulated operator's observe-and-correct step: the operator's own code on simulated progress.
 
 The gpuscaler strategy never sees the world's true throughput (:mod:`gpuscaler.simulator.truth`).
-Like the operator, it sees the job's samples counter, scraped every ``scrape_s`` with measurement
-noise (:class:`~gpuscaler.simulator.cloud.CloudModel`), from ``warmup_s`` after the workers start
-for ``window_s``. On those points it runs the operator's code unchanged:
+Like the operator without Prometheus, it reads the job's samples counter (the runtime's
+``gpuscaler.io/progress-samples`` annotation) once per observer tick (``observe_interval_s``), each
+interval's increase carrying measurement noise (:class:`~gpuscaler.simulator.cloud.CloudModel`),
+keeping the newest readings as the operator keeps them. On those readings it runs the early
+correction of :mod:`gpuscaler.planner.correction`, the functions the operator's observer calls:
 
-1. :func:`gpuscaler.observe.estimators.robust_rate`: the median-of-windows rate the operator
-   computes from a counter;
-2. :func:`gpuscaler.observe.assess.assess`: observed vs predicted, and the corrected efficiency
-   factor of the GPU type when they differ by more than the divergence threshold (hysteresis);
-3. :func:`gpuscaler.observe.assess.decide_replan`: whether moving the rest of the job to the plan
-   the corrected planner now picks pays by more than the margin (or the running plan no longer
-   meets the job's limits), considered no sooner than ``min_interval_s`` after a plan change; a
-   move happens at the next periodic checkpoint, as the operator does it.
+1. :func:`~gpuscaler.planner.correction.correct`: after the warm-up and ``min_window_s`` of
+   readings, the corrected efficiency factor of the GPU type (a posterior between the plan's band
+   and the measurement); :func:`~gpuscaler.planner.correction.keep_factor` is the hysteresis;
+2. :func:`~gpuscaler.planner.correction.remaining_miss_probability`: the running plan's corrected
+   P(miss deadline) for the work left;
+3. :func:`~gpuscaler.planner.correction.should_replan`: with the corrected planner's plan for the
+   rest and the running plan's figures in the same result, whether to move (deadline at risk, or
+   cheaper by more than the margin); no move within ``min_interval_s`` of a plan change; a move
+   happens at the next periodic checkpoint.
 
-The thresholds and windows are the operator's defaults (:class:`gpuscaler.settings.Settings`).
-The engine (:mod:`gpuscaler.simulator.engine`) decides *when* to look (once per allocation, after
-the window; again when the minimum interval allows a move) and applies the answers.
+The settings are the operator's shipped defaults (:class:`gpuscaler.settings.Settings`). The engine
+(:mod:`gpuscaler.simulator.engine`) decides when to look: once the window is covered, and again
+when the minimum interval allows a move; it applies the answers.
 """
 
 from __future__ import annotations
@@ -24,27 +27,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuscaler.api import PrecisionName, SpotPolicy
 from gpuscaler.catalog import CapacityType
-from gpuscaler.observe.assess import (
-    Assessment,
-    Expectation,
-    JobMetrics,
+from gpuscaler.planner.correction import (
+    Correction,
+    CorrectionConfig,
     PlanOption,
-    PodMetrics,
+    ProgressPoint,
     ReplanDecision,
-    Thresholds,
-    assess,
-    decide_replan,
+    correct,
+    remaining_miss_probability,
+    should_replan,
 )
-from gpuscaler.observe.estimators import Point, robust_rate
+from gpuscaler.planner.risk import hourly_rate
 from gpuscaler.settings import Settings
-from gpuscaler.simulator.planning import CachedPlanner, option, plan_key, with_remaining
-from gpuscaler.simulator.strategies import Decision, JobState
+from gpuscaler.simulator.planning import option
+from gpuscaler.simulator.strategies import Decision
+
+MAX_POINTS = 60
+"""Progress readings the operator keeps per job (``status.observed.progressPoints``, the newest)."""
 
 
-def _default(field: str) -> float:
-    value = Settings.model_fields[field].default
+def _default(name: str) -> float:
+    value = Settings.model_fields[name].default
     assert isinstance(value, int | float)
     return float(value)
 
@@ -53,109 +57,76 @@ def _default(field: str) -> float:
 class ObserveRules:
     """The operator's observation settings, as the simulated operator applies them."""
 
-    warmup_s: float
-    """Seconds after the workers start before samples count (``observe_warmup_s``)."""
-    window_s: float
-    """Seconds of samples one assessment reads (``observe_window_s``)."""
-    rate_window_s: float
-    """Seconds per window of the median-of-windows rate (``observe_rate_window_s``)."""
-    thresholds: Thresholds
-    """Divergence and steadiness thresholds (``observe_divergence``)."""
-    margin: float
-    """A move must save more than this share of the remaining cost (``replan_margin``)."""
+    correction: CorrectionConfig
+    """Warm-up, window, divergence, margin, restart (the observer's ``correction()``)."""
+    tick_s: float
+    """Seconds between two readings of the progress annotation (``observe_interval_s``)."""
     min_interval_s: float
     """No move considered within this many seconds of a plan change (``replan_min_interval_s``)."""
-    restart_s: float
-    """What a move costs in the decision, seconds of the new plan (``replan_restart_s``)."""
 
     @classmethod
     def operator_defaults(cls) -> ObserveRules:
         """The operator's shipped defaults (not the environment of whoever runs the simulator)."""
         return cls(
-            warmup_s=_default("observe_warmup_s"),
-            window_s=_default("observe_window_s"),
-            rate_window_s=_default("observe_rate_window_s"),
-            thresholds=Thresholds(divergence=_default("observe_divergence")),
-            margin=_default("replan_margin"),
+            correction=CorrectionConfig(
+                warmup_s=_default("observe_warmup_s"),
+                min_window_s=_default("correction_min_window_s"),
+                divergence=_default("observe_divergence"),
+                margin=_default("replan_margin"),
+                restart_s=_default("replan_restart_s"),
+            ),
+            tick_s=_default("observe_interval_s"),
             min_interval_s=_default("replan_min_interval_s"),
-            restart_s=_default("replan_restart_s"),
         )
 
+    @property
+    def first_look_s(self) -> float:
+        """Seconds after the gang starts when the first correction can be made."""
+        return self.correction.warmup_s + self.correction.min_window_s
 
-def progress_points(rate: float, samples0: float, start_s: float, seconds: float, scrape_s: float,
-                    noise: Callable[[], float]) -> list[Point]:
-    """The samples counter as scraped: ``(seconds, samples)`` every ``scrape_s`` over ``seconds``.
+
+def progress_points(rate: float, samples0: float, since_s: float, until_s: float, tick_s: float,
+                    noise: Callable[[], float]) -> list[ProgressPoint]:
+    """The progress annotation as the operator reads it: one reading per tick from ``since_s``.
 
     Args:
         rate: the true samples per second.
-        samples0: the counter at ``start_s``.
-        start_s: time of the first scrape.
-        seconds: how long to scrape.
-        scrape_s: the scrape interval.
+        samples0: the counter when the gang started.
+        since_s: when the gang started (simulated seconds).
+        until_s: now.
+        tick_s: the observer's interval.
         noise: draws one interval's relative error.
 
     Returns:
-        The points, first at ``start_s``.
+        The newest :data:`MAX_POINTS` readings.
     """
-    points = [(start_s, samples0)]
+    points = [ProgressPoint(since_s, samples0)]
     value, k = samples0, 1
-    while k * scrape_s <= seconds + 1e-9:
-        value += rate * scrape_s * (1.0 + noise())
-        points.append((start_s + k * scrape_s, value))
+    while since_s + k * tick_s <= until_s + 1e-9:
+        value += rate * tick_s * (1.0 + noise())
+        points.append(ProgressPoint(since_s + k * tick_s, value))
         k += 1
-    return points
+    return points[-MAX_POINTS:]
 
 
-def assess_points(points: list[Point], d: Decision, current_factor: float, rules: ObserveRules) -> Assessment:
-    """What the operator concludes from ``points`` about the plan of ``d``.
-
-    Args:
-        points: the samples counter.
-        d: the running decision (its candidate's throughput includes ``d.efficiency``).
-        current_factor: the factor known now for the plan's GPU type.
-        rules: the operator's settings.
-
-    Returns:
-        The operator's assessment (``corrected`` and ``factor`` are what matter here).
-    """
-    rate = robust_rate(points, rules.rate_window_s)
+def correction(points: list[ProgressPoint], d: Decision, since_s: float, rules: ObserveRules) -> Correction:
+    """The operator's correction of the running plan's GPU type from ``points``."""
     cand = d.candidate
-    metrics = JobMetrics(pods=[PodMetrics("worker-0", rate, gpus=cand.gpus)],
-                         throughput=None if rate is None else rate.rate, rate=rate)
-    expectation = Expectation(predicted=cand.estimate.throughput, plan_factor=d.efficiency,
-                              current_factor=current_factor, gpus=cand.gpus, precision=cand.precision.value,
-                              vcpus_per_node=cand.instance.vcpu, instance_type=cand.instance.name)
-    return assess(metrics, expectation, rules.thresholds)
+    return correct(points, gpu_type=cand.instance.gpu_id, predicted=cand.estimate.throughput, running_since=since_s,
+                   prior_log_sigma=cand.outlook.log_sigma, plan_factor=d.efficiency, config=rules.correction)
 
 
-def current_option(st: JobState, planner: CachedPlanner, d: Decision, now_h: float) -> PlanOption | None:
-    """The running plan's full-job figures under the corrected model, None when it no longer meets
-    the deadline left (or the budget left): the operator's ``current`` in its re-plan decision.
-    """
-    c = d.candidate
-    spec = with_remaining(st.spec, st.remaining_samples, budget_usd=_budget_left(st),
-                          spot=SpotPolicy.PREFERRED if c.capacity is CapacityType.SPOT else SpotPolicy.NEVER,
-                          constraints={"instance_types": [c.instance.name], "gpu_types": [], "providers": [],
-                                       "regions": [], "min_gpus": c.gpus, "max_gpus": c.gpus, "max_nodes": c.nodes,
-                                       "precisions": [PrecisionName(c.precision.value)]})
-    left = st.deadline_left_h(now_h)
-    if left is not None and left <= 0:
-        return None
-    choice = planner.choose(spec, left, frozenset(), st.name, efficiency=st.efficiency, current=plan_key(c))
-    return choice.current
+def miss_probability(d: Decision, remaining_samples: float, throughput: float, log_sigma: float,
+                     hours_left: float | None, restart_s: float) -> float:
+    """The running plan's corrected P(miss deadline) for the work left, as the operator computes it."""
+    cand = d.candidate
+    rate = hourly_rate(cand.instance.interruption_bucket) * cand.nodes if cand.capacity is CapacityType.SPOT else 0.0
+    return remaining_miss_probability(remaining_samples, throughput, log_sigma, hours_left, rate_per_h=rate,
+                                      interval_s=d.interval_s or 3600.0, restart_s=restart_s)
 
 
-def _budget_left(st: JobState) -> float | None:
-    if st.spec.budget_usd is None:
-        return None
-    return max(st.spec.budget_usd - st.spent_usd, 0.0) or None
-
-
-def decide_move(current: PlanOption | None, best: Decision | None, rules: ObserveRules) -> ReplanDecision:
-    """The operator's :func:`~gpuscaler.observe.assess.decide_replan` on the simulator's plans.
-
-    Both plans are for the samples left (the operator plans the whole job and scales by the share
-    left; the same comparison), so the share passed is 1.
-    """
-    return decide_replan(current, None if best is None else option(best.candidate), 1.0, rules.restart_s,
-                         rules.margin)
+def decide_move(miss: float, max_risk: float, current: PlanOption | None, best: Decision | None,
+                rules: ObserveRules) -> ReplanDecision:
+    """The operator's :func:`~gpuscaler.planner.correction.should_replan` on the simulator's plans
+    (both plan the rest only, so the share left is 1)."""
+    return should_replan(miss, max_risk, current, None if best is None else option(best.candidate), rules.correction)

@@ -22,8 +22,8 @@ from typing import Literal
 
 from gpuscaler.api import Objective, SpotPolicy, TrainingAmount, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
-from gpuscaler.observe.assess import PlanOption
 from gpuscaler.planner import Candidate, JobError, PlanResult, plan
+from gpuscaler.planner.correction import PlanOption
 from gpuscaler.policy import Policy
 
 PlanKey = tuple[str, int, str, str]

@@ -9,11 +9,12 @@
 * ``deadline-blind-spot-checkpoint``: the same plan with a fixed checkpoint every hour and no
   handshake: an interruption loses the work since the last checkpoint + the restart.
 * ``gpuscaler``: the planner's choice under the deadline, budget and policy; on a notice a
-  checkpoint handshake (nothing lost when the write fits in the notice), then a re-plan with the
-  remaining work, deadline and budget; on-demand only after the policy's ``spot.maxInterruptions``
-  (and whenever the planner finds spot too risky for the deadline left); on a capacity shortage it
-  re-plans without the short offering instead of waiting for it. It learns the true throughput
-  as the operator does (:mod:`gpuscaler.simulator.observing`) and plans with what it learnt.
+  checkpoint handshake (nothing lost when the write fits in the notice), then the operator's own
+  recovery decision (:func:`gpuscaler.planner.recovery.recover`): the remaining work, deadline
+  and budget; on-demand after the policy's ``spot.maxInterruptions`` or when another reclaim
+  would miss the deadline; on a capacity shortage it re-plans without the short offering instead
+  of waiting for it. It learns the true throughput as the operator does, through the operator's
+  early-correction code (:mod:`gpuscaler.simulator.observing`), and plans with what it learnt.
 
 The baselines a careful team would run (``ondemand-best``, ``managed-spot``, ``uniform-progress``)
 are in :mod:`gpuscaler.simulator.baselines`; the registry of names in
@@ -29,15 +30,13 @@ from typing import TYPE_CHECKING
 
 from gpuscaler.api import PrecisionName, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog
-from gpuscaler.planner import Candidate, resolve_workload
-from gpuscaler.simulator.planning import CachedPlanner, Choice, with_remaining
+from gpuscaler.planner import Candidate, Interrupted, Situation, recover, resolve_workload
+from gpuscaler.planner.correction import PlanOption
+from gpuscaler.simulator.planning import CachedPlanner, PlanKey, plan_key, with_remaining
 
 if TYPE_CHECKING:
     from gpuscaler.simulator.allocation import Allocation, Review
 
-FALLBACK_COST_FACTOR = 2.0
-"""When no plan meets the deadline, gpuscaler runs the fastest on-demand plan costing at most this
-multiple of the cheapest one (finish as early as is sensible rather than at any price)."""
 SHORTAGE_HOLD_H = 1.0
 """How long gpuscaler avoids an offering after a failed capacity request."""
 
@@ -114,9 +113,10 @@ class Strategy:
         """The decision after a failed capacity request (the same object: ask again after a back-off)."""
         return st.current
 
-    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        """The plan for the rest of a running job after the model was corrected (``corrects`` only)."""
-        return None
+    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> tuple[Decision | None, PlanOption | None]:
+        """The plan for the rest of a running job with the corrected model (``corrects`` only), and the
+        running plan's figures in the same planner result (None: no longer feasible there)."""
+        return None, None
 
     def review_at_h(self, st: JobState, alloc: Allocation) -> float | None:
         """Simulated hour at which to :meth:`review` the running allocation; None (default): never."""
@@ -220,7 +220,14 @@ class SpotCheckpoint(SpotRestart):
 
 
 class Gpuscaler(Strategy):
-    """The planner's plan, a checkpoint handshake on notice, re-plan after every event."""
+    """The planner's plan, a checkpoint handshake on notice, and the operator's recovery rule.
+
+    Every decision (the first plan, after a reclaim, after a shortage) is
+    :func:`gpuscaler.planner.recovery.recover`, the function the operator calls after an
+    interruption: remaining work, hours and budget left, on-demand after ``spot.maxInterruptions``
+    or when spot puts the deadline at risk, the fastest sensible finish when the deadline cannot
+    be met. The simulated allocation is lost whole, so there are no survivors to continue on.
+    """
 
     name = "gpuscaler"
     label = "gpuscaler"
@@ -228,51 +235,42 @@ class Gpuscaler(Strategy):
     corrects = True
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h, first=True)
+        return self._decide(st, planner, now_h)[0]
 
     def after_interruption(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h, first=False)
+        return self._decide(st, planner, now_h)[0]
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h, first=st.remaining_samples >= st.total_samples)
+        return self._decide(st, planner, now_h)[0]
 
-    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h, first=False)
+    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> tuple[Decision | None, PlanOption | None]:
+        cur = st.current.candidate if st.current is not None else None
+        key = None if cur is None else plan_key(cur)
+        return self._decide(st, planner, now_h, current=key)
 
-    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float, *, first: bool) -> Decision | None:
-        left = st.deadline_left_h(now_h)
-        spot: SpotPolicy | None = None
-        if st.interruptions >= planner.policy.spot.max_interruptions:
-            spot = SpotPolicy.NEVER
-        late = left is not None and left <= 0.05
-        if late:
-            spot, left = SpotPolicy.NEVER, None
-        budget: float | bool | None = False
-        if st.spec.budget_usd is not None:
-            budget = st.spec.budget_usd - st.spent_usd if st.spec.budget_usd > st.spent_usd else None
-        samples = None if first else st.remaining_samples
-        avoid = st.avoided(now_h)
-        spec = with_remaining(st.spec, samples, spot=spot, budget_usd=budget)
-        eff = st.efficiency
-        choice = planner.choose(spec, left, avoid, st.name, efficiency=eff)
-        if choice.chosen is None and budget is not False and budget is not None:
-            # Over budget whatever it does: finish at the cheapest plan that meets the deadline.
-            choice = planner.choose(with_remaining(spec, budget_usd=None), left, avoid, st.name, efficiency=eff)
-        if choice.chosen is None or late:
-            # The deadline cannot be met: fastest sensible on-demand plan.
-            fallback = with_remaining(spec, spot=SpotPolicy.NEVER, budget_usd=None)
-            choice = _fastest_sensible(planner.choose(fallback, None, avoid, st.name, efficiency=eff))
-            if choice.chosen is None and avoid:
-                choice = _fastest_sensible(planner.choose(fallback, None, frozenset(), st.name, efficiency=eff))
-        cand = choice.chosen
+    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float, current: PlanKey | None = None,
+                ) -> tuple[Decision | None, PlanOption | None]:
+        cur = st.current.candidate if st.current is not None else None
+        situation = Situation(
+            spec=st.spec,
+            total_samples=st.total_samples,
+            done_samples=st.total_samples - st.remaining_samples,
+            interrupted=None if cur is None else Interrupted(
+                cur.instance.name, cur.capacity.value, cur.nodes, cur.instance.gpu_count
+            ),
+            interruptions=st.interruptions,
+            deadline_h=st.deadline_left_h(now_h),
+            spent_usd=st.spent_usd,
+            unavailable=st.avoided(now_h),
+            rules=planner.policy.spot,
+        )
+        eff = st.efficiency  # the operator plans with status.observed.efficiencyByGpu
+        rec = recover(situation, lambda spec, dl, un: planner.choose(spec, dl, un, st.name, efficiency=eff,
+                                                                     current=current))
+        found = rec.result.current if rec.result is not None else None
+        cand = rec.chosen
         if cand is None:
-            return None
-        return Decision(cand, cand.outlook.interval_s, handshake=True, efficiency=eff.get(cand.instance.gpu_id, 1.0))
+            return None, found
+        return Decision(cand, cand.outlook.interval_s, handshake=True, efficiency=eff.get(cand.instance.gpu_id, 1.0)), found
 
 
-def _fastest_sensible(choice: Choice) -> Choice:
-    if choice.chosen is None or not choice.pareto:
-        return choice
-    cheapest = min(c.expected_cost_usd for c in choice.pareto)
-    ok = [c for c in choice.pareto if c.expected_cost_usd <= FALLBACK_COST_FACTOR * cheapest]
-    return Choice(min(ok, key=lambda c: (c.expected_hours, c.expected_cost_usd)), choice.pareto)
