@@ -64,9 +64,11 @@ class Verdict:
         return not self.reference or self.cost <= self.reference_cost + 1e-6
 
     def text(self) -> str:
-        share = f"{self.misses / self.deadline_jobs:.1%}" if self.deadline_jobs else "-"
-        lines = [f"target misses: gpuscaler {self.misses}/{self.deadline_jobs} ({share}; <= 5% and <= the fewest "
-                 f"baseline's {self.fewest_baseline_misses}): {'met' if self.misses_ok else 'MISSED'}"]
+        lines = []
+        if self.deadline_jobs:
+            share = f"{self.misses / self.deadline_jobs:.1%}"
+            lines.append(f"target misses: gpuscaler {self.misses}/{self.deadline_jobs} ({share}; <= 5% and <= the "
+                         f"fewest baseline's {self.fewest_baseline_misses}): {'met' if self.misses_ok else 'MISSED'}")
         if self.reference:
             delta = (self.cost - self.reference_cost) / self.reference_cost if self.reference_cost else 0.0
             lines.append(f"target cost: gpuscaler ${self.cost:,.0f} vs {self.reference} ${self.reference_cost:,.0f} "
@@ -123,8 +125,12 @@ def main() -> None:
                       f"interruption rates x{scale:g}, throughput error {sigma:g}\n")
                 print(format_markdown(table) if args.markdown else format_table(table))
                 print()
-                if table[0].deadline_jobs:
-                    print(verdict(table).text())
+                print("over the seeds: " + "; ".join(
+                    f"{r.strategy} ${sum(r.values('cost_usd')):,.0f}"
+                    + (f", {sum(r.values('deadline_misses')):.0f}/{r.deadline_jobs * len(r.rows)} missed"
+                       if r.deadline_jobs else "") for r in table))
+                targets = "" if sigma == default.sigma else " (the targets are set at the model's measured error)"
+                print(verdict(table).text() + targets)
                 print(f"({time.perf_counter() - t0:.1f} s)")
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
 

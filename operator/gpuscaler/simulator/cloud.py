@@ -27,8 +27,8 @@ it, correlated in time, not drawn independently per request:
   ``[1 - jitter, 1 + jitter]``.
 * **Prices.** The catalog's (after policy overrides), exactly what the planner priced.
 * **Interruption notice.** 120 s on AWS, 30 s on GCP and Azure.
-* **Progress measurements.** The training runtime's samples counter is scraped every
-  ``scrape_s``; each interval's increase is the true rate times ``1 + e``, ``e ~ N(0,
+* **Progress measurements.** The operator reads the training runtime's samples counter once per
+  observer interval; each interval's increase is the true rate times ``1 + e``, ``e ~ N(0,
   measurement_noise)`` (step-time jitter, data-loader stalls). The operator sees only these.
 
 ``wave_share = 0`` and ``storm_share = 0`` give independent reclaims and shortages (the simulator's
@@ -92,10 +92,8 @@ class CloudModel:
     """Provisioning delay is the nominal one times U(1 - jitter, 1 + jitter)."""
     notice_s: Mapping[str, float] = field(default_factory=lambda: dict(NOTICE_S))
     """Interruption notice per provider."""
-    scrape_s: float = 30.0
-    """Seconds between two samples of a job's progress counter (a common Prometheus scrape interval)."""
     measurement_noise: float = 0.10
-    """Relative standard deviation of one scrape interval's measured progress (assumption)."""
+    """Relative standard deviation of the progress measured over one observer interval (assumption)."""
 
     def __post_init__(self) -> None:
         probabilities = {"wave_share": self.wave_share, "storm_share": self.storm_share,
@@ -115,7 +113,7 @@ class CloudModel:
         for name, value in at_least_one.items():
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 1):
                 raise ValueError(f"cloud {name} must be a finite number >= 1, got {value!r}")
-        for name, value in {"storm_hours": self.storm_hours, "scrape_s": self.scrape_s}.items():
+        for name, value in {"storm_hours": self.storm_hours}.items():
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"cloud {name} must be a finite number > 0, got {value!r}")
 
@@ -208,7 +206,6 @@ CLOUD_KEYS = {
     "retryBackoffSeconds": "retry_backoff_s",
     "provisioningJitter": "provisioning_jitter",
     "noticeSeconds": "notice_s",
-    "scrapeSeconds": "scrape_s",
     "measurementNoise": "measurement_noise",
 }
 """A trace's ``cloud:`` keys and the :class:`CloudModel` fields they set."""

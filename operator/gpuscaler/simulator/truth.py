@@ -56,7 +56,7 @@ def default_throughput_error() -> DefaultError:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         return DefaultError(0.0, f"perfmodel/data/{CROSS_VALIDATION_FILE}: log_sigma {value!r} is not a number "
                                  ">= 0; truth = model")
-    return DefaultError(float(value), f"the model's cross-validated log error (perfmodel/data/{CROSS_VALIDATION_FILE})")
+    return DefaultError(float(value), f"the model's cross-validated log error, perfmodel/data/{CROSS_VALIDATION_FILE}")
 
 
 @dataclass
