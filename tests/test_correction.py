@@ -57,6 +57,11 @@ def test_correction_waits_for_the_window_then_believes_the_measurement() -> None
     assert again.factor == pytest.approx(0.7, rel=1e-9)
 
 
+def test_an_implausible_measurement_corrects_nothing() -> None:
+    c = correct(series(800.0, 600), gpu_type="T4", predicted=100.0, running_since=0.0, prior_log_sigma=0.3, config=CFG)
+    assert not c.ready and c.factor == 1.0 and "outside" in c.reason
+
+
 def test_a_noisier_measurement_is_less_sure() -> None:
     steady = correct(series(70.0, 600), gpu_type="L4", predicted=100.0, running_since=0.0,
                      prior_log_sigma=0.3, config=CFG)

@@ -14,15 +14,18 @@ from typing import Any
 import pytest
 
 from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.status import Phase
 from gpuscaler.handlers import interruptions as spot
-from gpuscaler.handlers.reconcile import plan_status
+from gpuscaler.handlers.reconcile import Job, plan_status
 from gpuscaler.planner import Candidate, Interrupted, Situation, plan, recover
 from gpuscaler.policy import Policy
 from gpuscaler.policy.models import SpotRules
+from gpuscaler.runtime import constants as rc
 from gpuscaler.simulator.planning import CachedPlanner
 from gpuscaler.simulator.strategies import Decision, Gpuscaler, JobState
 from test_interruptions import SPEC as INTERRUPTION_SPEC
-from test_interruptions import T0
+from test_interruptions import T0, SpotWorld, run_to
+from test_interruptions import spec as interruption_spec
 from test_operator_reconcile import CATALOG
 
 SPEC: dict[str, Any] = {
@@ -131,3 +134,36 @@ def test_the_loop_and_the_simulator_decide_the_same(case: Case) -> None:
         left = case.budget_usd - case.spent_usd
         assert rec.budget_left_usd == pytest.approx(left)
         assert rec.over_budget == (by_loop.expected_cost_usd > left)
+
+
+def test_the_reconcile_loop_replans_as_the_simulator_would() -> None:
+    """The whole loop (notice, handshake, recovery) against the simulator's strategy on the same state."""
+    w = SpotWorld()
+    s = interruption_spec()
+    job = Job("ns", "job", "uid-1", 1, T0, s)
+    run_to(w, job, Phase.RUNNING)
+    w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "150", rc.ANNOTATION_CHECKPOINT_STEP: "100"})
+    w.step(job)
+    name = next(iter(w.nodes))
+    w.nodes[name]["spec"]["taints"] = [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]
+    w.step(job)
+    rid = w.status.notice.request_id if w.status.notice else ""
+    w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: rid, rc.ANNOTATION_CHECKPOINT_STEP: "152"})
+    for _ in range(20):
+        if "Replanned" in w.step(job):
+            break
+    else:
+        raise AssertionError(f"no re-plan: {w.status.phase} {w.status.message}")
+    p = w.status.plan
+    assert p is not None
+    by_loop = (p.instance_type, p.nodes, p.capacity_type, p.precision, p.micro_batch, p.accumulation)
+    policy = Policy()
+    cand = first(s, policy)
+    total = 400 * 256
+    st = JobState(name="job", spec=s, arrival_h=0.0, deadline_h=2.0, total_samples=total,
+                  remaining_samples=total - 152 * 256, interruptions=1,
+                  current=Decision(cand, cand.outlook.interval_s, handshake=True),
+                  unavailable={(cand.instance.name, cand.capacity.value): 1e9})
+    d = Gpuscaler().after_interruption(st, CachedPlanner(CATALOG, policy), (w.now - T0).total_seconds() / 3600)
+    assert d is not None and key(d.candidate) == by_loop
+    assert by_loop[0] != "g4dn.xlarge" and by_loop[2] == "spot"

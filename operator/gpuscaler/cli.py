@@ -154,29 +154,27 @@ def render_plan(result: PlanResult) -> str:
         out.append(
             f"  expected {c.expected_hours:.2f} h, {_money(c.expected_cost_usd)} at {_money(c.usd_per_hour)}/h; "
             f"checkpoint every {c.outlook.interval_s / 60:.0f} min ({c.checkpoint_write_s:.0f} s each)"
-            + (
-                f"; {c.outlook.interruptions:.2f} interruptions expected, P(miss deadline) "
-                f"{c.outlook.deadline_miss_probability:.1%}"
-                if c.capacity.value == "spot"
-                else ""
-            )
+            + (f"; {c.outlook.interruptions:.2f} interruptions expected" if c.capacity.value == "spot" else "")
         )
         band = c.band
-        spread = (
-            f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s (model error +-{band.log_sigma:.0%}"
-            + (f": {', '.join(band.reasons)}" if band.reasons else "")
-            + ")"
-            if band is not None
-            else ""
-        )
         out.append(
             f"  P50 {c.expected_hours:.2f} h, {_money(c.expected_cost_usd)}; P90 {c.p90_hours:.2f} h, "
-            f"{_money(c.p90_cost_usd)}" + (f"; {spread}" if spread else "")
+            f"{_money(c.p90_cost_usd)} (the model's throughput error, interruptions at their expectation)"
         )
-        if job.deadline_h is not None:
-            out.append(
-                f"  P(miss deadline) {c.outlook.deadline_miss_probability:.1%} with interruptions and model error"
+        risk = (
+            [f"P(miss deadline) {c.outlook.deadline_miss_probability:.1%} with interruptions and model error"]
+            if job.deadline_h is not None
+            else []
+        )
+        if band is not None:
+            risk.insert(
+                0,
+                f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s (model error sigma {band.log_sigma:.2f}"
+                + (f": {', '.join(band.reasons)}" if band.reasons else "")
+                + ")",
             )
+        if risk:
+            out.append("  " + "; ".join(risk))
         for caveat in result.caveats:
             out.append(f"  caveat: {caveat}")
     else:
@@ -369,7 +367,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"{cfg.micro_batch} x {cfg.accumulation}:\n"
             f"  throughput {est.throughput:,.1f} {est.unit}/s, step {est.step_time_s * 1000:,.1f} ms, "
             f"scaling efficiency {est.scaling_efficiency:.0%}, bound by {est.bottleneck}\n"
-            f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error +-{band.log_sigma:.0%}"
+            f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error sigma {band.log_sigma:.2f}"
             + (f": {', '.join(band.reasons)}" if band.reasons else "")
             + ")\n"
             f"  memory {est.memory_per_gpu_gb:.2f} GB/GPU of {gpu.memory_gb:g} GB: "

@@ -62,6 +62,13 @@ def render(name: str, namespace: str, st: TrainingJobStatus, live: JobMetrics | 
             f"model       efficiency factor {o.efficiency_factor:g} on {p.gpu_type if p else '?'}"
             + (f"  (per GPU: {', '.join(f'{k} {v:g}' for k, v in sorted(o.efficiency_by_gpu.items()))})" if o.efficiency_by_gpu else "")
         )
+        if o.corrected_throughput is not None:
+            lines.append(
+                f"corrected   {o.corrected_throughput:,.1f}/s (sigma {_num(o.correction_log_sigma, '{:.2f}')}, "
+                f"{_num(o.window_seconds, '{:.0f}')} s of {o.source or '?'})  P(miss deadline) "
+                f"{_num(o.deadline_miss_probability, '{:.1%}')} for the work left"
+                + (f" (planned {p.deadline_miss_probability:.1%})" if p and p.deadline_miss_probability is not None else "")
+            )
         lines.append(
             f"GPUs        util {_num(o.gpu_util, '{:.0f}%')}  tensor {_num(o.tensor_active, '{:.0%}')}  "
             f"DRAM {_num(o.dram_active, '{:.0%}')}  memory {_num(o.memory_used_gb, '{:.1f} GB')} "

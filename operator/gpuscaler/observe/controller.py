@@ -42,20 +42,20 @@ from gpuscaler.observe.assess import (
     Assessment,
     Expectation,
     JobMetrics,
-    PlanOption,
     ReplanDecision,
     Thresholds,
     assess,
 )
 from gpuscaler.observe.prometheus import PrometheusError
 from gpuscaler.perfmodel.uncertainty import base_log_sigma
-from gpuscaler.planner import Candidate, PlanResult
+from gpuscaler.planner import PlanResult
 from gpuscaler.planner.correction import (
     MEASURED_LOG_SIGMA_FLOOR,
     CorrectionConfig,
     ProgressPoint,
     correct,
     keep_factor,
+    plan_option,
     remaining_miss_probability,
     should_replan,
 )
@@ -70,6 +70,9 @@ PlanWith = Callable[[Mapping[str, float]], PlanResult]
 efficiency factors per GPU id."""
 MAX_POINTS = 60
 """Progress readings kept in the status (the newest; one is added only when the samples moved)."""
+POINTS_PER_WINDOW = 20
+"""Readings are kept at least ``min_window_s / POINTS_PER_WINDOW`` apart (a window is measured from
+about twenty; more would only grow the status)."""
 
 
 class MetricsSource(Protocol):
@@ -157,16 +160,6 @@ def _running_since(st: TrainingJobStatus) -> datetime | None:
     return st.start_time
 
 
-def _option(c: Candidate) -> PlanOption:
-    return PlanOption(
-        key=(c.instance.name, c.nodes, c.capacity.value, c.precision.value),
-        label=c.label,
-        usd_per_hour=c.usd_per_hour,
-        expected_cost_usd=c.expected_cost_usd,
-        expected_hours=c.expected_hours,
-    )
-
-
 class Observer:
     """Observed performance of running jobs (see the module docstring)."""
 
@@ -224,11 +217,11 @@ class Observer:
             obs.message = f"warming up: samples count from {self.config.warmup_s:g}s after the workers started"
             return out
         start = since.timestamp() + self.config.warmup_s
-        obs.last_assessed = now
         factor_changed = False
         sigma = MEASURED_LOG_SIGMA_FLOOR
         measured = False
         if self.source is not None:
+            obs.last_assessed = now  # queries cost: at most one assessment per interval_s
             try:
                 metrics = self.source.job_metrics(namespace, name, self.config.window_s, start, self.config.rate_window_s)
             except PrometheusError as err:
@@ -249,9 +242,12 @@ class Observer:
                     obs.correction_log_sigma = round(sigma, 4)
                     obs.window_seconds = round(metrics.rate.seconds, 1)
         if not measured:
+            # pure and cheap: looked at on every tick until the window is covered (a status that
+            # does not change is not written), then once per interval_s
             got = self._correct_from_progress(st, obs, since, now, out)
             if got is None:
                 return out
+            obs.last_assessed = now
             factor_changed, sigma = got
         miss = self._miss_probability(st, obs, sigma, ctx)
         at_risk = miss is not None and miss > ctx.max_deadline_risk
@@ -264,7 +260,12 @@ class Observer:
     def _record_progress(self, obs: ObservedStatus, samples: float | None, since: datetime, now: datetime) -> None:
         """Keep the gang's progress readings (only those of the gang running since ``since``)."""
         pts = [p for p in obs.progress_points if p.at >= since]
-        if samples is not None and (not pts or pts[-1].samples != samples) and now >= since:
+        spacing = self.config.min_window_s / POINTS_PER_WINDOW
+        if (
+            samples is not None
+            and now >= since
+            and (not pts or (pts[-1].samples != samples and (now - pts[-1].at).total_seconds() >= spacing))
+        ):
             pts.append(ProgressSample(at=now, samples=samples))
         obs.progress_points = pts[-MAX_POINTS:]
 
@@ -288,17 +289,19 @@ class Observer:
             plan_factor=p.efficiency_factor,
             config=self.config.correction(),
         )
+        if self.source is not None and obs.message.startswith("Prometheus unavailable"):
+            prefix = obs.message.split("; from the progress annotations: ")[0] + "; from the progress annotations: "
+        else:
+            prefix = ""
+        if not c.ready:  # no figures that move every tick (each change is a status write)
+            obs.message = prefix + c.reason
+            if c.window_s >= self.config.min_window_s:  # measured but not believed: look again later
+                obs.last_assessed = now
+            return None
         obs.predicted = round(p.throughput, 3)
         if c.observed is not None:
             obs.throughput = round(c.observed, 3)
             obs.ratio = round(c.observed / p.throughput, 3) if p.throughput > 0 else None
-        if self.source is not None and obs.message.startswith("Prometheus unavailable"):
-            prefix = obs.message + "; from the progress annotations: "
-        else:
-            prefix = ""
-        if not c.ready:
-            obs.message = prefix + c.reason
-            return None
         obs.source = "annotations"
         obs.pods = max(obs.pods, 1)
         obs.corrected_throughput = round(c.throughput, 3)
@@ -427,8 +430,8 @@ class Observer:
         result = plan_with(dict(obs.efficiency_by_gpu))
         p = st.plan
         key = (p.instance_type, p.nodes, p.capacity_type, p.precision)
-        current = next((_option(c) for c in result.feasible if _option(c).key == key), None)
-        best = _option(result.chosen) if result.chosen is not None else None
+        current = next((plan_option(c) for c in result.feasible if plan_option(c).key == key), None)
+        best = plan_option(result.chosen) if result.chosen is not None else None
         # plan_with plans the rest only: the options' costs are the rest's
         decision = should_replan(miss, max_risk, current, best, self.config.correction())
         return decision, result

@@ -203,29 +203,35 @@ def widening(workload: Workload, gpu: GPU, precision: Precision | str) -> tuple[
         (factor, reasons): the product of the factors of ``data/uncertainty.yaml`` that apply, and
         one phrase per factor above 1.
     """
+    return _widening(workload.family, gpu.id, gpu.vendor, gpu.arch, str(precision))
+
+
+@cache
+def _widening(family: str, gpu_id: str, vendor: str, arch: str, precision: str) -> tuple[float, tuple[str, ...]]:
+    """:func:`widening` by value (cached: the planner asks for every candidate)."""
     d = widening_data()
     f = d["factors"]
-    memory = d["memory_type"].get(gpu.id)
+    memory = d["memory_type"].get(gpu_id)
     factor = 1.0
     reasons: list[str] = []
-    if gpu.vendor != "nvidia":
+    if vendor != "nvidia":
         factor *= f["other_vendor"]
-        reasons.append(f"{gpu.vendor} GPU (calibrated on NVIDIA only)")
+        reasons.append(f"{vendor} GPU (calibrated on NVIDIA only)")
     elif memory is None:
         factor *= f["unknown_gpu"]
-        reasons.append(f"{gpu.id}: memory type unknown")
+        reasons.append(f"{gpu_id}: memory type unknown")
     elif memory != d["calibrated_memory"]:
         factor *= f["gddr"]
-        reasons.append(f"{gpu.id} has {memory.upper()} memory (calibrated on {d['calibrated_memory'].upper()})")
-    elif gpu.arch not in d["calibrated_archs"]:
+        reasons.append(f"{gpu_id} has {memory.upper()} memory (calibrated on {d['calibrated_memory'].upper()})")
+    elif arch not in d["calibrated_archs"]:
         factor *= f["other_generation_hbm"]
-        reasons.append(f"{gpu.arch} generation (calibrated on {', '.join(d['calibrated_archs'])})")
-    if str(precision) == Precision.FP8.value:
+        reasons.append(f"{arch} generation (calibrated on {', '.join(d['calibrated_archs'])})")
+    if precision == Precision.FP8.value:
         factor *= f["fp8"]
         reasons.append("fp8 (no calibration row)")
-    if workload.family not in _calibrated_families():
+    if family not in _calibrated_families():
         factor *= f["uncalibrated_family"]
-        reasons.append(f"family {workload.family} (no calibration row)")
+        reasons.append(f"family {family} (no calibration row)")
     return factor, tuple(reasons)
 
 
@@ -233,6 +239,7 @@ MEDIAN_ABS_NORMAL = 0.6744897501960817
 """Median of ``|e|`` for a standard normal ``e`` (its 75th percentile)."""
 
 
+@cache
 def base_log_sigma() -> float:
     """The cross-validated log-sigma of absolute throughput (the band of a calibrated GPU):
     ``ln(1 + median_ape) / 0.6745`` of the ``throughput`` metric (see the module docstring)."""

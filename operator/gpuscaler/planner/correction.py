@@ -32,8 +32,12 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuscaler.planner.risk import outlook
+
+if TYPE_CHECKING:  # the planner imports this module; a runtime import would be circular
+    from gpuscaler.planner.planner import Candidate
 
 MEASURED_LOG_SIGMA_FLOOR = 0.05
 """Least log-space sigma of a measured throughput (assumption): a window of minutes early in a run
@@ -193,7 +197,8 @@ def correct(
         config: Window and warm-up (defaults: :class:`CorrectionConfig`).
 
     Returns:
-        The correction; ``ready`` False (and the plan's factor) until ``min_window_s`` is covered.
+        The correction; ``ready`` False (and the plan's factor) until ``min_window_s`` is covered,
+        and when the measured factor is outside ``[MIN_FACTOR, MAX_FACTOR]``.
     """
     cfg = config or CorrectionConfig()
     model = predicted / plan_factor if plan_factor > 0 else predicted
@@ -203,9 +208,16 @@ def correct(
         return Correction(
             gpu_type, False, plan_factor, prior_log_sigma, None if m is None else m.rate, model, have,
             0 if m is None else m.points,
-            f"measuring: {have:.0f} of {cfg.min_window_s:g} s of progress after the {cfg.warmup_s:g} s warm-up",
+            f"measuring: the correction needs {cfg.min_window_s:g} s of progress after a {cfg.warmup_s:g} s warm-up",
         )
-    measured = min(max(m.rate / model, MIN_FACTOR), MAX_FACTOR)
+    measured = m.rate / model
+    if not MIN_FACTOR <= measured <= MAX_FACTOR:
+        return Correction(
+            gpu_type, False, plan_factor, prior_log_sigma, m.rate, model, m.seconds, m.points,
+            f"measured {m.rate:,.1f}/s is {measured:.2f}x the model's {model:,.1f}/s, outside "
+            f"[{MIN_FACTOR:g}, {MAX_FACTOR:g}]: the progress count, not the model, is off (a runtime counting "
+            "per-GPU instead of global samples?); not corrected",
+        )
     s_obs = max(m.rel_se, MEASURED_LOG_SIGMA_FLOOR)
     factor, sigma = posterior(plan_factor, prior_log_sigma, measured, s_obs)
     return Correction(
@@ -261,6 +273,17 @@ class PlanOption:
     usd_per_hour: float
     expected_cost_usd: float
     expected_hours: float
+
+
+def plan_option(c: Candidate) -> PlanOption:
+    """A planner candidate as the decision sees it (the same key = the same plan)."""
+    return PlanOption(
+        key=(c.instance.name, c.nodes, c.capacity.value, c.precision.value),
+        label=c.label,
+        usd_per_hour=c.usd_per_hour,
+        expected_cost_usd=c.expected_cost_usd,
+        expected_hours=c.expected_hours,
+    )
 
 
 @dataclass(frozen=True)

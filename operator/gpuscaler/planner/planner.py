@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cache
 
 from gpuscaler.api import Objective, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, Precision, Workload, normalize
@@ -288,9 +289,10 @@ def _precisions(spec: TrainingJobSpec, policy: Policy, workload: Workload) -> li
     return wanted
 
 
-def _divisors_desc(n: int) -> list[int]:
+@cache
+def _divisors_desc(n: int) -> tuple[int, ...]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)}, reverse=True)
+    return tuple(sorted({*small, *(n // d for d in small)}, reverse=True))
 
 
 def configure(

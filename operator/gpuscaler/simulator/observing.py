@@ -35,12 +35,12 @@ from gpuscaler.planner.correction import (
     ProgressPoint,
     ReplanDecision,
     correct,
+    plan_option,
     remaining_miss_probability,
     should_replan,
 )
 from gpuscaler.planner.risk import hourly_rate
 from gpuscaler.settings import Settings
-from gpuscaler.simulator.planning import option
 from gpuscaler.simulator.strategies import Decision
 
 MAX_POINTS = 60
@@ -129,4 +129,4 @@ def decide_move(miss: float, max_risk: float, current: PlanOption | None, best: 
                 rules: ObserveRules) -> ReplanDecision:
     """The operator's :func:`~gpuscaler.planner.correction.should_replan` on the simulator's plans
     (both plan the rest only, so the share left is 1)."""
-    return should_replan(miss, max_risk, current, None if best is None else option(best.candidate), rules.correction)
+    return should_replan(miss, max_risk, current, None if best is None else plan_option(best.candidate), rules.correction)

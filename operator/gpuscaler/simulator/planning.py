@@ -23,7 +23,7 @@ from typing import Literal
 from gpuscaler.api import Objective, SpotPolicy, TrainingAmount, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
 from gpuscaler.planner import Candidate, JobError, PlanResult, plan
-from gpuscaler.planner.correction import PlanOption
+from gpuscaler.planner.correction import PlanOption, plan_option
 from gpuscaler.policy import Policy
 
 PlanKey = tuple[str, int, str, str]
@@ -39,11 +39,6 @@ def plan_key(c: Candidate) -> PlanKey:
 def config_key(c: Candidate) -> tuple[str, int, str]:
     """A configuration whatever its capacity type: (instance type, nodes, precision)."""
     return (c.instance.name, c.nodes, c.precision.value)
-
-
-def option(c: Candidate) -> PlanOption:
-    """A candidate as the operator's re-plan decision compares it (full figures of what it plans)."""
-    return PlanOption(plan_key(c), c.label, c.usd_per_hour, c.expected_cost_usd, c.expected_hours)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +137,7 @@ def _select(result: PlanResult, rule: Rule, deadline_h: float | None, capacity: 
         error = "" if chosen else "no plan's uninterrupted time fits the hours left"
     found = None
     if current is not None:
-        found = next((option(c) for c in result.feasible if plan_key(c) == current), None)
+        found = next((plan_option(c) for c in result.feasible if plan_key(c) == current), None)
     return Choice(chosen, tuple(result.pareto), error, found)
 
 

@@ -42,10 +42,12 @@ class StrategySummary:
 
     @property
     def miss_rate(self) -> float:
+        """Deadline misses as a share of the jobs with a deadline (0 without any)."""
         return self.deadline_misses / self.deadline_jobs if self.deadline_jobs else 0.0
 
     @property
     def unfinished(self) -> int:
+        """Jobs the strategy could not plan or gave up on."""
         return self.unplanned + self.abandoned
 
     def to_dict(self) -> dict[str, object]:
@@ -80,10 +82,12 @@ class SeedRange:
         return [v for v in out if math.isfinite(v)]
 
     def low(self, name: str) -> float:
+        """The lowest value of figure ``name`` over the seeds (nan when none has it)."""
         v = self.values(name)
         return min(v) if v else math.nan
 
     def high(self, name: str) -> float:
+        """The highest value of figure ``name`` over the seeds (nan when none has it)."""
         v = self.values(name)
         return max(v) if v else math.nan
 

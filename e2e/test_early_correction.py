@@ -1,0 +1,142 @@
+"""End to end: early correction from the workers' progress annotations alone (no Prometheus).
+
+The operator (``gpuscaler run``, kwok provider, no ``GPUSCALER_PROMETHEUS_URL``) plans a job with
+a deadline on the cheapest GPU that meets it within its accepted risk (g5.xlarge, A10G). The
+training is played by :class:`spot_harness.Harness`: real processes running the runtime library,
+whose :class:`~gpuscaler.runtime.kube_reporter.KubeReporter` writes ``gpuscaler.io/progress-samples``
+and ``gpuscaler.io/checkpoint-step`` on the worker pod, at 30% below the plan's predicted
+throughput. The operator must measure that from the annotations, write the corrected estimate
+(factor ~0.7 for A10G, how sure, the corrected P(miss deadline)) in ``status.observed``, find the
+deadline at risk, and move the job to a faster plan at its next checkpoint (not before).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import test_operator
+from e2e_helpers import E2ECluster, wait_for
+from spot_harness import Harness
+from test_operator import OperatorProcess, apply, event_reasons, get_job, wait_phase
+
+pytestmark = pytest.mark.timeout(240)
+
+custom = test_operator.custom
+operator = test_operator.operator
+
+SLOWER = 0.7
+"""Real throughput / predicted: the workers run 30% below the plan."""
+SAMPLES_PER_STEP = 256
+ENV = {
+    "GPUSCALER_OBSERVE_INTERVAL_S": "1",
+    "GPUSCALER_OBSERVE_WARMUP_S": "3",
+    "GPUSCALER_CORRECTION_MIN_WINDOW_S": "15",
+    "GPUSCALER_REPLAN_MIN_INTERVAL_S": "0",
+    "GPUSCALER_REPLAN_RESTART_S": "60",
+}
+POLICY = "name: e2e-correction\nminCheckpointIntervalS: 10\n"
+
+
+def job(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpuscaler.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workload": {"model": "resnet50"},
+            "globalBatch": SAMPLES_PER_STEP,
+            "training": {"steps": 20000},
+            # g5.xlarge's predicted 1.85 h meets 2.4 h with P(miss) ~24% (the model's error on a GDDR
+            # GPU), within the 30% this job accepts; at 70% of that speed it needs 2.6 h
+            "maxDuration": "2.4h",
+            "constraints": {"instanceTypes": ["g5.xlarge", "p3.2xlarge"], "minGpus": 1, "maxGpus": 1,
+                            "spot": "never", "maxDeadlineRisk": 0.3},
+            "checkpoint": {"intervalSeconds": 10, "restartSeconds": 30, "writeSeconds": 0.1, "dir": "/checkpoints"},
+            "template": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/gpuscaler/trainer:e2e"}]}},
+        },
+    }
+
+
+@pytest.fixture
+def played(core: Any, namespace: str, tmp_path: Path, dev_cluster: E2ECluster) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def start(name: str, step_sleep: float) -> Harness:
+        h = Harness(core, namespace, name, tmp_path / name, str(dev_cluster.kubeconfig), 20000,
+                    step_sleep=step_sleep, samples_per_step=SAMPLES_PER_STEP)
+        made.append(h.start())
+        return h
+
+    yield start
+    for h in made:
+        h.stop()
+        err = h.work / "workers.stderr"
+        if err.exists():
+            print(err.read_text(errors="replace")[-3000:])
+
+
+def events(core: Any, ns: str, name: str, reason: str) -> list[str]:
+    items = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob").items
+    return [e.message for e in sorted(items, key=lambda e: e.metadata.creation_timestamp) if e.reason == reason]
+
+
+def test_slow_workers_are_corrected_from_annotations_and_replanned_at_the_next_checkpoint(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    played: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    op = operator(GPUSCALER_POLICY_FILE=str(policy), **ENV)
+    assert "GPUSCALER_PROMETHEUS_URL" not in op.env
+    apply(dev_cluster, namespace, job("late"))
+    plan = wait_for(lambda: (get_job(custom, namespace, "late").get("status") or {}).get("plan"), timeout=60,
+                    what="a plan")
+    assert plan["instanceType"] == "g5.xlarge" and plan["gpuType"] == "A10G", plan
+    assert plan["throughputP10"] < plan["throughput"] < plan["throughputP90"]
+    assert 0.05 < plan["deadlineMissProbability"] <= 0.3, plan
+    predicted = plan["throughput"]
+    # one step of SAMPLES_PER_STEP at 70% of the predicted rate (the step itself takes ~1 ms)
+    played("late", SAMPLES_PER_STEP / (SLOWER * predicted) - 0.001)
+    wait_phase(custom, namespace, "late", "Running", timeout=60)
+    t0 = time.monotonic()
+
+    def pending() -> dict[str, Any] | None:
+        o = (get_job(custom, namespace, "late").get("status") or {}).get("observed") or {}
+        return o if o.get("replanPending") else None
+
+    seen = wait_for(pending, timeout=90, interval=0.2, what="a corrected estimate and a re-plan pending")
+    corrected_after = time.monotonic() - t0
+    assert seen["source"] == "annotations", seen
+    assert seen["efficiencyByGpu"]["A10G"] == pytest.approx(SLOWER, abs=0.07), seen
+    assert seen["correctedThroughput"] == pytest.approx(SLOWER * predicted, rel=0.1), seen
+    assert seen["correctionLogSigma"] < plan["throughputLogSigma"] and seen["windowSeconds"] >= 15, seen
+    assert seen["deadlineMissProbability"] > 0.3, seen
+    assert "P(miss deadline)" in seen["replanReason"] and "p3.2xlarge" in seen["replanReason"], seen
+    after_step = seen.get("replanAfterCheckpointStep")
+    st = get_job(custom, namespace, "late")["status"]
+    assert st["plan"]["instanceType"] == "g5.xlarge"  # not before the next checkpoint
+
+    def moved() -> dict[str, Any] | None:
+        s = get_job(custom, namespace, "late").get("status") or {}
+        return s if (s.get("plan") or {}).get("instanceType") == "p3.2xlarge" else None
+
+    st = wait_for(moved, timeout=60, interval=0.2, what="the new plan on p3.2xlarge")
+    moved_after = time.monotonic() - t0
+    assert st["observed"]["replans"] == 1 and not st["observed"].get("replanPending")
+    assert st["plan"]["totalSamples"] == 20000 * SAMPLES_PER_STEP
+    replanned = events(core, namespace, "late", "Replanned")
+    assert replanned, event_reasons(core, namespace, "late")
+    at = int(re.search(r"at checkpoint step (\d+)", replanned[-1]).group(1))  # type: ignore[union-attr]
+    assert after_step is None or at > after_step, (after_step, replanned)
+    reasons = event_reasons(core, namespace, "late")
+    for r in ("ModelCorrected", "ReplanPending", "Replanned"):
+        assert r in reasons, reasons
+    wait_phase(custom, namespace, "late", "Running", timeout=60)
+    print(f"\nearly correction e2e: re-plan pending {corrected_after:.1f} s after Running, "
+          f"moved {moved_after:.1f} s after Running (checkpoint step {at})")

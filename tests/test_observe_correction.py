@@ -1,0 +1,121 @@
+"""The observer without Prometheus: progress annotations -> corrected estimate -> re-plan at a checkpoint."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.status import Condition, TrainingJobStatus
+from gpuscaler.catalog import load_catalog
+from gpuscaler.handlers.reconcile import plan_status
+from gpuscaler.observe.controller import JobContext, ObserveConfig, Observer
+from gpuscaler.planner import plan, remaining_spec
+from gpuscaler.policy import Policy
+
+CATALOG = load_catalog()
+POLICY = Policy.model_validate({"name": "t", "minCheckpointIntervalS": 10})
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+CFG = ObserveConfig(interval_s=10, warmup_s=20, min_window_s=60, min_interval_s=0, restart_s=60)
+SPEC = TrainingJobSpec.model_validate({
+    "workload": {"model": "resnet50"},
+    "globalBatch": 256,
+    "training": {"steps": 20000},
+    "constraints": {"instanceTypes": ["g5.xlarge", "p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never",
+                    "maxDeadlineRisk": 0.3},
+    "checkpoint": {"intervalSeconds": 10, "restartSeconds": 30, "writeSeconds": 0.1},
+})
+DEADLINE_H = 2.4
+
+
+def running(spec: TrainingJobSpec) -> TrainingJobStatus:
+    st = TrainingJobStatus(plan=plan_status(plan(spec, CATALOG, POLICY, deadline_h=DEADLINE_H), 1, T0))
+    st.conditions.append(Condition(type="Running", status="True", reason="Started", last_transition_time=T0))
+    return st
+
+
+def planner(st: TrainingJobStatus, hours_left: float) -> Any:
+    def plan_with(eff: Any) -> Any:
+        assert st.plan is not None
+        rest = remaining_spec(SPEC, st.plan.total_samples, st.progress.samples)
+        return plan(rest, CATALOG, POLICY, deadline_h=hours_left, efficiency=eff)
+    return plan_with
+
+
+def run(st: TrainingJobStatus, obs: Observer, rate: float, seconds: int, ckpt: int | None = None) -> list[str]:
+    reasons: list[str] = []
+    for s in range(0, seconds + 1, 5):
+        now = T0 + timedelta(seconds=s)
+        st.progress.samples = rate * s
+        left = DEADLINE_H - s / 3600
+        ctx = JobContext(progress_samples=rate * s, hours_left=left, max_deadline_risk=0.3, restart_s=30)
+        res = obs.step("ns", "j", 1, st, ckpt, now, planner(st, left), ctx)
+        reasons += [e[1] for e in res.events]
+        assert res.replan is None
+    return reasons
+
+
+def test_thirty_percent_slower_from_annotations_corrects_and_replans_at_the_next_checkpoint() -> None:
+    st = running(SPEC)
+    assert st.plan is not None and st.plan.gpu_type == "A10G"
+    assert st.plan.deadline_miss_probability is not None and st.plan.deadline_miss_probability <= 0.3
+    predicted = st.plan.throughput
+    obs = Observer(None, CFG, CATALOG)
+    # not enough progress yet: nothing corrected
+    assert run(st, obs, 0.7 * predicted, 60, ckpt=40) == []
+    seen = st.observed
+    assert seen is not None and "measuring" in seen.message and seen.efficiency_by_gpu == {}
+    reasons = run(st, obs, 0.7 * predicted, 120, ckpt=40)
+    assert reasons == ["ModelCorrected", "ReplanPending"]
+    assert seen.source == "annotations"
+    assert seen.efficiency_by_gpu["A10G"] == pytest.approx(0.7, abs=0.03)
+    assert seen.corrected_throughput == pytest.approx(0.7 * predicted, rel=0.04)
+    assert seen.correction_log_sigma is not None and seen.correction_log_sigma <= 0.05
+    assert seen.deadline_miss_probability is not None and seen.deadline_miss_probability > 0.3
+    assert seen.replan_pending and seen.replan_after_checkpoint_step == 40 and "P(miss deadline)" in seen.replan_reason
+    assert 3 <= len(seen.progress_points) <= 60
+    # the next checkpoint: move to the faster plan
+    now = T0 + timedelta(seconds=130)
+    left = DEADLINE_H - 130 / 3600
+    res = obs.step("ns", "j", 1, st, 50, now, planner(st, left),
+                   JobContext(0.7 * predicted * 130, left, 0.3, 30))
+    assert res.replan is not None and res.replan.chosen is not None
+    assert res.replan.chosen.instance.name == "p3.2xlarge"
+    assert [e[1] for e in res.events] == ["Replanned"] and seen.replans == 1
+
+
+def test_a_job_on_its_prediction_is_left_alone() -> None:
+    st = running(SPEC)
+    assert st.plan is not None
+    obs = Observer(None, CFG, CATALOG)
+    assert run(st, obs, st.plan.throughput, 200, ckpt=40) == []
+    seen = st.observed
+    assert seen is not None and seen.efficiency_by_gpu == {} and not seen.replan_pending
+    assert seen.ratio == pytest.approx(1.0, abs=0.01) and seen.deadline_miss_probability is not None
+    assert seen.deadline_miss_probability < 0.3
+
+
+def test_no_status_churn_while_measuring() -> None:
+    """Until the window is covered the observed status changes only when a point is added."""
+    st = running(SPEC)
+    assert st.plan is not None
+    obs = Observer(None, CFG, CATALOG)
+    obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=25), planner(st, 2.0), JobContext(100.0, 2.0, 0.3))
+    assert st.observed is not None
+    before = st.observed.model_dump()
+    # the same progress a second later: nothing new to record, nothing rewritten
+    obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=26), planner(st, 2.0), JobContext(100.0, 2.0, 0.3))
+    assert st.observed.model_dump() == before
+
+
+def test_report_shows_the_correction() -> None:
+    from gpuscaler.observe.cli import render
+
+    st = running(SPEC)
+    assert st.plan is not None
+    obs = Observer(None, CFG, CATALOG)
+    run(st, obs, 0.7 * st.plan.throughput, 120, ckpt=40)
+    text = render("j", "ns", st)
+    assert "corrected" in text and "s of annotations" in text and "P(miss deadline)" in text and "planned" in text
