@@ -1,12 +1,15 @@
 """Scale run: plan and simulate 10,000 jobs under every strategy; jobs planned per second, peak memory.
 
-    python benchmarks/simulator_scale.py [--jobs 10000] [--seed 0] [--tracemalloc] [--uncached-sample 100]
+    python benchmarks/simulator_scale.py [--jobs 10000] [--seed 0] [--throughput-error SIGMA] [--tracemalloc]
+        [--uncached-sample 100]
 
 The jobs are drawn from the specs of the shipped traces with sizes scaled by 0.5, 1 or 2 and
 arrivals spread over 30 days, so the trace repeats itself as real queues do (the nightly retrain,
 the sweep): plans are memoised by spec signature (:class:`gpuscaler.simulator.CachedPlanner`).
 The script also times the planner uncached on a sample of jobs, which is the rate for a trace in
-which no two jobs are alike.
+which no two jobs are alike. The world's throughput is off the model by the model's own
+cross-validated error unless ``--throughput-error`` says otherwise (corrections and moves then
+add planner calls that the cache cannot answer).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gpuscaler.api import TrainingAmount
 from gpuscaler.catalog import load_catalog
 from gpuscaler.simulator import CachedPlanner, CloudModel, Trace, TraceJob, compare, load_trace, summarize
 from gpuscaler.simulator.report import format_table
+from gpuscaler.simulator.truth import default_throughput_error
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 
@@ -51,6 +55,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--interruption-scale", type=float, default=1.0)
+    ap.add_argument("--throughput-error", type=float, default=None,
+                    help="sigma of ln(true / model throughput); default the model's cross-validated error")
     ap.add_argument("--tracemalloc", action="store_true", help="measure peak Python heap (slower)")
     ap.add_argument("--uncached-sample", type=int, default=100, help="jobs planned without the cache")
     args = ap.parse_args()
@@ -59,9 +65,10 @@ def main() -> None:
     distinct = len({j.spec.model_dump_json() for j in trace.jobs})
     if args.tracemalloc:
         tracemalloc.start()
+    sigma = default_throughput_error().sigma if args.throughput_error is None else args.throughput_error
     t0 = time.perf_counter()
     cmp = compare(trace, catalog, cloud=CloudModel(interruption_scale=args.interruption_scale), seed=args.seed,
-                  keep_segments=False)
+                  keep_segments=False, throughput_error=sigma)
     elapsed = time.perf_counter() - t0
     peak_heap = tracemalloc.get_traced_memory()[1] if args.tracemalloc else None
     if args.tracemalloc:
@@ -71,7 +78,7 @@ def main() -> None:
     print(format_table(rows))
     n_strat = len(cmp.results)
     events = sum(r.events for r in cmp.results)
-    print(f"\n{args.jobs:,} jobs ({distinct} distinct specs) x {n_strat} strategies = {args.jobs * n_strat:,} job runs "
+    print(f"\nthroughput error {sigma:g}; {args.jobs:,} jobs ({distinct} distinct specs) x {n_strat} strategies = {args.jobs * n_strat:,} job runs "
           f"in {elapsed:.1f} s: {args.jobs * n_strat / elapsed:,.0f} jobs planned and simulated per second; "
           f"{events:,} events")
     print(f"planner: {cmp.planner.calls:,} plans asked, {cmp.planner.misses:,} computed "

@@ -1,10 +1,12 @@
-"""Tests of the trace-driven simulator: conserving accounting, reproducibility, the plan's prediction."""
+"""Tests of the trace-driven simulator: conserving accounting, reproducibility, the plan's prediction,
+the world's throughput off the model, and the simulated operator's correction."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,10 +14,23 @@ from hypothesis import strategies as st
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, load_catalog
-from gpuscaler.planner import resolve
-from gpuscaler.simulator import CachedPlanner, CloudModel, Trace, TraceJob, compare, load_trace, simulate
+from gpuscaler.observe import controller
+from gpuscaler.planner import correction, resolve
+from gpuscaler.simulator import (
+    ALL_STRATEGIES,
+    CachedPlanner,
+    CloudModel,
+    ThroughputTruth,
+    Trace,
+    TraceJob,
+    compare,
+    load_trace,
+    observing,
+    simulate,
+)
 from gpuscaler.simulator.engine import SimulationResult, progress, run_wall_s
-from gpuscaler.simulator.strategies import Gpuscaler, make_strategies
+from gpuscaler.simulator.registry import make_strategies
+from gpuscaler.simulator.strategies import Gpuscaler
 from gpuscaler.simulator.trace import TraceError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +89,7 @@ def _check_books(res: SimulationResult, trace: Trace) -> None:
 
 @pytest.fixture(scope="module")
 def stormy() -> list[SimulationResult]:
-    return compare(small_trace(), CATALOG, cloud=STORMY, seed=7).results
+    return compare(small_trace(), CATALOG, cloud=STORMY, seed=7, strategies=ALL_STRATEGIES).results
 
 
 def test_accounting_conserves_cost_and_time(stormy: list[SimulationResult]) -> None:
@@ -95,14 +110,14 @@ def test_gpuscaler_loses_at_most_one_interval_per_interruption(stormy: list[Simu
 def test_naive_strategies_lose_work(stormy: list[SimulationResult]) -> None:
     by = {r.strategy: r for r in stormy}
     lost = {k: sum(o.gpu_hours_lost for o in r.outcomes) for k, r in by.items()}
-    assert lost["spot-restart"] >= lost["spot-checkpoint"] >= 0
-    assert lost["gpuscaler"] <= lost["spot-checkpoint"]
-    assert lost["ondemand-8xa100"] == 0 and lost["cheapest-fits"] == 0
+    assert lost["deadline-blind-spot-restart"] >= lost["deadline-blind-spot-checkpoint"] >= 0
+    assert lost["gpuscaler"] <= lost["deadline-blind-spot-checkpoint"]
+    assert lost["ondemand-8xa100"] == 0 and lost["cheapest-fits"] == 0 and lost["ondemand-best"] == 0
 
 
 def test_same_seed_same_result() -> None:
-    a = compare(small_trace(), CATALOG, cloud=STORMY, seed=3).results
-    b = compare(small_trace(), CATALOG, cloud=STORMY, seed=3).results
+    a = compare(small_trace(), CATALOG, cloud=STORMY, seed=3, throughput_error=0.3).results
+    b = compare(small_trace(), CATALOG, cloud=STORMY, seed=3, throughput_error=0.3).results
     for ra, rb in zip(a, b, strict=True):
         assert [(o.cost_usd, o.finish_h, o.interruptions, o.segments) for o in ra.outcomes] == \
                [(o.cost_usd, o.finish_h, o.interruptions, o.segments) for o in rb.outcomes]
@@ -110,7 +125,8 @@ def test_same_seed_same_result() -> None:
 
 def test_different_seed_different_draws() -> None:
     def interruption_times(seed: int) -> list[float]:
-        res = compare(small_trace(), CATALOG, cloud=STORMY, seed=seed, strategies=["spot-checkpoint"]).results[0]
+        res = compare(small_trace(), CATALOG, cloud=STORMY, seed=seed,
+                      strategies=["deadline-blind-spot-checkpoint"]).results[0]
         return [s.end_h for o in res.outcomes for s in o.segments if s.interrupted]
 
     a, b = interruption_times(1), interruption_times(2)
@@ -118,13 +134,16 @@ def test_different_seed_different_draws() -> None:
 
 
 def test_no_interruptions_equals_plan_prediction() -> None:
+    """With --throughput-error 0 and a quiet cloud, every run is the plan's prediction."""
     trace = small_trace()
-    # The strategies that checkpoint at the plan's own interval (spot-restart/-checkpoint change it).
-    plan_interval = ["ondemand-8xa100", "cheapest-fits", "gpuscaler"]
-    for res in compare(trace, CATALOG, cloud=QUIET, seed=0, strategies=plan_interval).results:
+    # The strategies that checkpoint at the plan's own interval (the deadline-blind ones change it).
+    plan_interval = ["ondemand-best", "managed-spot", "uniform-progress", "ondemand-8xa100", "cheapest-fits",
+                     "gpuscaler"]
+    for res in compare(trace, CATALOG, cloud=QUIET, seed=0, strategies=plan_interval, throughput_error=0).results:
         for out in res.outcomes:
             assert out.status == "finished", (res.strategy, out.name, out.note)
             assert out.interruptions == 0 and out.shortages == 0 and len(out.segments) == 1
+            assert out.moves == 0 and out.corrections == 0  # noisy samples of a true model: nothing to correct
             seg = out.segments[0]
             # Checkpoints are discrete here, continuous in the planner: at most one write apart.
             tol_h = seg.write_s / 3600 + 1e-9
@@ -137,23 +156,59 @@ def test_gpuscaler_meets_deadlines_when_quiet() -> None:
     assert not any(o.missed_deadline for o in res.outcomes)
 
 
-def test_gpuscaler_falls_back_to_on_demand_after_max_interruptions() -> None:
+def test_throughput_error_changes_the_world_not_the_plan() -> None:
+    """The plan is the model's; the run is the world's: time = predicted / factor of the GPU type."""
     trace = Trace("one", (small_trace().jobs[0],))
-    cloud = CloudModel(interruption_scale=20000.0, shortage_scale=0.0)
-    res = simulate(trace, Gpuscaler(), CachedPlanner(CATALOG), cloud, seed=1)
+    for strategy in ("ondemand-best", "ondemand-8xa100"):  # no correction, no interruption
+        exact = compare(trace, CATALOG, cloud=QUIET, strategies=[strategy]).results[0].outcomes[0]
+        off = compare(trace, CATALOG, cloud=QUIET, strategies=[strategy], seed=5, throughput_error=0.4)
+        out = off.results[0].outcomes[0]
+        assert out.plan_label == exact.plan_label  # the planner never sees the factors
+        seg = out.segments[0]
+        gpu = next(i for i in CATALOG.instances if i.name == seg.instance).gpu_id
+        precision = out.plan_label.split()[-1]  # "... on-demand amp"
+        factor = ThroughputTruth(0.4, 5).factor(gpu, precision)
+        assert factor != pytest.approx(1.0, abs=1e-3)
+        assert seg.kept_s == pytest.approx(exact.segments[0].kept_s / factor, rel=1e-9)
+        assert off.truth_factors == {f"{gpu}/{precision}": factor}
+
+
+def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU type 30% slower than the model: the simulated operator measures it from noisy progress
+    readings with the operator's own early-correction code, corrects the factor, re-plans at a
+    checkpoint and meets the deadline that the same plan without correction misses."""
+    spec = _spec(workload={"model": "resnet50"}, globalBatch=1024, training={"epochs": 40}, maxDuration="8h",
+                 constraints={"providers": ["aws"], "spot": "never", "maxDeadlineRisk": 0.5})
+    trace = Trace("slow", (TraceJob("resnet", 0.0, spec),))
+    planner = CachedPlanner(CATALOG)
+    first = compare(trace, CATALOG, cloud=QUIET, strategies=["gpuscaler"], planner=planner).results[0].outcomes[0]
+    gpu = next(i for i in CATALOG.instances if i.name == first.segments[0].instance).gpu_id
+    assert first.completion_h is not None and first.completion_h / 0.7 > 8  # 30% slower would miss
+    slow = ThroughputTruth(fixed={gpu: 0.7})
+    blind = simulate(trace, make_strategies(CATALOG, ["ondemand-best"])[0], planner, QUIET, truth=slow)
+    assert blind.outcomes[0].plan_label == first.plan_label and blind.outcomes[0].missed_deadline
+
+    # The operator's functions, spied on where both the observer and the simulator get them.
+    seen: list[float] = []
+    real = correction.correct
+
+    def spy(*args: Any, **kwargs: Any) -> correction.Correction:
+        c = real(*args, **kwargs)
+        seen.append(c.factor)
+        return c
+
+    assert observing.correct is real and controller.correct is real
+    monkeypatch.setattr(observing, "correct", spy)
+    res = simulate(trace, Gpuscaler(), planner, QUIET, truth=slow)
     out = res.outcomes[0]
-    assert out.status == "finished"
-    assert out.interruptions == 3  # policy default spot.maxInterruptions
-    assert out.segments[-1].capacity is CapacityType.ON_DEMAND
-    assert all(s.capacity is CapacityType.SPOT for s in out.segments[:-1])
-
-
-def test_plan_cache_hits_and_agrees() -> None:
-    trace = Trace("rep", tuple(TraceJob(f"j{i}", float(i), small_trace().jobs[0].spec) for i in range(6)))
-    cached = compare(trace, CATALOG, cloud=QUIET, strategies=["gpuscaler"])
-    uncached = compare(trace, CATALOG, cloud=QUIET, strategies=["gpuscaler"], cache=False)
-    assert cached.planner.misses == 1 and uncached.planner.misses == 6
-    assert [o.cost_usd for o in cached.results[0].outcomes] == [o.cost_usd for o in uncached.results[0].outcomes]
+    assert seen and seen[0] == pytest.approx(0.7, rel=0.05)  # measured through noise, within 5%
+    assert out.corrections == 1 and out.moves == 1
+    assert not out.missed_deadline
+    assert out.segments[0].interrupted is False and out.segments[0].lost_s == 0  # moved at a checkpoint
+    assert out.segments[0].end_h - out.segments[0].start_h >= 0.5  # not within replanMinInterval (30 min)
+    moved = out.segments[1]
+    assert (moved.instance, moved.nodes) != (out.segments[0].instance, out.segments[0].nodes)
+    _check_books(res, trace)
 
 
 @pytest.mark.parametrize("name", ["research-week.yaml", "production-month.yaml", "llm-finetune-burst.jsonl"])
@@ -194,15 +249,28 @@ def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     from gpuscaler.cli import main
 
     trace = str(TRACES / "llm-finetune-burst.jsonl")
-    assert main(["simulate", trace, "--seed", "1", "--plot", str(tmp_path)]) == 0
+    assert main(["simulate", trace, "--seed", "1", "--seeds", "2", "--plot", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "gpuscaler" in out and "spot-restart" in out and "GPU-h lost" in out
+    assert "seeds 1-2" in out and "throughput error" in out
+    assert "gpuscaler" in out and "managed-spot" in out and "uniform-progress" in out and "GPU-h lost" in out
     assert (tmp_path / "cost_vs_misses.png").stat().st_size > 1000
     assert (tmp_path / "completion_cdf.png").stat().st_size > 1000
-    assert main(["simulate", trace, "--json", "--strategies", "ondemand-8xa100,gpuscaler"]) == 0
+    assert main(["simulate", trace, "--json", "--seeds", "2", "--throughput-error", "0.2",
+                 "--strategies", "ondemand-8xa100,gpuscaler"]) == 0
     data = json.loads(capsys.readouterr().out)
+    assert data["seeds"] == [0, 1] and data["throughputError"] == 0.2
     assert [s["strategy"] for s in data["strategies"]] == ["ondemand-8xa100", "gpuscaler"]
+    for s in data["strategies"]:
+        assert s["deadline_jobs"] == 12
+        for key in ("cost_usd", "deadline_misses", "gpu_hours_lost", "interruptions"):
+            per_seed = [row[key] for row in s["per_seed"]]
+            assert s[key]["min"] == min(per_seed) and s[key]["max"] == max(per_seed)
     assert main(["simulate", str(tmp_path / "nope.yaml")]) == 2
+    for bad in (["--throughput-error", "-0.1"], ["--seeds", "0"], ["--interruption-scale", "-1"],
+                ["--checkpoint-interval", "0"], ["--strategies", "spot-restart"],
+                ["--jobs-out", str(tmp_path / "missing" / "jobs.jsonl")]):
+        assert main(["simulate", trace, *bad]) == 2, bad
+        assert bad[0] in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------- properties
@@ -226,11 +294,13 @@ def test_uninterrupted_run_matches_progress(work: float, interval: float, write:
 
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.0, 50.0, 400.0]),
-       shortage=st.sampled_from([0.0, 1.0, 4.0]))
-def test_books_balance_for_any_seed(seed: int, scale: float, shortage: float) -> None:
+       shortage=st.sampled_from([0.0, 1.0, 4.0]), error=st.sampled_from([0.0, 0.2, 0.5]))
+def test_books_balance_for_any_seed(seed: int, scale: float, shortage: float, error: float) -> None:
+    """Cost = price x hours per segment, time and work conserved, under any luck and throughput error."""
     trace = small_trace()
     cloud = CloudModel(interruption_scale=scale, shortage_scale=shortage)
-    for res in compare(trace, CATALOG, cloud=cloud, seed=seed).results:
+    for res in compare(trace, CATALOG, cloud=cloud, seed=seed, strategies=ALL_STRATEGIES,
+                       throughput_error=error).results:
         _check_books(res, trace)
         if res.strategy == "gpuscaler":  # naive strategies may give up on scarce capacity
             assert all(o.status == "finished" for o in res.outcomes)

@@ -1,4 +1,4 @@
-"""Run several strategies on one trace with the same seed and cloud: the comparison behind the table."""
+"""Run several strategies on one trace with the same seeds, cloud and truth: the comparison behind the table."""
 
 from __future__ import annotations
 
@@ -10,19 +10,23 @@ from gpuscaler.policy import Policy
 from gpuscaler.simulator.cloud import CloudModel
 from gpuscaler.simulator.engine import SimulationResult, simulate
 from gpuscaler.simulator.planning import CachedPlanner
-from gpuscaler.simulator.strategies import STRATEGIES, make_strategies
+from gpuscaler.simulator.registry import STRATEGIES, make_strategies
 from gpuscaler.simulator.trace import Trace
+from gpuscaler.simulator.truth import ThroughputTruth
 
 
 @dataclass
 class Comparison:
-    """Results of every strategy on one trace, and the planner's cache statistics."""
+    """Results of every strategy on one trace for one seed, and the planner's cache statistics."""
 
     trace: Trace
     cloud: CloudModel
     seed: int
     results: list[SimulationResult]
     planner: CachedPlanner
+    throughput_error: float = 0.0
+    truth_factors: dict[str, float] | None = None
+    """The hidden ``GPU/precision -> true/model`` factors the run drew (reports only)."""
 
 
 def compare(
@@ -36,27 +40,36 @@ def compare(
     checkpoint_interval_s: float = 3600.0,
     cache: bool = True,
     keep_segments: bool = True,
+    throughput_error: float = 0.0,
+    planner: CachedPlanner | None = None,
 ) -> Comparison:
-    """Simulate ``trace`` under each strategy with the same seed, cloud and (cached) planner.
+    """Simulate ``trace`` under each strategy with the same seed, cloud, truth and (cached) planner.
 
     Args:
         trace: the workload trace.
         catalog: instance types, prices and workloads.
         policy: the platform policy (default: no restrictions).
         cloud: the cloud model (default: the trace's ``cloud`` mapping over the defaults).
-        seed: the random seed shared by all strategies.
+        seed: the random seed shared by all strategies (cloud draws and throughput factors).
         strategies: strategy names, the first being the baseline of the savings column.
-        checkpoint_interval_s: the fixed interval of ``spot-checkpoint``.
+        checkpoint_interval_s: the fixed interval of ``deadline-blind-spot-checkpoint``.
         cache: memoise planner calls by spec signature.
         keep_segments: keep every allocation in the outcomes.
+        throughput_error: sigma of ln(true / model throughput) per GPU type and precision (0: the
+            world is the model).
+        planner: a planner to share (its cache) across calls; default a new one.
 
     Returns:
         The results in the order of ``strategies``.
+
+    Raises:
+        ValueError: an unknown strategy name or a negative throughput error.
     """
     cloud = cloud or CloudModel.from_mapping(trace.cloud)
-    planner = CachedPlanner(catalog, policy, cache=cache)
+    planner = planner or CachedPlanner(catalog, policy, cache=cache)
+    truth = ThroughputTruth(throughput_error, seed)
     results = [
-        simulate(trace, s, planner, cloud, seed=seed, keep_segments=keep_segments)
+        simulate(trace, s, planner, cloud, seed=seed, keep_segments=keep_segments, truth=truth)
         for s in make_strategies(catalog, strategies, checkpoint_interval_s)
     ]
-    return Comparison(trace, cloud, seed, results, planner)
+    return Comparison(trace, cloud, seed, results, planner, throughput_error, truth.factors())

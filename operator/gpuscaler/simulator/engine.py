@@ -1,7 +1,14 @@
 """The event-driven engine: a heap of timed events on a simulated clock, and the books it keeps.
 
-Events are (hour, sequence, kind, job): ``arrive``, ``request`` (ask for capacity), ``interrupt``
-(a spot reclaim) and ``finish``. Nothing sleeps; the clock jumps from event to event.
+Events are (hour, sequence, kind, job, epoch): ``arrive``, ``request`` (ask for capacity),
+``interrupt`` (a spot reclaim), ``finish``, ``review`` (a strategy asked to look at its running
+allocation), ``observe`` (the simulated operator reads the job's progress, corrects and weighs a
+move) and ``move`` (the rest of the job leaves the allocation, at a checkpoint). Every allocation has an epoch; an event of an allocation that has ended is dropped.
+Nothing sleeps; the clock jumps from event to event.
+
+Each allocation runs at the world's *true* throughput, the model's prediction times the hidden
+factor of its GPU type and precision (:mod:`gpuscaler.simulator.truth`); strategies plan with the
+prediction and learn only what they observe.
 
 One allocation of nodes is a :class:`Segment`. Its wall time splits exactly into provisioning,
 training compute, checkpoint writes and idle time (after a handshake, until the reclaim); its
@@ -12,7 +19,7 @@ per trace::
     cost            = sum(segment wall hours x price of its nodes)
     wall            = provisioning + compute + checkpoint writes + idle
     compute         = work kept + work lost
-    work kept x throughput, summed = the job's samples (when it finished)
+    work kept x true throughput, summed = the job's samples (when it finished)
 
 Inside a segment, training runs ``interval`` seconds of compute, then writes a checkpoint for
 ``write`` seconds, and so on; no checkpoint after the last step. A reclaim at run time ``t``:
@@ -22,6 +29,9 @@ Inside a segment, training runs ``interval`` seconds of compute, then writes a c
 * handshake, write time <= notice: at the notice training stops and a checkpoint is written;
   nothing is lost, the rest of the notice is idle; when the write does not fit in the notice the
   job behaves as without a handshake (at most one interval lost).
+
+A move loses nothing: at a periodic checkpoint (the operator's re-plan after a correction), or now
+after writing one (a strategy leaving on-demand for spot).
 """
 
 from __future__ import annotations
@@ -32,18 +42,28 @@ from dataclasses import dataclass, field
 
 from gpuscaler.catalog import CapacityType
 from gpuscaler.planner import resolve
+from gpuscaler.planner.correction import keep_factor
 from gpuscaler.planner.planner import STARTUP_S
-from gpuscaler.simulator.cloud import CloudModel, Draws
-from gpuscaler.simulator.planning import CachedPlanner
+from gpuscaler.simulator.allocation import Allocation
+from gpuscaler.simulator.cloud import Cloud, CloudModel, Draws
+from gpuscaler.simulator.observing import (
+    ObserveRules,
+    correction,
+    decide_move,
+    miss_probability,
+    progress_points,
+)
+from gpuscaler.simulator.planning import CachedPlanner, config_key
 from gpuscaler.simulator.strategies import SHORTAGE_HOLD_H, Decision, JobState, Strategy
 from gpuscaler.simulator.trace import Trace
+from gpuscaler.simulator.truth import ThroughputTruth
 
 MAX_REQUESTS = 400
 """Capacity requests after which a job is abandoned (e.g. restart-from-scratch that never finishes)."""
 MAX_JOB_HOURS = 24.0 * 90
 """Hours after arrival after which a job is abandoned."""
 
-ARRIVE, REQUEST, INTERRUPT, FINISH = 0, 1, 2, 3
+ARRIVE, REQUEST, INTERRUPT, FINISH, REVIEW, OBSERVE, MOVE = range(7)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +87,7 @@ class Segment:
     checkpoint_s: float
     idle_s: float
     samples: float
-    """Samples the kept compute trained."""
+    """Samples the kept compute trained (at the true throughput)."""
     interrupted: bool
     interval_s: float | None
     write_s: float
@@ -105,6 +125,10 @@ class JobOutcome:
     shortages: int = 0
     requests: int = 0
     replans: int = 0
+    moves: int = 0
+    """Allocations left by choice (a re-plan after a correction, uniform progress leaving on-demand)."""
+    corrections: int = 0
+    """Times the simulated operator corrected the model's throughput for this job."""
     segments: list[Segment] = field(default_factory=list)
     note: str = ""
 
@@ -169,44 +193,63 @@ class _Active:
     start_h: float
     provisioning_s: float
     work_s: float
+    """Compute seconds to finish the job on this allocation."""
     wall_s: float
+    """Run seconds (compute + checkpoint writes) to finish."""
     writes: int
+    rate: float
+    """True samples per second."""
+    samples0: float
+    """The job's samples done when the allocation started."""
+    end_h: float
+    """Hour of the scheduled reclaim or finish."""
+    moving: tuple[Decision, float, float, float] | None = None
+    """(decision, end hour, compute s, checkpoint s) of a scheduled move."""
+
+    def run_s(self, t_h: float) -> float:
+        return (t_h - self.start_h) * 3600.0 - self.provisioning_s
 
 
 class _Run:
     def __init__(self, trace: Trace, strategy: Strategy, planner: CachedPlanner, cloud: CloudModel, seed: int,
-                 keep_segments: bool) -> None:
-        self.trace, self.strategy, self.planner, self.cloud, self.seed = trace, strategy, planner, cloud, seed
+                 keep_segments: bool, truth: ThroughputTruth, rules: ObserveRules) -> None:
+        self.trace, self.strategy, self.planner, self.seed = trace, strategy, planner, seed
+        self.model, self.cloud = cloud, Cloud(cloud, seed)
+        self.truth, self.rules = truth, rules
         self.keep_segments = keep_segments
-        self.heap: list[tuple[float, int, int, int]] = []
+        self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
-        self.states: list[JobState | None] = [None] * len(trace.jobs)
+        n = len(trace.jobs)
+        self.states: list[JobState | None] = [None] * n
         self.outcomes: list[JobOutcome] = []
-        self.draws: list[Draws | None] = [None] * len(trace.jobs)
-        self.active: list[_Active | None] = [None] * len(trace.jobs)
-        self.started: list[bool] = [False] * len(trace.jobs)
+        self.draws: list[Draws | None] = [None] * n
+        self.active: list[_Active | None] = [None] * n
+        self.started: list[bool] = [False] * n
+        self.epoch: list[int] = [0] * n
         for i, job in enumerate(trace.jobs):
             self.outcomes.append(JobOutcome(job.name, job.arrival_h, job.deadline_h(trace.start), job.spec.budget_usd))
             self.push(job.arrival_h, ARRIVE, i)
 
     def push(self, t_h: float, kind: int, i: int) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (t_h, self.seq, kind, i))
+        heapq.heappush(self.heap, (t_h, self.seq, kind, i, self.epoch[i]))
 
     def run(self) -> SimulationResult:
         events = 0
+        handlers = {ARRIVE: self.arrive, REQUEST: self.request, INTERRUPT: self.interrupt, FINISH: self.finish,
+                    REVIEW: self.review, OBSERVE: self.observe, MOVE: self.move}
         while self.heap:
-            t, _, kind, i = heapq.heappop(self.heap)
+            t, _, kind, i, epoch = heapq.heappop(self.heap)
+            if epoch != self.epoch[i]:
+                continue  # an event of an allocation that has ended
             events += 1
-            if kind == ARRIVE:
-                self.arrive(t, i)
-            elif kind == REQUEST:
-                self.request(t, i)
-            elif kind == INTERRUPT:
-                self.interrupt(t, i)
-            else:
-                self.finish(t, i)
+            handlers[kind](t, i)
         return SimulationResult(self.strategy.name, self.strategy.label, self.seed, self.outcomes, events)
+
+    def _job(self, i: int) -> tuple[JobState, JobOutcome, _Active]:
+        st, a = self.states[i], self.active[i]
+        assert st is not None and a is not None
+        return st, self.outcomes[i], a
 
     # --------------------------------------------------------------------------------- events
 
@@ -217,7 +260,7 @@ class _Run:
         except ValueError as err:
             out.status, out.note = "unplanned", str(err)
             return
-        st = JobState(job.name, job.spec, t, out.deadline_h, total, total)
+        st = JobState(job.name, job.spec, t, out.deadline_h, total, total, plan_changed_h=t)
         self.states[i] = st
         self.draws[i] = Draws(self.seed, f"{i}|{job.name}")
         decision = self.strategy.initial(st, self.planner, t)
@@ -239,46 +282,54 @@ class _Run:
             return
         d = st.current
         cand = d.candidate
+        inst, cap, nodes = cand.instance, cand.capacity, cand.nodes
         # One draw from every stream per request keeps the streams aligned across strategies.
-        fails = draws.request_fails(self.cloud.shortage_probability(cand.instance, cand.capacity))
-        irq_s = draws.time_to_interruption_s(
-            self.cloud.interruption_rate_per_h(cand.instance, cand.capacity, cand.nodes))
+        fails = self.cloud.request_fails(inst, cap, nodes, t, draws.capacity_u())
+        irq_s = self.cloud.interruption_s(inst, cap, nodes, t, draws.interruption_u())
         nominal = STARTUP_S if not self.started[i] else st.spec.checkpoint.restart_seconds
-        prov_s = draws.provisioning_s(nominal, self.cloud.provisioning_jitter)
+        prov_s = draws.provisioning_s(nominal, self.model.provisioning_jitter)
         if fails:
             st.shortages += 1
             out.shortages += 1
-            key = (cand.instance.name, cand.capacity.value)
-            wait_h = self.cloud.failed_request_s / 3600.0
             if self.strategy.replans_on_shortage:
-                st.unavailable[key] = t + SHORTAGE_HOLD_H
-            else:
-                wait_h += self.cloud.retry_backoff_s / 3600.0
+                st.unavailable[(inst.name, cap.value)] = t + SHORTAGE_HOLD_H
+            wait_h = self.model.failed_request_s / 3600.0
             nxt = self.strategy.after_shortage(st, self.planner, t + wait_h)
             if nxt is None:
                 out.status, out.note = "unplanned", "no plan after a capacity shortage"
                 return
-            if nxt is not d:
+            if nxt is d:
+                wait_h += self.model.retry_backoff_s / 3600.0  # the same capacity, after a back-off
+            else:
                 out.replans += 1
+                st.plan_changed_h = t + wait_h
             st.current = nxt
             self.push(t + wait_h, REQUEST, i)
             return
         self.started[i] = True
-        work_s = st.remaining_samples / cand.estimate.throughput
+        rate = cand.estimate.throughput / d.efficiency * self.truth.factor(inst.gpu_id, cand.precision.value)
+        work_s = st.remaining_samples / rate
         wall_s, writes = run_wall_s(work_s, d.interval_s, cand.checkpoint_write_s)
-        self.active[i] = _Active(d, t, prov_s, work_s, wall_s, writes)
-        if irq_s < prov_s + wall_s:
-            self.push(t + irq_s / 3600.0, INTERRUPT, i)
-        else:
-            self.push(t + (prov_s + wall_s) / 3600.0, FINISH, i)
+        self.epoch[i] += 1
+        interrupted = irq_s < prov_s + wall_s
+        end_h = t + (irq_s if interrupted else prov_s + wall_s) / 3600.0
+        a = self.active[i] = _Active(d, t, prov_s, work_s, wall_s, writes, rate,
+                                     st.total_samples - st.remaining_samples, end_h)
+        self.push(end_h, INTERRUPT if interrupted else FINISH, i)
+        if self.strategy.corrects:
+            at = t + (prov_s + self.rules.first_look_s) / 3600.0
+            if at < end_h:
+                self.push(at, OBSERVE, i)
+        review = self.strategy.review_at_h(st, self._view(a, t, st))
+        if review is not None and review < end_h:
+            self.push(review, REVIEW, i)
 
     def interrupt(self, t: float, i: int) -> None:
-        st, out, a = self.states[i], self.outcomes[i], self.active[i]
-        assert st is not None and a is not None
+        st, out, a = self._job(i)
         d, cand = a.decision, a.decision.candidate
         elapsed_s = (t - a.start_h) * 3600.0
         write = cand.checkpoint_write_s
-        notice = self.cloud.notice_seconds(cand.instance)
+        notice = self.model.notice_seconds(cand.instance)
         if elapsed_s <= a.provisioning_s:
             prov, compute, kept, ckpt, idle = elapsed_s, 0.0, 0.0, 0.0, 0.0
         else:
@@ -303,16 +354,119 @@ class _Run:
         if nxt is not d:
             out.replans += 1
         st.current = nxt
+        st.plan_changed_h = t
         self.request(t, i)
 
     def finish(self, t: float, i: int) -> None:
-        st, out, a = self.states[i], self.outcomes[i], self.active[i]
-        assert st is not None and a is not None
+        st, out, a = self._job(i)
         write = a.decision.candidate.checkpoint_write_s
         self.close(i, a, t, a.provisioning_s, a.work_s, a.work_s, a.writes * write, 0.0, interrupted=False,
                    samples=st.remaining_samples)
         st.remaining_samples = 0.0
         out.status, out.finish_h = "finished", t
+
+    # ------------------------------------------------------------------- looking and moving
+
+    @staticmethod
+    def _view(a: _Active, t: float, st: JobState) -> Allocation:
+        d = a.decision
+        compute, saved, _ = progress(max(a.run_s(t), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
+        return Allocation(d, a.start_h, a.provisioning_s, a.samples0 + compute * a.rate,
+                          a.samples0 + saved * a.rate, st.total_samples, st.arrival_h)
+
+    def review(self, t: float, i: int) -> None:
+        st, _, a = self._job(i)
+        r = self.strategy.review(st, self.planner, t, self._view(a, t, st))
+        if r is None:
+            return
+        if r.move is not None:
+            self._schedule_move(i, a, t, r.move, at_checkpoint=r.at_checkpoint)
+        elif r.again_h is not None and r.again_h < a.end_h:
+            self.push(r.again_h, REVIEW, i)
+
+    def observe(self, t: float, i: int) -> None:
+        """The operator's look at a running gang: correct, weigh the risk, maybe move (observing)."""
+        st, out, a = self._job(i)
+        d = a.decision
+        gpu = d.candidate.instance.gpu_id
+        draws = self.draws[i]
+        assert draws is not None
+        since_s = a.start_h * 3600.0 + a.provisioning_s
+        points = progress_points(a.rate, a.samples0, since_s, t * 3600.0, self.rules.tick_s,
+                                 lambda: draws.noise(self.model.measurement_noise))
+        c = correction(points, d, since_s, self.rules)
+        if not c.ready:
+            return
+        known = st.efficiency.get(gpu, d.efficiency)
+        changed = not keep_factor(known, c.factor, self.rules.correction.divergence)
+        if changed:
+            st.efficiency[gpu] = round(c.factor, 3)
+            out.corrections += 1
+        factor = st.efficiency.get(gpu, d.efficiency)
+        throughput = d.candidate.estimate.throughput / d.efficiency * factor
+        miss = miss_probability(d, st.total_samples - points[-1].samples, throughput, c.log_sigma,
+                                st.deadline_left_h(t), st.spec.checkpoint.restart_seconds)
+        at_risk = miss > st.spec.constraints.max_deadline_risk
+        if not (changed or at_risk or factor != d.efficiency) or a.moving is not None:
+            return
+        earliest = st.plan_changed_h + self.rules.min_interval_s / 3600.0
+        if t < earliest - 1e-12:
+            if earliest < a.end_h:
+                self.push(earliest, OBSERVE, i)  # look again (with more readings) when a move may come
+            return
+        at = self._next_checkpoint(a, t)
+        if at is None:
+            return  # the job finishes before its next checkpoint
+        end_h, compute, _ = at
+        before = st.remaining_samples
+        st.remaining_samples = max(before - compute * a.rate, 0.0)  # what is left at that checkpoint
+        try:
+            best, current = self.strategy.replan(st, self.planner, end_h)
+        finally:
+            st.remaining_samples = before
+        decision = decide_move(miss, st.spec.constraints.max_deadline_risk, current, best, self.rules)
+        if decision.replan and best is not None:
+            self._schedule_move(i, a, t, best, at_checkpoint=True)
+
+    def _next_checkpoint(self, a: _Active, t: float) -> tuple[float, float, float] | None:
+        """(hour, compute s, checkpoint s) when the next periodic checkpoint is written after ``t``."""
+        d = a.decision
+        if d.interval_s is None:
+            return None
+        write = d.candidate.checkpoint_write_s
+        cycle = d.interval_s + write
+        k = math.floor(max(a.run_s(t), 0.0) / cycle) + 1
+        if k > a.writes:
+            return None
+        return a.start_h + (a.provisioning_s + k * cycle) / 3600.0, k * d.interval_s, k * write
+
+    def _schedule_move(self, i: int, a: _Active, t: float, to: Decision, *, at_checkpoint: bool) -> None:
+        if at_checkpoint:
+            at = self._next_checkpoint(a, t)
+            if at is None:
+                return
+            end_h, compute, ckpt = at
+        else:
+            d = a.decision
+            compute, saved, ckpt = progress(max(a.run_s(t), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
+            final = d.candidate.checkpoint_write_s if compute > saved else 0.0
+            end_h, ckpt = t + final / 3600.0, ckpt + final
+        if end_h >= a.end_h:
+            return  # it finishes or is reclaimed first
+        a.moving = (to, end_h, compute, ckpt)
+        self.push(end_h, MOVE, i)
+
+    def move(self, t: float, i: int) -> None:
+        st, out, a = self._job(i)
+        assert a.moving is not None
+        to, _, compute, ckpt = a.moving
+        seg = self.close(i, a, t, a.provisioning_s, compute, compute, ckpt, 0.0, interrupted=False)
+        st.remaining_samples = max(0.0, st.remaining_samples - seg.samples)
+        out.moves += 1
+        out.replans += 1
+        st.current = to
+        st.plan_changed_h = t
+        self.request(t, i)
 
     def close(self, i: int, a: _Active, t: float, prov: float, compute: float, kept: float, ckpt: float,
               idle: float, *, interrupted: bool, samples: float | None = None) -> Segment:
@@ -321,7 +475,7 @@ class _Run:
             instance=cand.instance.name, capacity=cand.capacity, nodes=cand.nodes, gpus=cand.gpus,
             usd_per_hour=cand.usd_per_hour, start_h=a.start_h, end_h=t, provisioning_s=prov,
             compute_s=compute, kept_s=kept, lost_s=compute - kept, checkpoint_s=ckpt, idle_s=idle,
-            samples=kept * cand.estimate.throughput if samples is None else samples,
+            samples=kept * a.rate if samples is None else samples,
             interrupted=interrupted, interval_s=a.decision.interval_s,
             write_s=cand.checkpoint_write_s,
         )
@@ -331,9 +485,12 @@ class _Run:
         st.spent_usd = out.cost_usd
         out.gpu_hours += seg.wall_s / 3600.0 * seg.gpus
         out.gpu_hours_lost += seg.lost_s / 3600.0 * seg.gpus
+        if compute > 0:
+            st.progress_rate[config_key(cand)] = a.rate  # what the job's progress counter showed
         if self.keep_segments:
             out.segments.append(seg)
         self.active[i] = None
+        self.epoch[i] += 1
         return seg
 
 
@@ -345,6 +502,8 @@ def simulate(
     *,
     seed: int = 0,
     keep_segments: bool = True,
+    truth: ThroughputTruth | None = None,
+    rules: ObserveRules | None = None,
 ) -> SimulationResult:
     """Replay ``trace`` under ``strategy`` in ``cloud`` with the random draws of ``seed``.
 
@@ -355,8 +514,11 @@ def simulate(
         cloud: the cloud model (the trace's ``cloud`` mapping is not applied here; see the CLI).
         seed: seed of every random draw; the same seed gives every strategy the same draws.
         keep_segments: keep each job's allocations (for audits and tests; off to save memory).
+        truth: the world's throughput factors (default: the world is the model).
+        rules: the operator's observation settings (default: its shipped defaults).
 
     Returns:
         One outcome per job, in trace order.
     """
-    return _Run(trace, strategy, planner, cloud or CloudModel(), seed, keep_segments).run()
+    return _Run(trace, strategy, planner, cloud or CloudModel(), seed, keep_segments,
+                truth or ThroughputTruth(0.0, seed), rules or ObserveRules.operator_defaults()).run()

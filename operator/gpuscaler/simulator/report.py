@@ -1,8 +1,9 @@
 """Summaries of simulation results: the comparison table, JSON, and figures.
 
-Per strategy: total cost, savings against the first strategy (the on-demand baseline), deadline
-misses among jobs with a deadline, mean and p95 completion time (arrival to finish), GPU-hours lost
-to interruptions (compute thrown away), interruptions, and jobs that did not finish.
+Per strategy: total cost, savings against the first strategy, deadline misses among jobs with a
+deadline, mean and p95 completion time (arrival to finish), GPU-hours lost to interruptions
+(compute thrown away), interruptions, and jobs that did not finish. Over several seeds every
+figure is shown as its range (lowest-highest), :class:`SeedRange`.
 """
 
 from __future__ import annotations
@@ -35,15 +36,82 @@ class StrategySummary:
     gpu_hours_lost: float
     interruptions: int
     shortages: int
+    moves: int = 0
+    corrections: int = 0
+    seed: int = 0
 
     @property
     def miss_rate(self) -> float:
+        """Deadline misses as a share of the jobs with a deadline (0 without any)."""
         return self.deadline_misses / self.deadline_jobs if self.deadline_jobs else 0.0
 
+    @property
+    def unfinished(self) -> int:
+        """Jobs the strategy could not plan or gave up on."""
+        return self.unplanned + self.abandoned
+
     def to_dict(self) -> dict[str, object]:
-        d: dict[str, object] = asdict(self)
+        """The row as strict JSON values (no NaN: a figure that does not exist is null)."""
+        d: dict[str, object] = {k: _finite(v) for k, v in asdict(self).items()}
         d["miss_rate"] = self.miss_rate
         return d
+
+
+def _finite(v: object) -> object:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+RANGED = ("cost_usd", "deadline_misses", "over_budget", "mean_completion_h", "p95_completion_h", "gpu_hours",
+          "gpu_hours_lost", "interruptions", "shortages", "moves", "corrections", "unfinished", "miss_rate")
+"""The figures :class:`SeedRange` gives as ranges over seeds."""
+
+
+@dataclass(frozen=True)
+class SeedRange:
+    """One strategy over several seeds: each figure's lowest and highest value (and mean)."""
+
+    strategy: str
+    label: str
+    deadline_jobs: int
+    jobs: int
+    rows: tuple[StrategySummary, ...]
+
+    def values(self, name: str) -> list[float]:
+        """The figure ``name`` per seed (non-finite values left out)."""
+        out = [float(getattr(r, name)) for r in self.rows]
+        return [v for v in out if math.isfinite(v)]
+
+    def low(self, name: str) -> float:
+        """The lowest value of figure ``name`` over the seeds (nan when none has it)."""
+        v = self.values(name)
+        return min(v) if v else math.nan
+
+    def high(self, name: str) -> float:
+        """The highest value of figure ``name`` over the seeds (nan when none has it)."""
+        v = self.values(name)
+        return max(v) if v else math.nan
+
+    def to_dict(self) -> dict[str, object]:
+        """Strict JSON: every ranged figure as ``{min, max, mean}`` (null when no seed has it), the
+        seeds' rows under ``per_seed``."""
+        d: dict[str, object] = {"strategy": self.strategy, "label": self.label, "jobs": self.jobs,
+                                "deadline_jobs": self.deadline_jobs, "seeds": [r.seed for r in self.rows]}
+        for name in RANGED:
+            v = self.values(name)
+            d[name] = {"min": min(v), "max": max(v), "mean": sum(v) / len(v)} if v else None
+        d["per_seed"] = [r.to_dict() for r in self.rows]
+        return d
+
+
+def ranges(runs: Sequence[Sequence[StrategySummary]]) -> list[SeedRange]:
+    """Per strategy (in the order of the first run), its rows over the runs (one run per seed)."""
+    if not runs:
+        return []
+    out = []
+    for k, first in enumerate(runs[0]):
+        rows = tuple(run[k] for run in runs)
+        out.append(SeedRange(first.strategy, first.label, first.deadline_jobs, first.jobs, rows))
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -79,31 +147,55 @@ def summarize(result: SimulationResult) -> StrategySummary:
         gpu_hours_lost=sum(o.gpu_hours_lost for o in outs),
         interruptions=sum(o.interruptions for o in outs),
         shortages=sum(o.shortages for o in outs),
+        moves=sum(o.moves for o in outs),
+        corrections=sum(o.corrections for o in outs),
+        seed=result.seed,
     )
 
 
-def _money(x: float) -> str:
-    return f"${x:,.0f}"
+def _span(lo: float, hi: float, fmt: str, prefix: str = "") -> str:
+    """``lo-hi`` (one value when they agree as printed); ``-`` for no value."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    a, b = format(lo, fmt), format(hi, fmt)
+    return prefix + a if a == b else f"{prefix}{a}-{b}"
 
 
-def _cells(rows: Sequence[StrategySummary]) -> tuple[list[str], list[list[str]]]:
-    base = rows[0].cost_usd if rows else 0.0
+def _cells(rows: Sequence[StrategySummary] | Sequence[SeedRange]) -> tuple[list[str], list[list[str]]]:
+    ranged = [r if isinstance(r, SeedRange) else SeedRange(r.strategy, r.label, r.deadline_jobs, r.jobs, (r,))
+              for r in rows]
     headers = ["strategy", "cost", "vs first", "deadline misses", "over budget", "mean h", "p95 h",
                "GPU-h", "GPU-h lost", "interruptions", "unfinished"]
     body = []
-    for r in rows:
-        saving = f"{(r.cost_usd - base) / base:+.0%}" if base > 0 else "-"
-        misses = f"{r.deadline_misses}/{r.deadline_jobs}" if r.deadline_jobs else "-"
+    base = ranged[0] if ranged else None
+    for r in ranged:
+        assert base is not None
+        savings = [(row.cost_usd - b.cost_usd) / b.cost_usd for row, b in zip(r.rows, base.rows, strict=True)
+                   if b.cost_usd > 0]
+        saving = "-"
+        if savings:
+            lo, hi = f"{min(savings):+.0%}", f"{max(savings):+.0%}"
+            saving = lo if lo == hi else f"{lo} to {hi}"
+        misses = (_span(r.low("deadline_misses"), r.high("deadline_misses"), ".0f") + f"/{r.deadline_jobs}"
+                  if r.deadline_jobs else "-")
         body.append([
-            r.strategy, _money(r.cost_usd), saving, misses, str(r.over_budget),
-            f"{r.mean_completion_h:.1f}", f"{r.p95_completion_h:.1f}", f"{r.gpu_hours:,.0f}",
-            f"{r.gpu_hours_lost:,.1f}", str(r.interruptions), str(r.unplanned + r.abandoned),
+            r.strategy,
+            _span(r.low("cost_usd"), r.high("cost_usd"), ",.0f", "$"),
+            saving,
+            misses,
+            _span(r.low("over_budget"), r.high("over_budget"), ".0f"),
+            _span(r.low("mean_completion_h"), r.high("mean_completion_h"), ".1f"),
+            _span(r.low("p95_completion_h"), r.high("p95_completion_h"), ".1f"),
+            _span(r.low("gpu_hours"), r.high("gpu_hours"), ",.0f"),
+            _span(r.low("gpu_hours_lost"), r.high("gpu_hours_lost"), ",.1f"),
+            _span(r.low("interruptions"), r.high("interruptions"), ".0f"),
+            _span(r.low("unfinished"), r.high("unfinished"), ".0f"),
         ])
     return headers, body
 
 
-def format_table(rows: Sequence[StrategySummary]) -> str:
-    """A plain-text table, one strategy per line; savings relative to the first row."""
+def format_table(rows: Sequence[StrategySummary] | Sequence[SeedRange]) -> str:
+    """A plain-text table, one strategy per line; savings relative to the first row (per seed)."""
     headers, body = _cells(rows)
     cells = [headers, *body]
     widths = [max(len(c[i]) for c in cells) for i in range(len(headers))]
@@ -113,7 +205,7 @@ def format_table(rows: Sequence[StrategySummary]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def format_markdown(rows: Sequence[StrategySummary]) -> str:
+def format_markdown(rows: Sequence[StrategySummary] | Sequence[SeedRange]) -> str:
     """The same table as GitHub Markdown."""
     headers, body = _cells(rows)
     out = ["| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]

@@ -1,32 +1,41 @@
-"""The strategies compared on a trace: what to run, and what to do after an interruption or shortage.
+"""The strategy interface, the reference and naive strategies, and gpuscaler's.
 
-1. ``ondemand-8xa100``: the common fixed choice, one 8 x A100 node per job (``p4d.24xlarge``)
-   on-demand, fp32 as users leave it (more nodes or AMP only when that does not fit).
-2. ``cheapest-fits``: the cheapest $/h on-demand instance whose GPU memory fits by the rule of thumb
-   "parameters x 16 bytes (Adam; 12 with SGD) + 20%", one node, fp32; no performance model.
-3. ``spot-restart``: the planner's best spot plan, no checkpoints: an interruption restarts the job
-   from scratch on the same offering.
-4. ``spot-checkpoint``: the same plan with a fixed checkpoint every hour and no handshake: an
-   interruption loses the work since the last checkpoint (half an interval on average) + the restart.
-5. ``gpuscaler``: the planner's choice under the deadline, budget and policy; on a notice a
-   checkpoint handshake (nothing lost when the write fits in the notice), then the operator's own
-   recovery decision (:func:`gpuscaler.planner.recovery.recover`): the remaining work, deadline
-   and budget; on-demand after the policy's ``spot.maxInterruptions`` or when another reclaim
-   would miss the deadline; on a capacity shortage it re-plans without the short offering instead
-   of waiting for it.
+* ``ondemand-8xa100`` (reference): the common fixed choice, one 8 x A100 node per job
+  (``p4d.24xlarge``) on-demand, fp32 as users leave it (more nodes or AMP only when that does not fit).
+* ``cheapest-fits``: the cheapest $/h on-demand instance whose GPU memory fits by the rule of thumb
+  "parameters x 16 bytes (Adam; 12 with SGD) + 20%", one node, fp32; no performance model.
+* ``deadline-blind-spot-restart``: the planner's best spot plan *with the deadline removed*, no
+  checkpoints: an interruption restarts the job from scratch on the same offering.
+* ``deadline-blind-spot-checkpoint``: the same plan with a fixed checkpoint every hour and no
+  handshake: an interruption loses the work since the last checkpoint + the restart.
+* ``gpuscaler``: the planner's choice under the deadline, budget and policy; on a notice a
+  checkpoint handshake (nothing lost when the write fits in the notice), then the operator's own
+  recovery decision (:func:`gpuscaler.planner.recovery.recover`): the remaining work, deadline
+  and budget; on-demand after the policy's ``spot.maxInterruptions`` or when another reclaim
+  would miss the deadline; on a capacity shortage it re-plans without the short offering instead
+  of waiting for it. It learns the true throughput as the operator does, through the operator's
+  early-correction code (:mod:`gpuscaler.simulator.observing`), and plans with what it learnt.
 
-Strategies decide; :mod:`gpuscaler.simulator.engine` plays the cloud and keeps the books.
+The baselines a careful team would run (``ondemand-best``, ``managed-spot``, ``uniform-progress``)
+are in :mod:`gpuscaler.simulator.baselines`; the registry of names in
+:mod:`gpuscaler.simulator.registry`. Strategies decide; :mod:`gpuscaler.simulator.engine` plays
+the cloud and keeps the books.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuscaler.api import PrecisionName, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog
 from gpuscaler.planner import Candidate, Interrupted, Situation, recover, resolve_workload
-from gpuscaler.simulator.planning import CachedPlanner, with_remaining
+from gpuscaler.planner.correction import PlanOption
+from gpuscaler.simulator.planning import CachedPlanner, PlanKey, plan_key, with_remaining
+
+if TYPE_CHECKING:
+    from gpuscaler.simulator.allocation import Allocation, Review
 
 SHORTAGE_HOLD_H = 1.0
 """How long gpuscaler avoids an offering after a failed capacity request."""
@@ -41,6 +50,9 @@ class Decision:
     """Seconds of training between periodic checkpoints; None = no checkpoints."""
     handshake: bool
     """Checkpoint within the interruption notice."""
+    efficiency: float = 1.0
+    """The efficiency factor the candidate's throughput was planned with (observed / model on its
+    GPU type; 1 = the model's prediction). The engine divides it out to find the model's figure."""
 
 
 @dataclass
@@ -60,6 +72,14 @@ class JobState:
     current: Decision | None = None
     unavailable: dict[tuple[str, str], float] = field(default_factory=dict)
     """(instance, capacity) -> simulated hour until which it is avoided."""
+    efficiency: dict[str, float] = field(default_factory=dict)
+    """Observed / model throughput per GPU id, as the simulated operator has corrected it (the
+    operator's ``status.observed.efficiencyByGpu``); empty until a correction."""
+    plan_changed_h: float = 0.0
+    """Simulated hour of the last plan change (first plan, recovery or move)."""
+    progress_rate: dict[tuple[str, int, str], float] = field(default_factory=dict)
+    """Samples per second of training the job's progress counter showed per configuration
+    (instance type, nodes, precision) it has run on: what a team watching its job sees."""
     note: str = ""
 
     def deadline_left_h(self, now_h: float) -> float | None:
@@ -77,6 +97,9 @@ class Strategy:
     name = "base"
     label = "base"
     replans_on_shortage = False
+    """After a failed capacity request, avoid that offering for ``SHORTAGE_HOLD_H``."""
+    corrects = False
+    """Observes running allocations and corrects the model as the operator does (gpuscaler only)."""
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         """The first decision for a job arriving at ``now_h``; None when it cannot be planned."""
@@ -87,8 +110,21 @@ class Strategy:
         return st.current
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        """The decision after a failed capacity request (default: the same, after a back-off)."""
+        """The decision after a failed capacity request (the same object: ask again after a back-off)."""
         return st.current
+
+    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> tuple[Decision | None, PlanOption | None]:
+        """The plan for the rest of a running job with the corrected model (``corrects`` only), and the
+        running plan's figures in the same planner result (None: no longer feasible there)."""
+        return None, None
+
+    def review_at_h(self, st: JobState, alloc: Allocation) -> float | None:
+        """Simulated hour at which to :meth:`review` the running allocation; None (default): never."""
+        return None
+
+    def review(self, st: JobState, planner: CachedPlanner, now_h: float, alloc: Allocation) -> Review | None:
+        """Look at a running allocation (progress in ``alloc``); None: carry on, no further review."""
+        return None
 
 
 def _first(planner: CachedPlanner, st: JobState, specs: Sequence[TrainingJobSpec]) -> Candidate | None:
@@ -161,10 +197,10 @@ class CheapestFits(Strategy):
 
 
 class SpotRestart(Strategy):
-    """The planner's best spot plan (deadline ignored); restart from scratch after a reclaim."""
+    """The planner's best spot plan with the deadline removed; restart from scratch after a reclaim."""
 
-    name = "spot-restart"
-    label = "spot, restart from scratch"
+    name = "deadline-blind-spot-restart"
+    label = "spot, deadline ignored, restart from scratch"
     interval_s: float | None = None
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
@@ -174,10 +210,10 @@ class SpotRestart(Strategy):
 
 
 class SpotCheckpoint(SpotRestart):
-    """The planner's best spot plan with a fixed checkpoint interval and no handshake."""
+    """The planner's best spot plan, deadline removed, with a fixed checkpoint interval and no handshake."""
 
-    name = "spot-checkpoint"
-    label = "spot, hourly checkpoints"
+    name = "deadline-blind-spot-checkpoint"
+    label = "spot, deadline ignored, hourly checkpoints"
 
     def __init__(self, interval_s: float = 3600.0) -> None:
         self.interval_s = interval_s
@@ -196,17 +232,24 @@ class Gpuscaler(Strategy):
     name = "gpuscaler"
     label = "gpuscaler"
     replans_on_shortage = True
+    corrects = True
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h)
+        return self._decide(st, planner, now_h)[0]
 
     def after_interruption(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h)
+        return self._decide(st, planner, now_h)[0]
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h)
+        return self._decide(st, planner, now_h)[0]
 
-    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> tuple[Decision | None, PlanOption | None]:
+        cur = st.current.candidate if st.current is not None else None
+        key = None if cur is None else plan_key(cur)
+        return self._decide(st, planner, now_h, current=key)
+
+    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float, current: PlanKey | None = None,
+                ) -> tuple[Decision | None, PlanOption | None]:
         cur = st.current.candidate if st.current is not None else None
         situation = Situation(
             spec=st.spec,
@@ -221,33 +264,13 @@ class Gpuscaler(Strategy):
             unavailable=st.avoided(now_h),
             rules=planner.policy.spot,
         )
-        rec = recover(situation, lambda spec, dl, un: planner.choose(spec, dl, un, st.name))
+        eff = st.efficiency  # the operator plans with status.observed.efficiencyByGpu
+        rec = recover(situation, lambda spec, dl, un: planner.choose(spec, dl, un, st.name, efficiency=eff,
+                                                                     current=current))
+        found = rec.result.current if rec.result is not None else None
         cand = rec.chosen
         if cand is None:
-            return None
-        return Decision(cand, cand.outlook.interval_s, handshake=True)
+            return None, found
+        return Decision(cand, cand.outlook.interval_s, handshake=True, efficiency=eff.get(cand.instance.gpu_id, 1.0)), found
 
 
-STRATEGIES = ("ondemand-8xa100", "cheapest-fits", "spot-restart", "spot-checkpoint", "gpuscaler")
-
-
-def make_strategies(catalog: Catalog, names: Sequence[str] = STRATEGIES,
-                    checkpoint_interval_s: float = 3600.0) -> list[Strategy]:
-    """Strategy objects by name, in the order given.
-
-    Raises:
-        ValueError: an unknown name.
-    """
-    makers: dict[str, Callable[[], Strategy]] = {
-        "ondemand-8xa100": OnDemandFixed,
-        "cheapest-fits": lambda: CheapestFits(catalog),
-        "spot-restart": SpotRestart,
-        "spot-checkpoint": lambda: SpotCheckpoint(checkpoint_interval_s),
-        "gpuscaler": Gpuscaler,
-    }
-    out: list[Strategy] = []
-    for n in names:
-        if n not in makers:
-            raise ValueError(f"unknown strategy {n!r}; choose from {', '.join(STRATEGIES)}")
-        out.append(makers[n]())
-    return out

@@ -1,0 +1,65 @@
+"""The strategies by name: the default comparison, the optional ones, and their constructors.
+
+Default, in table order (the first is the baseline of the savings column):
+
+* ``ondemand-best``, ``managed-spot``, ``uniform-progress``: what a careful team would run
+  (:mod:`gpuscaler.simulator.baselines`);
+* ``ondemand-8xa100``: the on-demand 8 x A100 fp32 habit, kept as a reference;
+* ``gpuscaler``.
+
+Optional (``--strategies``): ``cheapest-fits`` (no performance model) and the naive spot
+strategies that plan with the deadline removed, ``deadline-blind-spot-restart`` and
+``deadline-blind-spot-checkpoint`` (:mod:`gpuscaler.simulator.strategies`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gpuscaler.catalog import Catalog
+from gpuscaler.simulator.baselines import ManagedSpot, OnDemandBest, UniformProgress
+from gpuscaler.simulator.strategies import (
+    CheapestFits,
+    Gpuscaler,
+    OnDemandFixed,
+    SpotCheckpoint,
+    SpotRestart,
+    Strategy,
+)
+
+STRATEGIES = ("ondemand-best", "managed-spot", "uniform-progress", "ondemand-8xa100", "gpuscaler")
+"""The default comparison."""
+OPTIONAL = ("cheapest-fits", "deadline-blind-spot-restart", "deadline-blind-spot-checkpoint")
+ALL_STRATEGIES = STRATEGIES + OPTIONAL
+BASELINES = ("ondemand-best", "managed-spot", "uniform-progress")
+"""The careful baselines gpuscaler's targets are measured against."""
+
+
+def make_strategies(catalog: Catalog, names: Sequence[str] = STRATEGIES,
+                    checkpoint_interval_s: float = 3600.0) -> list[Strategy]:
+    """Fresh strategy objects by name, in the order given (strategies keep per-job state).
+
+    Args:
+        catalog: the catalog (``cheapest-fits`` reads it).
+        names: strategy names.
+        checkpoint_interval_s: the fixed interval of ``deadline-blind-spot-checkpoint``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    makers: dict[str, Callable[[], Strategy]] = {
+        "ondemand-best": OnDemandBest,
+        "managed-spot": ManagedSpot,
+        "uniform-progress": UniformProgress,
+        "ondemand-8xa100": OnDemandFixed,
+        "gpuscaler": Gpuscaler,
+        "cheapest-fits": lambda: CheapestFits(catalog),
+        "deadline-blind-spot-restart": SpotRestart,
+        "deadline-blind-spot-checkpoint": lambda: SpotCheckpoint(checkpoint_interval_s),
+    }
+    out: list[Strategy] = []
+    for n in names:
+        if n not in makers:
+            raise ValueError(f"unknown strategy {n!r}; choose from {', '.join(ALL_STRATEGIES)}")
+        out.append(makers[n]())
+    return out
