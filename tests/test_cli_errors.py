@@ -309,7 +309,7 @@ def test_simulate_json_has_no_nan_when_a_strategy_finishes_nothing(
     code, out, _ = run(capsys, "simulate", trace(tmp_path, {"name": "a", "arrivalHours": 0, "spec": huge}), "--json")
     assert code == 0
     rows = strict_json(out)["strategies"]
-    assert rows and all(r["finished"] == 0 and r["mean_completion_h"] is None for r in rows)
+    assert rows and all(r["unfinished"]["min"] == r["jobs"] and r["mean_completion_h"] is None for r in rows)
 
 
 def test_usage_errors_under_json_are_error_objects(capsys: pytest.CaptureFixture[str]) -> None:
