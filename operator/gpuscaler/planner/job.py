@@ -30,10 +30,14 @@ class ResolvedJob:
     name: str
     workload: Workload
     global_batch: int
+    """Batch items per optimizer step (images, sequences, sentence pairs)."""
     total_samples: float
+    """Samples to train on, in the workload's unit (tokens for token-unit workloads)."""
     steps: int
     deadline_h: float | None
     budget_usd: float | None
+    channels_last: bool = False
+    data_loader: str = "pytorch"
 
 
 def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
@@ -98,7 +102,7 @@ def resolve(
     if t.samples is not None:
         samples = t.samples
     elif t.steps is not None:
-        samples = float(t.steps * spec.global_batch)
+        samples = float(t.steps * spec.global_batch * workload.samples_per_item)
     else:
         per_epoch = t.samples_per_epoch or workload.samples_per_epoch
         if per_epoch is None:
@@ -107,8 +111,18 @@ def resolve(
                 "add training.samplesPerEpoch or give training.samples"
             )
         samples = (t.epochs or 0) * per_epoch
-    steps = max(1, math.ceil(samples / spec.global_batch))
+    steps = max(1, math.ceil(samples / (spec.global_batch * workload.samples_per_item)))
     dl = deadline_h if deadline_h is not None else spec.deadline_hours()
     if dl is not None and dl <= 0:
         raise JobError(f"deadline is {-dl:.1f} h in the past; move spec.deadline or use spec.maxDuration")
-    return ResolvedJob(name, workload, spec.global_batch, samples, steps, dl, spec.budget_usd)
+    return ResolvedJob(
+        name,
+        workload,
+        spec.global_batch,
+        samples,
+        steps,
+        dl,
+        spec.budget_usd,
+        channels_last=spec.workload.channels_last,
+        data_loader=spec.workload.data_loader,
+    )
