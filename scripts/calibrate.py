@@ -11,8 +11,8 @@ validate`` reports both.
     python scripts/calibrate.py --check      # refit and fail if either file is out of date
     python scripts/calibrate.py --holdout    # print the cross-validation table only
 
-Free parameters: per family the tensor and SIMT efficiencies, DRAM traffic per activation byte,
-the share of it autocast keeps in fp32, fixed host time per micro-batch and per item, and per
+Free parameters: per family the tensor and SIMT efficiencies, the share of FLOPs that never
+reach tensor cores, DRAM traffic per activation byte, the share of it autocast keeps in fp32, fixed host time per micro-batch and per item, and per
 optimizer step; per framework a throughput factor (PyTorch = 1); per named workload a scale
 regularised towards 1 (a log-normal prior, weight REG); the communication overlap and the
 synchronisation cost per GPU doubling. Family parameters carry a weak prior towards their start
@@ -65,14 +65,16 @@ FAMILY_FIELDS = (
     "update_overhead_s",
     "fp32_memory_fraction",
     "host_s_per_item",
+    "simt_fraction",
 )
 # Per family: start, lower and upper bound of each field: efficiencies in (0, 1], DRAM traffic
 # 0.1-50 x the stored activations, fp32 share of it under autocast 0.01-1, per-step cost 10 us -
 # 0.5 s, per-micro-batch launch cost at most 20 ms (a physical prior: the forward and backward of a
-# ~24-layer model launch ~1,000-3,000 kernels at ~5-10 us each), host time per item 10 ns - 1 ms.
-FAMILY_START = (0.5, 0.6, 2.0, 0.005, 0.005, 0.3, 1e-5)
-FAMILY_LO = (0.01, 0.01, 0.1, 1e-5, 1e-5, 0.01, 1e-8)
-FAMILY_HI = (1.0, 1.0, 50.0, 0.02, 0.5, 1.0, 1e-3)
+# ~24-layer model launch ~1,000-3,000 kernels at ~5-10 us each), host time per item 10 ns - 1 ms,
+# share of FLOPs off the tensor cores 0.01% - 50% (start 2%).
+FAMILY_START = (0.5, 0.6, 2.0, 0.005, 0.005, 0.3, 1e-5, 0.02)
+FAMILY_LO = (0.01, 0.01, 0.1, 1e-5, 1e-5, 0.01, 1e-8, 1e-4)
+FAMILY_HI = (1.0, 1.0, 50.0, 0.02, 0.5, 1.0, 1e-3, 0.5)
 MAX_NFEV = 200
 
 

@@ -217,3 +217,17 @@ def test_calibration_rows_declare_what_dle_ran() -> None:
     assert not any(r.cfg.channels_last for r in rows if r.workload.family == "transformer")
     txl = next(r for r in rows if r.workload.id == "transformerxl-base")
     assert txl.cfg.micro_batch < 1000  # sequences, as the source table gives them
+
+
+def test_flops_off_the_tensor_cores_cap_the_amp_speedup() -> None:
+    """The family's non-convertible share runs at the CUDA-core rate at any precision."""
+    p = fitted()
+    w, g = CAT.workload("maskrcnn"), CAT.gpu("A100-80GB")
+
+    def speedup(share: float) -> float:
+        fam = replace(p.family(w.family), simt_fraction=share)
+        params = replace(p, families={**p.families, w.family: fam})
+        fp32 = estimate(w, g, ParallelConfig(micro_batch=4, precision=Precision.FP32), params).throughput
+        return estimate(w, g, ParallelConfig(micro_batch=4, precision=Precision.AMP), params).throughput / fp32
+
+    assert speedup(0.0) > speedup(0.05) > speedup(0.3) > 1.0

@@ -436,7 +436,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         m = cv["metrics"][key]
         fit = in_sample.get(key, rep.overall)
         rows.append([label, fit.n, f"{fit.mape:.1f}", m["n"], f"{m['mape'] * 100:.1f}", f"{m['median_ape'] * 100:.1f}"])
-    print(_table(["quantity", "pairs", "fit MAPE %", "held-out pairs", "CV MAPE %", "CV median %"], rows))
+    print(_table(["quantity", "rows or pairs", "fit MAPE %", "held out", "CV MAPE %", "CV median %"], rows))
     print("\nCross-validated MAPE % by scheme (scripts/calibrate.py; every scored prediction is held out):")
     print(
         _table(

@@ -9,13 +9,16 @@ workload's unit (``Workload.unit``), which for token-unit workloads is ``samples
 per item. Step time of data-parallel training with ``n = gpus_per_node x nodes`` GPUs, micro-batch
 ``b`` items and ``K`` accumulation steps::
 
-    t_micro = t_launch + b * h                        host: launches, Python, data hand-off
-            + L * b * F / (R * e_w)                   tensor-core (or SIMT) matmul/conv work
-            + b * A * m * c_p / W                     memory-bound work (norms, softmax, elementwise)
+    t_micro = t_launch + b * h                      host: launches, Python, data hand-off
+            + b * F * ((1-u) L / (R * e_w) + u / S)  matmul/conv work on tensor cores, rest on CUDA cores
+            + b * A * m * c_p / W                   memory-bound work (norms, softmax, elementwise)
     t_step  = K * t_micro + t_update + t_opt + max(t_tail, t_comm - overlap * t_backward) + t_sync
 
-- ``F`` training FLOPs per item (x 4/3 under activation checkpointing). ``R`` the achievable rate
-  at the precision: dense tensor-core peak (TF32 for fp32 on Ampere and newer, fp16/bf16 for amp)
+- ``F`` training FLOPs per item (x 4/3 under activation checkpointing), of which the family's fitted
+  share ``u`` never reaches tensor cores (runs at the non-tensor FP32 rate x SIMT efficiency at any
+  precision: ROI and box operations, reductions; ``S`` = FP32 peak x SIMT efficiency x derate).
+  ``R`` the achievable rate at the precision: dense tensor-core peak (TF32 for fp32 on Ampere and
+  newer, fp16/bf16 for amp)
   x the family's fitted tensor efficiency x the GPU's measured matmul efficiency (MAMF) relative to
   the A100 reference x a power-limited clock derate for cards with no MAMF measurement, or the
   non-tensor FP32 peak x the family's SIMT efficiency on GPUs without TF32. ``e_w`` is wave
@@ -26,8 +29,8 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
   norm, losses, reductions).
 - ``t_launch`` and ``h`` are fitted per family and do not scale with the GPU, so a faster GPU spends
   a larger share of its step there and gains less from mixed precision: the AMP speedup is
-  ``(host + tensor_fp32 + memory_fp32) / (host + tensor_fp32 / peak_ratio + memory_fp32 * (1+phi)/2)``,
-  at most the tensor peak ratio, shrinking as the GPU gets faster.
+  ``(host + simt + tensor_fp32 + memory_fp32) / (host + simt + tensor_fp32 / peak_ratio + memory_fp32
+  * (1+phi)/2)``, at most the tensor peak ratio, shrinking as the GPU gets faster.
 - ``L`` is 1.22 on the convolution (tensor-core) time of convolutional families at 16 bits in
   PyTorch's default NCHW layout and 1 in channels-last (``ParallelConfig.channels_last``); the
   calibration rows declare what NVIDIA's DeepLearningExamples ran (NHWC for the CNN AMP rows), so
@@ -323,6 +326,8 @@ class StepTerms:
     flops_per_item: float
     rate: float
     """Achievable FLOPS before the family's efficiency: peak x MAMF x derate x wave efficiency."""
+    simt_rate: float
+    """Non-tensor FP32 FLOPS (x derate), where the family's non-convertible FLOPs run."""
     tensor: bool
     """Runs on tensor cores (tensor efficiency) or SIMT FP32 (SIMT efficiency)."""
     sixteen_bit: bool
@@ -358,7 +363,8 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
     hw, peak = hardware_precision(gpu, cfg.precision)
     if hw == "fp8" and workload.family not in cc["fp8_families"]:
         hw, peak = ("bf16" if gpu.has_bf16 else "fp16"), gpu.fp16_tflops
-    rate = peak * 1e12 * clock_derate(gpu)
+    derate = clock_derate(gpu)
+    rate = peak * 1e12 * derate
     tensor = hw != "fp32-simt"
     if tensor:
         ref = cc["reference_matmul_efficiency"]
@@ -392,6 +398,7 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
         samples_per_item=per_item,
         flops_per_item=flops,
         rate=rate,
+        simt_rate=gpu.fp32_tflops * 1e12 * derate,
         tensor=tensor,
         sixteen_bit=sixteen,
         layout=cc["channels_last_speedup"] if nchw else 1.0,
@@ -427,9 +434,13 @@ def combine(t: StepTerms, p: FittedParams) -> StepTime:
     """Step time and throughput from the parameter-free terms and the fitted parameters."""
     fam = p.family(t.family)
     scale = p.workload_scale.get(t.workload_id, 1.0) * p.framework_scale.get(t.framework, 1.0)
-    eff = fam.tensor_efficiency if t.tensor else fam.simt_efficiency
     b, k = t.items, t.accumulation
-    compute_micro = b * t.flops_per_item / (t.rate * eff) * t.layout / scale
+    if t.tensor:
+        u = fam.simt_fraction
+        per_flop = (1.0 - u) / (t.rate * fam.tensor_efficiency) * t.layout + u / (t.simt_rate * fam.simt_efficiency)
+    else:
+        per_flop = 1.0 / (t.rate * fam.simt_efficiency)
+    compute_micro = b * t.flops_per_item * per_flop / scale
     bytes_factor = (1.0 + fam.fp32_memory_fraction) if t.sixteen_bit else 2.0
     memory_micro = b * t.activation_bytes_per_item * fam.memory_traffic * bytes_factor / t.bandwidth / scale
     host_micro = fam.launch_overhead_s + b * fam.host_s_per_item

@@ -34,6 +34,8 @@ class FamilyParams:
     """Share of the memory-bound traffic that autocast keeps in fp32 (softmax, norms, losses)."""
     host_s_per_item: float = 0.0
     """Host time per batch item that does not scale with the GPU (collation, copies, Python)."""
+    simt_fraction: float = 0.0
+    """Share of the FLOPs that never run on tensor cores (non-tensor FP32 at any precision)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
                 "update_overhead_s": f.update_overhead_s,
                 "fp32_memory_fraction": f.fp32_memory_fraction,
                 "host_s_per_item": f.host_s_per_item,
+                "simt_fraction": f.simt_fraction,
             }
             for name, f in sorted(p.families.items())
         },
