@@ -30,7 +30,9 @@ throughput metric pools the held-out rows' absolute errors.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import inspect
 import json
 import math
 import statistics
@@ -44,6 +46,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from gpuscaler.perfmodel import calibration
+from gpuscaler.perfmodel.model import combine
 from gpuscaler.perfmodel.parameters import FamilyParams, FittedParams, fitted_to_dict
 
 DATA = Path(__file__).resolve().parents[1] / "operator/gpuscaler/perfmodel/data"
@@ -218,20 +221,21 @@ def _same(committed: object, fresh: object) -> bool:
     )
 
 
-def inputs_sha256() -> str:
-    """Hash of what the predictions depend on: the data rows, the catalog, the model's constants and
-    code (a change to the fitting itself shows in fitted.json, which --check refits)."""
+def inputs_sha256(rows: list[calibration.Row]) -> str:
+    """Hash of what the predictions of the calibration rows depend on: each row's measured value and
+    parameter-free model terms (so catalog or constant edits that do not touch these rows leave it
+    alone), and the source of the fitted combination (a change to the fitting itself shows in
+    fitted.json, which --check refits)."""
     h = hashlib.sha256()
-    for package, name in (
-        ("gpuscaler.perfmodel", "published_throughput.jsonl"),
-        ("gpuscaler.perfmodel", "constants.yaml"),
-        ("gpuscaler.catalog", "gpus.csv"),
-        ("gpuscaler.catalog", "workloads.csv"),
-    ):
-        h.update((resources.files(package) / "data" / name).read_bytes())
-    for code in (Path(calibration.__file__).parent / "model.py", Path(calibration.__file__)):
-        h.update(code.read_bytes())
+    for r in rows:
+        terms = dataclasses.asdict(r.terms)
+        h.update(repr((r.measured, r.precision, sorted((k, _rounded(v)) for k, v in terms.items()))).encode())
+    h.update(inspect.getsource(combine).encode())
     return h.hexdigest()
+
+
+def _rounded(value: object) -> object:
+    return float(f"{value:.9g}") if isinstance(value, float) else value
 
 
 def print_cv(cv: dict[str, Any]) -> None:
@@ -256,7 +260,7 @@ def main() -> int:
     data_bytes = (resources.files("gpuscaler.perfmodel") / "data" / "published_throughput.jsonl").read_bytes()
     rep = calibration.report(params)
     out = fitted_to_dict(params)
-    digest = inputs_sha256()
+    digest = inputs_sha256(rows)
     out["meta"] = {
         "data": "published_throughput.jsonl",
         "data_sha256": hashlib.sha256(data_bytes).hexdigest(),
