@@ -40,7 +40,7 @@ from gpuscaler.inputs import (
     to_json,
     validation_error,
 )
-from gpuscaler.perfmodel import ParallelConfig, PrecisionUnsupportedError, estimate
+from gpuscaler.perfmodel import DATA_LOADERS, ParallelConfig, PrecisionUnsupportedError, estimate
 from gpuscaler.perfmodel.uncertainty import CrossValidationError, throughput_band
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.policy import Policy, PolicyConflictError, load_policies, policy_for_namespace
@@ -493,6 +493,17 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     cat = load_catalog()
     workload = cat.workload(args.workload)
     gpu = cat.gpu(args.gpu)
+    counts = (
+        ("--gpus", args.gpus, "GPUs in total"),
+        ("--nodes", args.nodes, "nodes"),
+        ("--batch-per-gpu", args.batch_per_gpu, f"{workload.item} per GPU per micro-batch"),
+        ("--accumulation", args.accumulation, "micro-batches per optimizer step"),
+    )
+    for flag, value, what in counts:
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value}: must be at least 1 ({what})")
+    if args.network_gbps is not None and args.network_gbps <= 0:
+        raise UsageError(f"--network-gbps {args.network_gbps:g}: must be positive (Gb/s between nodes)")
     if args.gpus % args.nodes:
         raise UsageError(f"--gpus {args.gpus} must be a multiple of --nodes {args.nodes}")
     per_node = args.gpus // args.nodes
@@ -516,6 +527,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         zero_stage=args.zero_stage,
         activation_checkpointing=args.activation_checkpointing,
         network_gbps=network,
+        channels_last=args.channels_last,
+        data_loader=args.data_loader,
     )
     est = estimate(workload, gpu, cfg)
     band = throughput_band(workload, gpu, cfg.precision, est.throughput)
@@ -535,6 +548,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         "throughput_log_sigma": band.log_sigma,
         "throughput_band_reasons": list(band.reasons),
         "unit": est.unit,
+        "batch_unit": est.batch_unit,
+        "channels_last": cfg.channels_last,
+        "data_loader": cfg.data_loader,
         "step_time_s": est.step_time_s,
         "memory_per_gpu_gb": est.memory_per_gpu_gb,
         "memory_breakdown_gb": {
@@ -552,6 +568,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "compute": est.compute_s,
             "memory_bound": est.memory_bound_s,
             "overhead": est.overhead_s,
+            "host": est.host_s,
             "allreduce": est.comm_s,
             "allreduce_exposed": est.comm_exposed_s,
         },
@@ -561,7 +578,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         print(
             f"{workload.id} on {cfg.gpus} x {gpu.id} ({args.precision} -> {est.precision_used}), batch/GPU "
-            f"{cfg.micro_batch} x {cfg.accumulation}:\n"
+            f"{cfg.micro_batch} {est.batch_unit} x {cfg.accumulation}:\n"
             f"  throughput {est.throughput:,.1f} {est.unit}/s, step {est.step_time_s * 1000:,.1f} ms, "
             f"scaling efficiency {est.scaling_efficiency:.0%}, bound by {est.bottleneck}\n"
             f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error sigma {band.log_sigma:.2f}"
@@ -599,6 +616,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     rep = calibration.report()
     meta = fitted().meta
+    cv = calibration.cross_validation()
     if args.json:
 
         def s(x: calibration.ErrorStats) -> dict[str, float]:
@@ -614,6 +632,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         "amp_speedup": s(rep.amp_speedup),
                         "scaling_efficiency": s(rep.scaling),
                     },
+                    "cross_validation": {
+                        **cv["metrics"],
+                        "schemes": cv["schemes"],
+                        "source": cv["source"],
+                    },
                     "skipped": rep.skipped,
                     "calibration": meta,
                 },
@@ -625,54 +648,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(
         f"\nOverall: {rep.overall.n} rows, MAPE {rep.overall.mape:.1f}%, median error {rep.overall.median:.1f}%\n"
     )
-    print("Relative errors (what the planner's choices hinge on):")
+    labels = {
+        "throughput": "throughput (absolute)",
+        "gpu_ratio": "GPU speed ratio (A100 vs V100, same run)",
+        "amp_speedup": "mixed-precision speedup (same GPU)",
+        "scaling": "multi-GPU scaling (n GPUs vs 1)",
+    }
+    in_sample = {"gpu_ratio": rep.gpu_ratio, "amp_speedup": rep.amp_speedup, "scaling": rep.scaling}
+    print("Relative errors (what the planner's choices hinge on), in sample and cross-validated:")
+    rows: list[list[object]] = []
+    for key, label in labels.items():
+        m = cv["metrics"][key]
+        fit = in_sample.get(key, rep.overall)
+        rows.append([label, fit.n, f"{fit.mape:.1f}", m["n"], f"{m['mape'] * 100:.1f}", f"{m['median_ape'] * 100:.1f}"])
+    print(_table(["quantity", "rows or pairs", "fit MAPE %", "held out", "CV MAPE %", "CV median %"], rows))
+    print("\nCross-validated MAPE % by scheme (scripts/calibrate.py; every scored prediction is held out):")
     print(
         _table(
-            ["quantity", "pairs", "MAPE %", "median %"],
+            ["scheme", *labels],
             [
-                [
-                    "GPU speed ratio (A100 vs V100, same run)",
-                    rep.gpu_ratio.n,
-                    f"{rep.gpu_ratio.mape:.1f}",
-                    f"{rep.gpu_ratio.median:.1f}",
-                ],
-                [
-                    "mixed-precision speedup (same GPU)",
-                    rep.amp_speedup.n,
-                    f"{rep.amp_speedup.mape:.1f}",
-                    f"{rep.amp_speedup.median:.1f}",
-                ],
-                [
-                    "multi-GPU scaling (n GPUs vs 1)",
-                    rep.scaling.n,
-                    f"{rep.scaling.mape:.1f}",
-                    f"{rep.scaling.median:.1f}",
-                ],
+                [name, *(f"{m[k]['mape'] * 100:.1f} ({m[k]['n']})" for k in labels)]
+                for name, m in cv["schemes"].items()
             ],
         )
     )
     for dim in ("gpu", "precision", "family", "gpus", "workload", "framework"):
-        print(f"\nBy {dim}:")
+        print(f"\nBy {dim} (in sample):")
         print(
             _table(
                 [dim, "rows", "MAPE %", "median %"],
                 [[k.strip(), v.n, f"{v.mape:.1f}", f"{v.median:.1f}"] for k, v in rep.by[dim].items()],
             )
         )
-    held = meta.get("holdout") or []
-    if held:
-        print(
-            "\nOut of sample (scripts/calibrate.py --holdout): fit on one GPU generation, predict the other:"
-        )
-        print(_table(
-            ["fit on", "predict", "rows", "MAPE %", "median %", "speed-ratio pairs", "ratio MAPE %", "ratio median %"],
-            [[h["train"], h["test"], h["test_rows"], h["mape_pct"], h["median_ape_pct"], h["ratio_pairs"],
-              h["ratio_mape_pct"], h["ratio_median_ape_pct"]] for h in held],
-        ))  # fmt: skip
-        print(
-            "(Ampere rows carry no non-tensor FP32 runs, so a fit on them cannot learn V100's FP32 efficiency;"
-        )
-        print(" the Volta -> Ampere direction is the one a newer GPU type resembles.)")
     if rep.skipped:
         print("\nSkipped rows: " + "; ".join(f"{n} {why}" for why, n in rep.skipped.items()))
     return 0
@@ -785,9 +792,22 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--nodes", type=positive_int, default=1, help="nodes the GPUs are spread over (default 1)")
     se.add_argument("--precision", choices=[x.value for x in Precision], default="amp")
     se.add_argument(
-        "--batch-per-gpu", type=positive_int, help="micro-batch per GPU (default: largest power of 2 that fits)"
+        "--batch-per-gpu",
+        type=positive_int,
+        help="micro-batch per GPU in batch items: images, sequences, sentence pairs (default: largest power of 2 that fits)",
     )
     se.add_argument("--accumulation", type=positive_int, default=1, help="gradient accumulation steps")
+    se.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="convolutions in channels-last (NHWC) memory format (default: PyTorch's NCHW)",
+    )
+    se.add_argument(
+        "--data-loader",
+        choices=list(DATA_LOADERS),
+        default="pytorch",
+        help="input pipeline: pytorch DataLoader (default) or NVIDIA dali",
+    )
     se.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=0)
     se.add_argument("--activation-checkpointing", action="store_true")
     se.add_argument(

@@ -122,6 +122,21 @@ class WorkloadSpec(Model):
     optimizer: Literal["adam", "sgd"] | None = Field(
         default=None, description="Optimizer (memory for its state)."
     )
+    channels_last: bool = Field(
+        default=False,
+        description=(
+            "Convolutions run in channels-last (NHWC) memory format, e.g. "
+            "model.to(memory_format=torch.channels_last); false = PyTorch's default NCHW, which is "
+            "slower on tensor cores at 16-bit precision."
+        ),
+    )
+    data_loader: Literal["pytorch", "dali"] = Field(
+        default="pytorch",
+        description=(
+            "Input pipeline: pytorch (DataLoader workers decoding on the CPU) or dali (NVIDIA DALI, "
+            "decoding on the GPU); bounds image workloads by the node's vCPUs."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadSpec:
@@ -137,7 +152,10 @@ class TrainingAmount(Model):
     """How much training: exactly one of samples, epochs (with samplesPerEpoch for custom data) or steps."""
 
     samples: float | None = Field(
-        default=None, gt=0, le=MAX_TRAINING_SAMPLES, description="Total training samples."
+        default=None,
+        gt=0,
+        le=MAX_TRAINING_SAMPLES,
+        description="Total training samples in the workload's unit (what its throughput counts: images, sequences, tokens).",
     )
     epochs: float | None = Field(default=None, gt=0, le=1_000_000, description="Epochs over the dataset.")
     samples_per_epoch: int | None = Field(
@@ -172,7 +190,10 @@ class Constraints(Model):
     max_nodes: int | None = Field(default=None, ge=1, le=1024, description="Most nodes to use.")
     precisions: list[PrecisionName] = Field(
         default_factory=list,
-        description="Precisions to consider; empty = fp32 and amp (and fp8 where supported).",
+        description=(
+            "Precisions to consider; empty = fp32 and amp. fp8 (Transformer Engine) is considered "
+            "only when listed here."
+        ),
     )
     spot: SpotPolicy = Field(
         default=SpotPolicy.ALLOWED, description="Use spot capacity: never, allowed, preferred."
@@ -231,7 +252,14 @@ class TrainingJobSpec(Model):
     """The desired state of a TrainingJob."""
 
     workload: WorkloadSpec = Field(description="What is trained.")
-    global_batch: int = Field(ge=1, le=100_000_000, description="Global batch in samples; kept exactly.")
+    global_batch: int = Field(
+        ge=1,
+        le=100_000_000,
+        description=(
+            "Global batch in batch items (images, sequences, sentence pairs: the batch unit of "
+            "gpuscaler catalog workloads), kept exactly."
+        ),
+    )
     training: TrainingAmount = Field(description="How much training.")
     deadline: datetime | None = Field(default=None, description="Finish by this time (RFC 3339).")
     max_duration: str | None = Field(

@@ -137,6 +137,8 @@ def parse_gpus(rows: list[dict[str, str]]) -> Index[GPU]:
             tdp_w=_opt_float(r["tdp_w"]),
             matmul_efficiency=_opt_float(r["matmul_efficiency"]),
             source=r["source"],
+            sm_count=_opt_int(r.get("sm_count", "")),
+            nccl_busbw_gbs=_opt_float(r.get("nccl_busbw_gbs", "")),
         )
         index.add(gpu.id, gpu, (*gpu.aliases, gpu.product_label))
     return index
@@ -214,6 +216,7 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
             samples_per_epoch=_opt_int(r["samples_per_epoch"]),
             source=r["source"],
             shape=shape,
+            batch_unit=r.get("batch_unit", ""),
         )
         if w.params <= 0 or w.flops_per_sample <= 0:
             raise CatalogError(f"workloads.csv: {w.id}: params and flops_per_sample must be positive")

@@ -70,6 +70,10 @@ class GPU:
     matmul_efficiency: float | None
     """Measured max achievable BF16 matmul FLOPS / peak (MAMF), where published."""
     source: str
+    sm_count: int | None = None
+    """Streaming multiprocessors (AMD: compute units): how many GEMM tiles run in one wave."""
+    nccl_busbw_gbs: float | None = None
+    """Measured NCCL all-reduce bus bandwidth of 8 GPUs in one node, GB/s; None = derive from the link."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +121,7 @@ class Workload:
     family: str
     """cnn, detection, transformer-encoder, transformer-decoder, rnn, recsys."""
     unit: str
-    """What one sample is: images, sequences, tokens."""
+    """What one sample is (what throughput counts): images, sequences, tokens."""
     params: float
     """Trainable parameters."""
     flops_per_sample: float
@@ -137,3 +141,17 @@ class Workload:
     source: str = ""
     shape: TransformerShape | None = field(default=None, compare=False, repr=False)
     """The transformer shape it was derived from, when it was (enables activation checkpointing maths)."""
+    batch_unit: str = ""
+    """What one batch item is (what a user's batch counts): images, sequences, sentence pairs;
+    empty = the same as ``unit``."""
+
+    @property
+    def item(self) -> str:
+        """The batch item's name (``batch_unit``, else ``unit``)."""
+        return self.batch_unit or self.unit
+
+    @property
+    def samples_per_item(self) -> int:
+        """Samples (throughput units) in one batch item: ``seq_len`` tokens for token-unit
+        workloads (a sequence or sentence pair), else 1."""
+        return self.seq_len if self.unit == "tokens" and self.seq_len else 1

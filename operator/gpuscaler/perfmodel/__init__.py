@@ -4,6 +4,7 @@ Pure: imports no Kubernetes or cloud code. See :mod:`gpuscaler.perfmodel.model` 
 """
 
 from gpuscaler.perfmodel.model import (
+    DATA_LOADERS,
     Estimate,
     MemoryBreakdown,
     ParallelConfig,
@@ -16,6 +17,7 @@ from gpuscaler.perfmodel.model import (
 from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 
 __all__ = [
+    "DATA_LOADERS",
     "Estimate",
     "FittedParams",
     "MemoryBreakdown",

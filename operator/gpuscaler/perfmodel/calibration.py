@@ -20,11 +20,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from gpuscaler.catalog import Catalog, Precision, Workload, load_catalog
 from gpuscaler.catalog.models import GPU
-from gpuscaler.perfmodel.model import ParallelConfig, estimate
-from gpuscaler.perfmodel.parameters import FittedParams
+from gpuscaler.perfmodel.model import ParallelConfig, StepTerms, combine, step_terms
+from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 
 # Source row name -> catalog workload; first match wins; None = not modelled (speech, recsys, sparsity).
 ROW_WORKLOADS: list[tuple[str, str | None]] = [
@@ -68,6 +69,24 @@ SYSTEMS = {
 
 PRECISIONS = {"FP32": Precision.FP32, "TF32": Precision.FP32, "AMP": Precision.AMP}
 
+DLE_CONVNETS = {
+    "resnet50", "resnext101-32x4d", "se-resnext101-32x4d",
+    "efficientnet-b0", "efficientnet-b4", "efficientnet-widese-b0", "efficientnet-widese-b4",
+}  # fmt: skip
+"""PyTorch workloads of DLE's ``PyTorch/Classification/ConvNets`` (one ``launch.py`` and
+``configs.yml``), whose AMP configurations set ``memory_format: nhwc`` and whose TF32/FP32 ones keep
+PyTorch's NCHW default (configs.yml, e.g. at commit 097c7ff917b7c56246590b1246a8f5bd8957c534);
+``main.py --data-backend`` defaults to ``dali-cpu``, the README recommends DALI on DGX systems.
+TensorFlow and MXNet run convolutions in NHWC themselves, so their CNN AMP rows are channels-last
+too; PyTorch SSD300's layout is not stated, taken as the NCHW default."""
+
+
+def dle_channels_last(workload: Workload, framework: str, precision: str) -> bool:
+    """Whether a DLE row ran its convolutions channels-last (only 16-bit rows are affected)."""
+    if precision != "AMP" or workload.family not in constants()["compute"]["channels_last_families"]:
+        return False
+    return framework != "pytorch" or workload.id in DLE_CONVNETS
+
 
 @dataclass(frozen=True)
 class Row:
@@ -79,6 +98,8 @@ class Row:
     measured: float
     precision: str
     source: str
+    terms: StepTerms
+    """The model's parameter-free terms of this row (computed once; fits only recombine them)."""
 
     @property
     def key(self) -> tuple[str, str, str, int, int]:
@@ -120,32 +141,39 @@ def load_rows(catalog: Catalog | None = None) -> tuple[list[Row], dict[str, int]
         gpus = int(str(r["gpus"]))
         nodes = int(str(r["nodes"])) if r["nodes"] else max(1, math.ceil(gpus / system.gpus_per_node))
         wl = cat.workload(wid)
-        # Token-unit tables give the batch in sequences (or sentence pairs); the model counts tokens.
-        items_to_samples = wl.seq_len if wl.unit == "tokens" and wl.seq_len else 1
+        framework = str(r["framework"]).lower()
+        # Token-unit tables give the batch in sequences (or sentence pairs): batch items, as the model.
+        # No vCPUs: the DGX rows were not input-bound (DALI for the PyTorch CNNs), so no input cap.
         cfg = ParallelConfig(
-            micro_batch=int(str(r["batch_per_gpu"])) * items_to_samples,
+            micro_batch=int(str(r["batch_per_gpu"])),
             precision=PRECISIONS[str(r["precision"])],
             gpus_per_node=gpus // nodes,
             nodes=nodes,
             accumulation=_accumulation(r.get("notes")),  # type: ignore[arg-type]
             network_gbps=system.network_gbps,
-            framework=str(r["framework"]).lower(),
+            framework=framework,
+            channels_last=dle_channels_last(wl, framework, str(r["precision"])),
+            data_loader="dali" if framework == "pytorch" and wid in DLE_CONVNETS else "pytorch",
         )
+        gpu = cat.gpu(str(r["gpu"]))
         rows.append(
             Row(
                 wl,
-                cat.gpu(str(r["gpu"])),
+                gpu,
                 cfg,
                 float(str(r["throughput"])),
                 str(r["precision"]),
                 str(r["source"]),
+                step_terms(wl, gpu, cfg),
             )
         )
     return rows, dict(skipped)
 
 
 def predict(rows: Iterable[Row], params: FittedParams | None = None) -> list[float]:
-    return [estimate(r.workload, r.gpu, r.cfg, params).throughput for r in rows]
+    """Predicted throughput of each row (same as ``estimate(...).throughput``, from cached terms)."""
+    p = params or fitted()
+    return [combine(r.terms, p).throughput for r in rows]
 
 
 @dataclass(frozen=True)
@@ -166,27 +194,72 @@ def stats(errors: list[float]) -> ErrorStats:
     )
 
 
+Pair = tuple[int, int, float]
+"""Indices (i, j) of two rows and the relative error of the predicted ratio of i to j."""
+
+
 def _ratio_errors(
     rows: list[Row],
     preds: list[float],
     group: Callable[[Row], tuple[object, ...] | None],
     pair: Callable[[Row, Row], bool],
-) -> list[float]:
+) -> list[Pair]:
     """Relative error of predicted vs measured ratio over pairs of rows in the same group."""
     groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
         g = group(r)
         if g is not None:
             groups[g].append(i)
-    errors = []
+    errors: list[Pair] = []
     for idx in groups.values():
         for i in idx:
             for j in idx:
                 if i != j and pair(rows[i], rows[j]):
                     measured = rows[i].measured / rows[j].measured
                     predicted = preds[i] / preds[j]
-                    errors.append(predicted / measured - 1)
+                    errors.append((i, j, predicted / measured - 1))
     return errors
+
+
+RATIO_METRICS = ("gpu_ratio", "amp_speedup", "scaling")
+"""The relative quantities the planner's choices hinge on."""
+
+
+def ratio_pairs(rows: list[Row], preds: list[float]) -> dict[str, list[Pair]]:
+    """The three relative errors over their row pairs.
+
+    - ``gpu_ratio``: A100 vs V100 speed, same workload, framework, precision mode, GPU count and
+      accumulation.
+    - ``amp_speedup``: AMP vs full precision on the same GPU, workload, framework and GPU count.
+    - ``scaling``: n GPUs vs 1, same everything else.
+    """
+    return {
+        "gpu_ratio": _ratio_errors(
+            rows,
+            preds,
+            lambda r: (r.workload.id, r.cfg.framework, r.precision == "AMP", r.cfg.gpus, r.cfg.accumulation),
+            lambda a, b: a.gpu.arch == "ampere" and b.gpu.arch == "volta",
+        ),
+        "amp_speedup": _ratio_errors(
+            rows,
+            preds,
+            lambda r: (r.workload.id, r.cfg.framework, r.gpu.id, r.cfg.gpus),
+            lambda a, b: a.precision == "AMP" and b.precision != "AMP",
+        ),
+        "scaling": _ratio_errors(
+            rows,
+            preds,
+            lambda r: (
+                r.workload.id,
+                r.cfg.framework,
+                r.gpu.id,
+                r.precision,
+                r.cfg.micro_batch,
+                r.cfg.accumulation,
+            ),
+            lambda a, b: a.cfg.gpus > 1 and b.cfg.gpus == 1,
+        ),
+    }
 
 
 @dataclass(frozen=True)
@@ -205,6 +278,7 @@ class Report:
 
 
 def report(params: FittedParams | None = None, catalog: Catalog | None = None) -> Report:
+    """The in-sample fit error of ``params`` (the committed calibration when None) on every row."""
     rows, skipped = load_rows(catalog)
     preds = predict(rows, params)
     errors = [p / r.measured - 1 for p, r in zip(preds, rows, strict=True)]
@@ -222,30 +296,19 @@ def report(params: FittedParams | None = None, catalog: Catalog | None = None) -
         for r, e in zip(rows, errors, strict=True):
             buckets[fn(r)].append(e)
         by[dim] = {k: stats(v) for k, v in sorted(buckets.items())}
+    pairs = ratio_pairs(rows, preds)
+    ratio = {m: stats([e for _, _, e in pairs[m]]) for m in RATIO_METRICS}
+    return Report(stats(errors), by, ratio["gpu_ratio"], ratio["amp_speedup"], ratio["scaling"], skipped)
 
-    gpu_ratio = _ratio_errors(
-        rows,
-        preds,
-        lambda r: (r.workload.id, r.cfg.framework, r.precision == "AMP", r.cfg.gpus, r.cfg.accumulation),
-        lambda a, b: a.gpu.arch == "ampere" and b.gpu.arch == "volta",
-    )
-    amp = _ratio_errors(
-        rows,
-        preds,
-        lambda r: (r.workload.id, r.cfg.framework, r.gpu.id, r.cfg.gpus),
-        lambda a, b: a.precision == "AMP" and b.precision != "AMP",
-    )
-    scaling = _ratio_errors(
-        rows,
-        preds,
-        lambda r: (
-            r.workload.id,
-            r.cfg.framework,
-            r.gpu.id,
-            r.precision,
-            r.cfg.micro_batch,
-            r.cfg.accumulation,
-        ),
-        lambda a, b: a.cfg.gpus > 1 and b.cfg.gpus == 1,
-    )
-    return Report(stats(errors), by, stats(gpu_ratio), stats(amp), stats(scaling), skipped)
+
+def cross_validation() -> dict[str, Any]:
+    """The committed out-of-sample errors (``data/cross_validation.json``, written by
+    ``scripts/calibrate.py``): ``metrics`` pooled over the schemes and ``schemes`` one by one, each
+    metric as ``{"mape", "median_ape", "log_sigma", "n"}`` with errors as fractions.
+
+    Raises:
+        FileNotFoundError: the package ships no cross-validation file.
+    """
+    text = (resources.files("gpuscaler.perfmodel") / "data" / "cross_validation.json").read_text("utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data

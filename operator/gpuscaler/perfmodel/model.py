@@ -4,25 +4,50 @@ Pure functions of (workload, GPU, parallel configuration, parameters); no I/O be
 parameter files. Called by the planner for every candidate, by ``gpuscaler estimate`` and by the
 calibration script.
 
-Step time of data-parallel training with ``n = gpus_per_node x nodes`` GPUs, micro-batch ``b``
-and ``K`` accumulation steps::
+Batches count items (images, sequences, sentence pairs: ``Workload.item``); throughput counts the
+workload's unit (``Workload.unit``), which for token-unit workloads is ``samples_per_item`` tokens
+per item. Step time of data-parallel training with ``n = gpus_per_node x nodes`` GPUs, micro-batch
+``b`` items and ``K`` accumulation steps::
 
-    t_micro  = t0 + b * (F / R  +  A * m / W)          one micro-batch on one GPU
-    t_step   = K * t_micro + t_update + t_opt + t_comm_exposed + t_sync
+    t_micro = t_launch + b * h                      host: launches, Python, data hand-off
+            + b * F * ((1-u) L / (R * e_w) + u / S)  matmul/conv work on tensor cores, rest on CUDA cores
+            + b * A * m * c_p / W                   memory-bound work (norms, softmax, elementwise)
+    t_step  = K * t_micro + t_update + t_opt + max(t_tail, t_comm - overlap * t_backward) + t_sync
 
-where ``F`` is training FLOPs per sample (x 4/3 under activation checkpointing), ``R`` the
-achievable FLOPS for the precision (tensor-core peak x family tensor efficiency x the GPU's
-measured matmul efficiency relative to the A100 reference, or non-tensor FP32 peak x family SIMT
-efficiency), ``A`` stored activation bytes per sample at the precision, ``m`` the family's DRAM
-traffic per activation byte and ``W`` achievable memory bandwidth; ``t0`` and ``t_update`` are fitted fixed costs per micro-batch and per
-optimizer step, ``t_opt`` the optimizer's DRAM traffic. Mixed precision speeds up both
-terms by different amounts (higher tensor peak, half the activation bytes), so its speedup comes
-out of the hardware, not a constant.
+- ``F`` training FLOPs per item (x 4/3 under activation checkpointing), of which the family's fitted
+  share ``u`` never reaches tensor cores (runs at the non-tensor FP32 rate x SIMT efficiency at any
+  precision: ROI and box operations, reductions; ``S`` = FP32 peak x SIMT efficiency x derate).
+  ``R`` the achievable rate at the precision: dense tensor-core peak (TF32 for fp32 on Ampere and
+  newer, fp16/bf16 for amp)
+  x the family's fitted tensor efficiency x the GPU's measured matmul efficiency (MAMF) relative to
+  the A100 reference x a power-limited clock derate for cards with no MAMF measurement, or the
+  non-tensor FP32 peak x the family's SIMT efficiency on GPUs without TF32. ``e_w`` is wave
+  quantization over the GPU's SMs for workloads with a known hidden size (waves / (waves + tail)).
+- ``A`` stored activation bytes per item at 16-bit, ``m`` the family's DRAM traffic per activation
+  byte, ``W`` achievable memory bandwidth; ``c_p`` is 2 at full precision and ``1 + phi`` under
+  mixed precision, ``phi`` the fitted share of that traffic autocast keeps in fp32 (softmax, layer
+  norm, losses, reductions).
+- ``t_launch`` and ``h`` are fitted per family and do not scale with the GPU, so a faster GPU spends
+  a larger share of its step there and gains less from mixed precision: the AMP speedup is
+  ``(host + simt + tensor_fp32 + memory_fp32) / (host + simt + tensor_fp32 / peak_ratio + memory_fp32
+  * (1+phi)/2)``, at most the tensor peak ratio, shrinking as the GPU gets faster.
+- ``L`` is 1.22 on the convolution (tensor-core) time of convolutional families at 16 bits in
+  PyTorch's default NCHW layout and 1 in channels-last (``ParallelConfig.channels_last``); the
+  calibration rows declare what NVIDIA's DeepLearningExamples ran (NHWC for the CNN AMP rows), so
+  the fit learns the channels-last rate and an NCHW user gets the slower one.
+- ``t_comm`` is a ring all-reduce of the fp32 gradients (4 bytes per parameter, also under
+  autocast): ``2 (g-1)/g x G`` at the node's NCCL bus bandwidth (measured where published, else the
+  link's spec x its efficiency, PCIe-only nodes capped by the host), plus ``2 (M-1)/M x G`` over the
+  network between ``M`` nodes. DDP buckets it behind the last micro-batch's backward pass up to the
+  fitted overlap; the last bucket (``t_tail``) is always exposed. Once per step, i.e. once per ``K``
+  accumulation micro-batches. ``t_sync`` grows with ``log2 n``.
 
-``t_comm`` is a ring all-reduce of the gradients (``2(g-1)/g x G`` over the intra-node link plus
-``2(M-1)/M x G`` over the network between ``M`` nodes), once per step, hidden behind the last
-micro-batch's backward pass up to the fitted overlap; ``t_sync`` grows with ``log2 n``.
-Throughput is ``n x b x K / t_step`` samples/s, capped by the input pipeline when vCPUs are known.
+Throughput is ``n x b x K x samples_per_item / t_step``, capped by the input pipeline when vCPUs are
+known (PyTorch DataLoader rate per vCPU, x the DALI factor with ``data_loader="dali"``).
+
+The parameter-free part of this (rates, bytes, link times) is :func:`step_terms`; the fitted part
+is :func:`combine`. Calibration computes the terms of each measured row once and refits only the
+combination.
 """
 
 from __future__ import annotations
@@ -35,6 +60,8 @@ from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 
 GIB = 1024.0**3
 GB = 1e9
+SIXTEEN_BIT = ("fp16", "bf16", "fp8")
+DATA_LOADERS = ("pytorch", "dali")
 
 
 class PrecisionUnsupportedError(ValueError):
@@ -46,6 +73,7 @@ class ParallelConfig:
     """How a workload is run: GPUs, precision, micro-batch and accumulation, memory savers."""
 
     micro_batch: int
+    """Batch items per GPU per micro-batch (images, sequences, sentence pairs)."""
     precision: Precision = Precision.AMP
     gpus_per_node: int = 1
     nodes: int = 1
@@ -61,6 +89,10 @@ class ParallelConfig:
     vcpus_per_node: int | None = None
     """Enables the input-pipeline bound."""
     framework: str = "pytorch"
+    channels_last: bool = False
+    """Convolutions in channels-last (NHWC) memory format; PyTorch's default is NCHW (False)."""
+    data_loader: str = "pytorch"
+    """Input pipeline: ``pytorch`` (DataLoader workers on the CPU) or ``dali`` (NVIDIA DALI)."""
 
     @property
     def gpus(self) -> int:
@@ -109,7 +141,7 @@ class Estimate:
     memory_bound_s: float
     """Per-step time in DRAM-bound layers."""
     overhead_s: float
-    """Per-step fixed overheads (launches, optimizer update, synchronisation)."""
+    """Per-step fixed overheads (host time, launches, optimizer update, synchronisation)."""
     comm_s: float
     """All-reduce time per step (before overlap)."""
     comm_exposed_s: float
@@ -119,6 +151,10 @@ class Estimate:
     """What runs on the hardware: fp32-simt, tf32, fp16, bf16, fp8."""
     bottleneck: str
     """compute, memory-bandwidth, communication, input-pipeline or overhead."""
+    batch_unit: str = ""
+    """What one batch item is (images, sequences, sentence pairs)."""
+    host_s: float = 0.0
+    """Per-step host time that does not scale with the GPU (part of ``overhead_s``)."""
 
     @property
     def memory_per_gpu_gb(self) -> float:
@@ -174,12 +210,16 @@ def memory_per_gpu(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> MemoryB
     act_scale = c["activation_scale"][p]
     if cfg.activation_checkpointing:
         if workload.shape is not None:
-            per_sample = workload.shape.checkpointed_activation_bytes_per_sequence()
+            per_item = workload.shape.checkpointed_activation_bytes_per_sequence()
         else:
-            per_sample = workload.activation_bytes_per_sample * c["checkpointed_activation_fraction"]
+            per_item = (
+                workload.activation_bytes_per_sample
+                * workload.samples_per_item
+                * c["checkpointed_activation_fraction"]
+            )
     else:
-        per_sample = workload.activation_bytes_per_sample
-    activations = cfg.micro_batch * per_sample * act_scale
+        per_item = workload.activation_bytes_per_sample * workload.samples_per_item
+    activations = cfg.micro_batch * per_item * act_scale
     overhead = c["framework_overhead_gb"] * GB + c["fragmentation"] * activations
     capacity = gpu.memory_gb * GB * c["usable_fraction"]
     return MemoryBreakdown(weights, grads, optimizer, activations, overhead, capacity)
@@ -193,23 +233,38 @@ def _link_efficiency(link: str) -> float:
     return eff["pcie"]
 
 
-def allreduce_seconds(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> float:
-    """Ring all-reduce of one step's gradients: intra-node ring plus inter-node ring.
+def intra_node_busbw(gpu: GPU, cfg: ParallelConfig) -> float:
+    """NCCL all-reduce bus bandwidth between the GPUs of one node, bytes/s.
 
-    Raises:
-        ValueError: several nodes but no network bandwidth given.
+    The measured 8-GPU figure where the catalog has one (and the link is not overridden); else the
+    link's unidirectional spec x its efficiency, and on PCIe-only nodes at most what the host
+    delivers for that many GPUs.
     """
+    c = constants()["communication"]
+    if gpu.nccl_busbw_gbs and cfg.intra_link_gbs is None and cfg.intra_link is None:
+        return gpu.nccl_busbw_gbs * GB
+    link = cfg.intra_link or gpu.intra_link
+    bw = (cfg.intra_link_gbs or gpu.intra_link_gbs) * _link_efficiency(link)
+    if link.startswith("pcie"):
+        caps: dict[int, float] = c["pcie_host_busbw_gbs"]
+        g = cfg.gpus_per_node
+        cap = next((caps[k] for k in sorted(caps) if g <= k), caps[max(caps)])
+        bw = min(bw, cap)
+    return bw * GB
+
+
+def _allreduce(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> tuple[float, float]:
+    """All-reduce seconds per step and the part of it (the last DDP bucket) that cannot overlap."""
     n = cfg.gpus
     if n <= 1:
-        return 0.0
+        return 0.0, 0.0
     c = constants()["communication"]
-    grad_bytes = workload.params * constants()["memory"]["grad_bytes"][cfg.precision.value]
+    grad_bytes = workload.params * c["allreduce_grad_bytes"]
     volume = 3.0 if cfg.zero_stage >= 3 else 2.0  # ZeRO-3 adds a weight all-gather
     t = 0.0
     g = cfg.gpus_per_node
     if g > 1:
-        link = cfg.intra_link or gpu.intra_link
-        bw = (cfg.intra_link_gbs or gpu.intra_link_gbs) * GB * _link_efficiency(link)
+        bw = intra_node_busbw(gpu, cfg)
         t += volume * (g - 1) / g * grad_bytes / bw + 2 * (g - 1) * c["hop_latency_s"]["intra"]
     m = cfg.nodes
     if m > 1:
@@ -219,24 +274,202 @@ def allreduce_seconds(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> floa
             )
         bw = cfg.network_gbps / 8.0 * GB * c["network_efficiency"]
         t += volume * (m - 1) / m * grad_bytes / bw + 2 * (m - 1) * c["hop_latency_s"]["inter"]
-    return t
+    tail = t * min(1.0, c["ddp_bucket_bytes"] / grad_bytes)
+    return t, tail
 
 
-def _compute_rate(
-    workload: Workload, gpu: GPU, cfg: ParallelConfig, params: FittedParams
-) -> tuple[str, float]:
+def allreduce_seconds(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> float:
+    """Ring all-reduce of one step's fp32 gradients: intra-node ring plus inter-node ring.
+
+    Raises:
+        ValueError: several nodes but no network bandwidth given.
+    """
+    return _allreduce(workload, gpu, cfg)[0]
+
+
+def clock_derate(gpu: GPU) -> float:
+    """Fraction of the boost clock a power-limited card sustains under dense tensor work.
+
+    1 for GPUs with a measured matmul efficiency (the measurement already includes it), unknown TDP
+    or architecture; else ``(TDP / needed) ** exponent`` capped at 1 (constants.yaml explains).
+    """
+    c = constants()["compute"]
+    ref = c["power_reference_w_per_tflop"].get(gpu.arch)
+    if gpu.matmul_efficiency is not None or not gpu.tdp_w or ref is None:
+        return 1.0
+    needed = gpu.fp16_tflops * ref
+    return float(min(1.0, (gpu.tdp_w / needed) ** c["power_derate_exponent"]))
+
+
+def wave_efficiency(workload: Workload, gpu: GPU, micro_batch: int) -> float:
+    """Share of the SMs' tile slots a micro-batch's GEMMs fill (1 where the shape is unknown)."""
+    if workload.family != "transformer" or not workload.hidden or not workload.seq_len or not gpu.sm_count:
+        return 1.0
+    c = constants()["compute"]
+    tiles = micro_batch * workload.seq_len * workload.hidden / c["gemm_tile_elements"]
+    waves = tiles / gpu.sm_count
+    return float(waves / (waves + c["wave_tail"]))
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """The parameter-free quantities of one configuration; :func:`combine` adds the fitted ones."""
+
+    workload_id: str
+    family: str
+    framework: str
+    items: int
+    """Micro-batch b, in batch items."""
+    accumulation: int
+    gpus: int
+    samples_per_item: int
+    flops_per_item: float
+    rate: float
+    """Achievable FLOPS before the family's efficiency: peak x MAMF x derate x wave efficiency."""
+    simt_rate: float
+    """Non-tensor FP32 FLOPS (x derate), where the family's non-convertible FLOPs run."""
+    tensor: bool
+    """Runs on tensor cores (tensor efficiency) or SIMT FP32 (SIMT efficiency)."""
+    sixteen_bit: bool
+    layout: float
+    """Convolution-time multiplier of the memory format (the channels-last factor for NCHW at 16 bits)."""
+    activation_bytes_per_item: float
+    """Stored activation bytes per item at 16-bit."""
+    bandwidth: float
+    """Achievable DRAM bytes/s."""
+    optimizer_s: float
+    comm_s: float
+    comm_tail_s: float
+    input_cap: float | None
+    """Samples/s the input pipeline can deliver; None = not bound."""
+    precision_used: str
+    unit: str
+    batch_unit: str
+
+
+def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
+    """The parameter-free terms of running ``workload`` on ``gpu`` as ``cfg`` says.
+
+    Raises:
+        PrecisionUnsupportedError: the GPU lacks the precision.
+        ValueError: a non-positive batch, accumulation or GPU count; an unknown data loader; several
+            nodes with no network.
+    """
+    if cfg.micro_batch < 1 or cfg.accumulation < 1 or cfg.gpus_per_node < 1 or cfg.nodes < 1:
+        raise ValueError(f"micro_batch, accumulation, gpus_per_node and nodes must be >= 1, got {cfg}")
+    if cfg.data_loader not in DATA_LOADERS:
+        raise ValueError(f"data_loader {cfg.data_loader!r}: use one of {', '.join(DATA_LOADERS)}")
     cc = constants()["compute"]
-    fam = params.family(workload.family)
     hw, peak = hardware_precision(gpu, cfg.precision)
     if hw == "fp8" and workload.family not in cc["fp8_families"]:
         hw, peak = ("bf16" if gpu.has_bf16 else "fp16"), gpu.fp16_tflops
-    if hw == "fp32-simt":
-        return hw, peak * 1e12 * fam.simt_efficiency
-    gpu_eff = (gpu.matmul_efficiency or cc["reference_matmul_efficiency"]) / cc["reference_matmul_efficiency"]
-    rate = peak * 1e12 * fam.tensor_efficiency * gpu_eff
-    if hw == "fp8":
-        rate *= cc["fp8_relative_efficiency"]
-    return hw, rate
+    derate = clock_derate(gpu)
+    rate = peak * 1e12 * derate
+    tensor = hw != "fp32-simt"
+    if tensor:
+        ref = cc["reference_matmul_efficiency"]
+        rate *= (gpu.matmul_efficiency or ref) / ref
+        if hw == "fp8":
+            rate *= cc["fp8_relative_efficiency"]
+    rate *= wave_efficiency(workload, gpu, cfg.micro_batch)
+    sixteen = hw in SIXTEEN_BIT
+    nchw = sixteen and not cfg.channels_last and workload.family in cc["channels_last_families"]
+    per_item = workload.samples_per_item
+    flops = workload.flops_per_sample * per_item
+    if cfg.activation_checkpointing:
+        flops *= 1.0 + cc["recompute_overhead"]
+    bw = gpu.mem_bw_gbs * GB * cc["memory_bandwidth_efficiency"]
+    shard = cfg.gpus if cfg.zero_stage >= 1 else 1
+    opt_bytes = cc["optimizer_step_bytes"].get(workload.optimizer, 28)
+    comm, tail = _allreduce(workload, gpu, cfg)
+    cap = None
+    inp = constants()["input"]
+    per_vcpu = inp["samples_per_vcpu_s"].get(workload.family)
+    if cfg.vcpus_per_node and per_vcpu:
+        loader = inp["dali_speedup"] if cfg.data_loader == "dali" else 1.0
+        cap = per_vcpu * loader * cfg.vcpus_per_node * cfg.nodes * per_item
+    return StepTerms(
+        workload_id=workload.id,
+        family=workload.family,
+        framework=cfg.framework.lower(),
+        items=cfg.micro_batch,
+        accumulation=cfg.accumulation,
+        gpus=cfg.gpus,
+        samples_per_item=per_item,
+        flops_per_item=flops,
+        rate=rate,
+        simt_rate=gpu.fp32_tflops * 1e12 * derate,
+        tensor=tensor,
+        sixteen_bit=sixteen,
+        layout=cc["channels_last_speedup"] if nchw else 1.0,
+        activation_bytes_per_item=workload.activation_bytes_per_sample * per_item,
+        bandwidth=bw,
+        optimizer_s=workload.params / shard * opt_bytes / bw,
+        comm_s=comm,
+        comm_tail_s=tail,
+        input_cap=cap,
+        precision_used=hw,
+        unit=workload.unit,
+        batch_unit=workload.item,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """The fitted combination of one configuration's terms: times per step and throughput."""
+
+    step_s: float
+    throughput: float
+    single_step_s: float
+    """The step without communication and synchronisation (for scaling efficiency)."""
+    compute_s: float
+    memory_s: float
+    host_s: float
+    overhead_s: float
+    exposed_s: float
+    input_bound: bool
+
+
+def combine(t: StepTerms, p: FittedParams) -> StepTime:
+    """Step time and throughput from the parameter-free terms and the fitted parameters."""
+    fam = p.family(t.family)
+    scale = p.workload_scale.get(t.workload_id, 1.0) * p.framework_scale.get(t.framework, 1.0)
+    b, k = t.items, t.accumulation
+    if t.tensor:
+        u = fam.simt_fraction
+        per_flop = (1.0 - u) / (t.rate * fam.tensor_efficiency) * t.layout + u / (t.simt_rate * fam.simt_efficiency)
+    else:
+        per_flop = 1.0 / (t.rate * fam.simt_efficiency)
+    compute_micro = b * t.flops_per_item * per_flop / scale
+    bytes_factor = (1.0 + fam.fp32_memory_fraction) if t.sixteen_bit else 2.0
+    memory_micro = b * t.activation_bytes_per_item * fam.memory_traffic * bytes_factor / t.bandwidth / scale
+    host_micro = fam.launch_overhead_s + b * fam.host_s_per_item
+    micro = host_micro + compute_micro + memory_micro
+    if t.comm_s > 0:
+        backward = (2.0 / 3.0) * (compute_micro + memory_micro)
+        exposed = max(t.comm_tail_s, t.comm_s - p.overlap * backward)
+    else:
+        exposed = 0.0
+    sync = p.sync_overhead_s * math.log2(t.gpus) if t.gpus > 1 else 0.0
+    single = k * micro + fam.update_overhead_s + t.optimizer_s
+    step = single + exposed + sync
+    samples = b * k * t.gpus * t.samples_per_item
+    throughput = samples / step
+    bound = False
+    if t.input_cap is not None and t.input_cap < throughput:
+        throughput, bound = t.input_cap, True
+        step = samples / throughput
+    return StepTime(
+        step_s=step,
+        throughput=throughput,
+        single_step_s=single,
+        compute_s=k * compute_micro,
+        memory_s=k * memory_micro,
+        host_s=k * host_micro,
+        overhead_s=k * host_micro + fam.update_overhead_s + t.optimizer_s + sync,
+        exposed_s=exposed,
+        input_bound=bound,
+    )
 
 
 def estimate(
@@ -250,7 +483,8 @@ def estimate(
     Args:
         workload: the workload profile (FLOPs, activations, parameters, family).
         gpu: the GPU type.
-        cfg: GPUs, precision, micro-batch, accumulation, sharding and links.
+        cfg: GPUs, precision, micro-batch (in batch items), accumulation, sharding, links, memory
+            format and input pipeline.
         params: fitted parameters; the committed calibration when None.
 
     Returns:
@@ -259,68 +493,32 @@ def estimate(
 
     Raises:
         PrecisionUnsupportedError: the GPU lacks the precision.
-        ValueError: a non-positive micro-batch or accumulation, or several nodes with no network.
+        ValueError: a non-positive micro-batch or accumulation, an unknown data loader, or several
+            nodes with no network.
     """
-    if cfg.micro_batch < 1 or cfg.accumulation < 1 or cfg.gpus_per_node < 1 or cfg.nodes < 1:
-        raise ValueError(f"micro_batch, accumulation, gpus_per_node and nodes must be >= 1, got {cfg}")
-    p = params or fitted()
-    cc = constants()["compute"]
-    fam = p.family(workload.family)
-    hw, rate = _compute_rate(workload, gpu, cfg, p)
-    scale = p.workload_scale.get(workload.id, 1.0) * p.framework_scale.get(cfg.framework.lower(), 1.0)
-
-    flops = workload.flops_per_sample * (
-        1.0 + cc["recompute_overhead"] if cfg.activation_checkpointing else 1.0
-    )
-    act_bytes = (
-        workload.activation_bytes_per_sample * constants()["memory"]["activation_scale"][cfg.precision.value]
-    )
-    bw = gpu.mem_bw_gbs * GB * cc["memory_bandwidth_efficiency"]
-    b, k = cfg.micro_batch, cfg.accumulation
-    compute_micro = b * flops / rate / scale
-    memory_micro = b * act_bytes * fam.memory_traffic / bw / scale
-    micro = fam.launch_overhead_s + compute_micro + memory_micro
-
-    shard = cfg.gpus if cfg.zero_stage >= 1 else 1
-    opt_bytes = constants()["compute"]["optimizer_step_bytes"].get(workload.optimizer, 28)
-    t_opt = workload.params / shard * opt_bytes / bw
-
-    comm = allreduce_seconds(workload, gpu, cfg)
-    backward = (2.0 / 3.0) * (compute_micro + memory_micro)
-    exposed = max(0.0, comm - p.overlap * backward)
-    sync = p.sync_overhead_s * math.log2(cfg.gpus) if cfg.gpus > 1 else 0.0
-    step = k * micro + fam.update_overhead_s + t_opt + exposed + sync
-    single_step = k * micro + fam.update_overhead_s + t_opt
-
-    samples = b * k * cfg.gpus
-    throughput = samples / step
-    input_bound = False
-    rate_per_vcpu = constants()["input"]["samples_per_vcpu_s"].get(workload.family)
-    if cfg.vcpus_per_node and rate_per_vcpu:
-        cap = rate_per_vcpu * cfg.vcpus_per_node * cfg.nodes
-        if cap < throughput:
-            throughput, input_bound = cap, True
-            step = samples / throughput
-
+    terms = step_terms(workload, gpu, cfg)
+    s = combine(terms, params or fitted())
     parts = {
-        "compute": k * compute_micro,
-        "memory-bandwidth": k * memory_micro,
-        "communication": exposed,
-        "overhead": k * fam.launch_overhead_s + fam.update_overhead_s + t_opt + sync,
+        "compute": s.compute_s,
+        "memory-bandwidth": s.memory_s,
+        "communication": s.exposed_s,
+        "overhead": s.overhead_s,
     }
-    bottleneck = "input-pipeline" if input_bound else max(parts, key=lambda name: parts[name])
+    bottleneck = "input-pipeline" if s.input_bound else max(parts, key=lambda name: parts[name])
     return Estimate(
-        throughput=throughput,
+        throughput=s.throughput,
         unit=workload.unit,
-        step_time_s=step,
+        step_time_s=s.step_s,
         memory=memory_per_gpu(workload, gpu, cfg),
-        scaling_efficiency=min(1.0, (samples / step) / (cfg.gpus * b * k / single_step)),
-        compute_s=k * compute_micro,
-        memory_bound_s=k * memory_micro,
-        overhead_s=k * fam.launch_overhead_s + fam.update_overhead_s + t_opt + sync,
-        comm_s=comm,
-        comm_exposed_s=exposed,
-        input_bound=input_bound,
-        precision_used=hw,
+        scaling_efficiency=min(1.0, s.single_step_s / s.step_s),
+        compute_s=s.compute_s,
+        memory_bound_s=s.memory_s,
+        overhead_s=s.overhead_s,
+        comm_s=terms.comm_s,
+        comm_exposed_s=s.exposed_s,
+        input_bound=s.input_bound,
+        precision_used=terms.precision_used,
         bottleneck=bottleneck,
+        batch_unit=workload.item,
+        host_s=s.host_s,
     )

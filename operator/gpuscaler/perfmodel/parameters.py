@@ -27,9 +27,15 @@ class FamilyParams:
     memory_traffic: float
     """DRAM bytes moved per byte of stored activation (elementwise, normalisation, pooling layers)."""
     launch_overhead_s: float
-    """Fixed time per micro-batch: kernel launches, Python, data hand-off."""
+    """Fixed time per micro-batch: kernel launches, Python, data hand-off (does not scale with the GPU)."""
     update_overhead_s: float = 0.0
     """Fixed time per optimizer step, independent of accumulation (gradient norms, optimizer kernels)."""
+    fp32_memory_fraction: float = 1.0
+    """Share of the memory-bound traffic that autocast keeps in fp32 (softmax, norms, losses)."""
+    host_s_per_item: float = 0.0
+    """Host time per batch item that does not scale with the GPU (collation, copies, Python)."""
+    simt_fraction: float = 0.0
+    """Share of the FLOPs that never run on tensor cores (non-tensor FP32 at any precision)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ def constants() -> dict[str, Any]:
 
 
 def fitted_from_dict(raw: dict[str, Any]) -> FittedParams:
+    """The parameters from their JSON form (``fitted.json``)."""
     families = {name: FamilyParams(**vals) for name, vals in raw["families"].items()}
     return FittedParams(
         families=families,
@@ -78,6 +85,7 @@ def fitted_from_dict(raw: dict[str, Any]) -> FittedParams:
 
 
 def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
+    """The JSON form of the parameters, keys sorted (what ``scripts/calibrate.py`` writes)."""
     return {
         "families": {
             name: {
@@ -86,6 +94,9 @@ def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
                 "memory_traffic": f.memory_traffic,
                 "launch_overhead_s": f.launch_overhead_s,
                 "update_overhead_s": f.update_overhead_s,
+                "fp32_memory_fraction": f.fp32_memory_fraction,
+                "host_s_per_item": f.host_s_per_item,
+                "simt_fraction": f.simt_fraction,
             }
             for name, f in sorted(p.families.items())
         },

@@ -83,10 +83,14 @@ class ResolvedJob:
     name: str
     workload: Workload
     global_batch: int
+    """Batch items per optimizer step (images, sequences, sentence pairs)."""
     total_samples: float
+    """Samples to train on, in the workload's unit (tokens for token-unit workloads)."""
     steps: int
     deadline_h: float | None
     budget_usd: float | None
+    channels_last: bool = False
+    data_loader: str = "pytorch"
 
 
 def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
@@ -151,7 +155,7 @@ def resolve(
     if t.samples is not None:
         samples = t.samples
     elif t.steps is not None:
-        samples = float(t.steps * spec.global_batch)
+        samples = float(t.steps * spec.global_batch * workload.samples_per_item)
     else:
         per_epoch = t.samples_per_epoch or workload.samples_per_epoch
         if per_epoch is None:
@@ -166,7 +170,7 @@ def resolve(
             "run; check training.epochs, samplesPerEpoch or steps",
             field="training",
         )
-    steps = max(1, math.ceil(samples / spec.global_batch))
+    steps = max(1, math.ceil(samples / (spec.global_batch * workload.samples_per_item)))
     dl = deadline_h if deadline_h is not None else spec.deadline_hours()
     if dl is not None and dl <= 0:
         raise JobError(
@@ -179,4 +183,14 @@ def resolve(
             "horizon; give a nearer one or omit it for no deadline",
             field="deadline",
         )
-    return ResolvedJob(name, workload, spec.global_batch, samples, steps, dl, spec.budget_usd)
+    return ResolvedJob(
+        name,
+        workload,
+        spec.global_batch,
+        samples,
+        steps,
+        dl,
+        spec.budget_usd,
+        channels_last=spec.workload.channels_last,
+        data_loader=spec.workload.data_loader,
+    )

@@ -1,0 +1,83 @@
+"""``gpuscaler estimate`` and ``gpuscaler validate`` as a user runs them: batch units, memory format
+and input pipeline flags, clear errors with exit 2, and the cross-validated errors in ``--json``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gpuscaler.cli import main
+
+
+def estimate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    assert main(["estimate", *args, "--json"]) == 0
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_estimate_reports_what_batch_and_throughput_count(capsys: pytest.CaptureFixture[str]) -> None:
+    txl = estimate_json(capsys, "--workload", "transformerxl-base", "--gpu", "a100", "--batch-per-gpu", "48")
+    assert (txl["batch_unit"], txl["unit"], txl["batch_per_gpu"]) == ("sequences", "tokens", 48)
+    # 48 sequences of 192 tokens per step: throughput x step time counts tokens.
+    assert float(txl["throughput"]) * float(txl["step_time_s"]) == pytest.approx(48 * 192)  # type: ignore[arg-type]
+    rn = estimate_json(capsys, "--workload", "resnet50", "--gpu", "a100")
+    assert (rn["batch_unit"], rn["unit"]) == ("images", "images")
+    assert estimate_json(capsys, "--workload", "gnmt", "--gpu", "a100")["batch_unit"] == "sentence pairs"
+
+
+def test_channels_last_and_dali_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ("--workload", "resnet50", "--gpu", "a100", "--precision", "amp", "--batch-per-gpu", "128")
+    nchw = estimate_json(capsys, *base)
+    nhwc = estimate_json(capsys, *base, "--channels-last")
+    assert (nchw["channels_last"], nhwc["channels_last"]) == (False, True)
+    assert float(nhwc["throughput"]) > float(nchw["throughput"])  # type: ignore[arg-type]
+    dali = estimate_json(capsys, *base, "--data-loader", "dali")
+    assert dali["data_loader"] == "dali"
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--batch-per-gpu", "0"], "--batch-per-gpu 0: must be at least 1"),
+        (["--accumulation", "-2"], "--accumulation -2: must be at least 1"),
+        (["--gpus", "0"], "--gpus 0: must be at least 1"),
+        (["--nodes", "0"], "--nodes 0: must be at least 1"),
+        (["--gpus", "6", "--nodes", "4"], "multiple of --nodes"),
+        (["--network-gbps", "-1"], "--network-gbps -1: must be positive"),
+        (["--precision", "bf16", "--gpu", "v100"], "V100-16GB has no bf16"),
+    ],
+)
+def test_bad_estimate_input_exits_2_with_the_value(
+    args: list[str], expect: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A later --gpu overrides the first (argparse keeps the last value).
+    assert main(["estimate", "--workload", "resnet50", "--gpu", "a100", *args, "--json"]) == 2
+    captured = capsys.readouterr()
+    assert expect in captured.err and "Traceback" not in captured.err and captured.out == ""
+
+
+def test_unknown_data_loader_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["estimate", "--workload", "resnet50", "--gpu", "a100", "--data-loader", "tfdata"])
+    assert exit_.value.code == 2
+    assert "tfdata" in capsys.readouterr().err
+
+
+def test_validate_json_has_cross_validated_fractions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    cv = data["cross_validation"]
+    for metric in ("gpu_ratio", "amp_speedup", "scaling", "throughput"):
+        m = cv[metric]
+        assert 0 < m["mape"] < 1 and 0 < m["median_ape"] <= m["mape"] * 3 and m["n"] > 10
+        assert m["log_sigma"] > 0 and not math.isnan(m["log_sigma"])
+    assert {"gpu_transfer", "leave_one_workload_out", "leave_one_precision_out"} <= set(cv["schemes"])
+    assert "scripts/calibrate.py" in cv["source"]
+
+
+def test_validate_table_shows_fit_and_cross_validation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate"]) == 0
+    out = capsys.readouterr().out
+    assert "CV MAPE %" in out and "leave_one_workload_out" in out and "GPU speed ratio" in out

@@ -1,0 +1,233 @@
+"""The performance model's terms one by one: each moves the way its physics says.
+
+Bandwidth, peak and batch make training faster; mixed precision gains at most the tensor peak ratio,
+at least nothing on tensor-core GPUs, and less on faster GPUs (host time does not scale); gradients
+all-reduce in fp32 also under AMP; NVLink nodes scale better than PCIe ones; memory format, input
+pipeline, power limit and wave quantization act where they should and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuscaler.catalog import Precision, load_catalog
+from gpuscaler.catalog.models import GPU
+from gpuscaler.perfmodel import ParallelConfig, allreduce_seconds, constants, estimate, fitted
+from gpuscaler.perfmodel.calibration import load_rows, predict
+from gpuscaler.perfmodel.model import clock_derate, intra_node_busbw, wave_efficiency
+
+CAT = load_catalog()
+WORKLOADS = [w.id for w in CAT.workloads]
+GPUS = [g.id for g in CAT.gpus]
+TENSOR_GPUS = [g.id for g in CAT.gpus if g.tf32_tflops is not None]
+"""GPUs whose framework-default fp32 runs on TF32 tensor cores (Ampere and newer)."""
+
+
+def _tput(wid: str, gpu: GPU, **cfg: object) -> float:
+    return estimate(CAT.workload(wid), gpu, ParallelConfig(**cfg)).throughput  # type: ignore[arg-type]
+
+
+def _scaled(gpu: GPU, factor: float) -> GPU:
+    """The same GPU with every rate (peaks and memory bandwidth) multiplied by ``factor``."""
+    return replace(
+        gpu,
+        mem_bw_gbs=gpu.mem_bw_gbs * factor,
+        fp32_tflops=gpu.fp32_tflops * factor,
+        tf32_tflops=gpu.tf32_tflops * factor if gpu.tf32_tflops else None,
+        fp16_tflops=gpu.fp16_tflops * factor,
+        tdp_w=gpu.tdp_w * factor if gpu.tdp_w else None,
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.sampled_from(WORKLOADS),
+    st.sampled_from(GPUS),
+    st.sampled_from([Precision.FP32, Precision.AMP]),
+    st.floats(1.05, 4.0),
+    st.integers(1, 64),
+)
+def test_throughput_grows_with_bandwidth_and_peak(
+    wid: str, gid: str, prec: Precision, factor: float, batch: int
+) -> None:
+    g = CAT.gpu(gid)
+    base = _tput(wid, g, micro_batch=batch, precision=prec)
+    more_bw = _tput(wid, replace(g, mem_bw_gbs=g.mem_bw_gbs * factor), micro_batch=batch, precision=prec)
+    more_peak = replace(
+        g,
+        fp16_tflops=g.fp16_tflops * factor,
+        tf32_tflops=g.tf32_tflops * factor if g.tf32_tflops else None,
+        fp32_tflops=g.fp32_tflops * factor,
+    )
+    assert more_bw > base
+    assert _tput(wid, more_peak, micro_batch=batch, precision=prec) > base
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.sampled_from(WORKLOADS),
+    st.sampled_from(GPUS),
+    st.sampled_from([Precision.FP32, Precision.AMP]),
+    st.integers(1, 256),
+    st.integers(1, 256),
+)
+def test_throughput_grows_with_micro_batch(wid: str, gid: str, prec: Precision, b1: int, b2: int) -> None:
+    lo, hi = sorted((b1, b2))
+    g = CAT.gpu(gid)
+    assert _tput(wid, g, micro_batch=hi, precision=prec) >= _tput(wid, g, micro_batch=lo, precision=prec)
+
+
+@pytest.mark.parametrize("gid", TENSOR_GPUS)
+@pytest.mark.parametrize("wid", WORKLOADS)
+def test_amp_speedup_between_one_and_the_peak_ratio(wid: str, gid: str) -> None:
+    g = CAT.gpu(gid)
+    for channels_last in (False, True):
+        fp32 = _tput(wid, g, micro_batch=32, precision=Precision.FP32, channels_last=channels_last)
+        amp = _tput(wid, g, micro_batch=32, precision=Precision.AMP, channels_last=channels_last)
+        assert g.tf32_tflops is not None
+        assert 1.0 <= amp / fp32 <= g.fp16_tflops / g.tf32_tflops + 1e-9
+
+
+@pytest.mark.parametrize("wid", ["resnet50", "bert-large-seq128", "transformerxl-base", "gnmt"])
+def test_faster_gpus_gain_less_from_amp(wid: str) -> None:
+    """Host time does not scale with the GPU, so its share, and AMP's shortfall, grow on faster GPUs."""
+    a100 = CAT.gpu("A100-80GB")
+
+    def speedup(g: GPU) -> float:
+        fp32 = _tput(wid, g, micro_batch=32, precision=Precision.FP32)
+        return _tput(wid, g, micro_batch=32, precision=Precision.AMP) / fp32
+
+    assert speedup(_scaled(a100, 4.0)) < speedup(_scaled(a100, 2.0)) < speedup(a100)
+
+
+def test_host_time_is_the_same_on_every_gpu() -> None:
+    w = CAT.workload("bert-large-squad")
+    cfg = ParallelConfig(micro_batch=16, precision=Precision.AMP)
+    hosts = {estimate(w, CAT.gpu(g), cfg).host_s for g in ("T4", "A100-80GB", "H100", "B200")}
+    assert len(hosts) == 1 and hosts.pop() > 0
+
+
+def test_gradients_all_reduce_in_fp32_under_amp() -> None:
+    w, g = CAT.workload("bert-large-seq128"), CAT.gpu("A100-80GB")
+    fp32 = allreduce_seconds(w, g, ParallelConfig(micro_batch=8, precision=Precision.FP32, gpus_per_node=8))
+    amp = allreduce_seconds(w, g, ParallelConfig(micro_batch=8, precision=Precision.AMP, gpus_per_node=8))
+    assert amp == fp32
+    # 4 bytes per parameter at the measured bus bandwidth, plus 2 (g-1) ring hops of latency.
+    ring = 2 * 7 / 8 * w.params * 4 / ((g.nccl_busbw_gbs or 0) * 1e9)
+    ring += 2 * 7 * constants()["communication"]["hop_latency_s"]["intra"]
+    assert amp == pytest.approx(ring, rel=1e-9)
+
+
+def test_measured_bus_bandwidth_is_used_where_published() -> None:
+    a100 = CAT.gpu("A100-80GB")
+    assert intra_node_busbw(a100, ParallelConfig(micro_batch=1, gpus_per_node=8)) == pytest.approx(234.89e9)
+    # A PCIe-only node of 8 GPUs is host-limited below its links' spec.
+    l4 = CAT.gpu("L4")
+    cap = constants()["communication"]["pcie_host_busbw_gbs"][8] * 1e9
+    assert intra_node_busbw(l4, ParallelConfig(micro_batch=1, gpus_per_node=8)) <= cap
+
+
+@pytest.mark.parametrize("wid", ["bert-large-seq128", "gnmt", "resnet50", "transformerxl-large"])
+def test_nvlink_scales_better_than_pcie(wid: str) -> None:
+    w = CAT.workload(wid)
+    sxm = CAT.gpu("A100-80GB")
+    pcie = replace(sxm, intra_link="pcie4", intra_link_gbs=31.5, nccl_busbw_gbs=None)
+    cfg = ParallelConfig(micro_batch=16, precision=Precision.AMP, gpus_per_node=8)
+    assert estimate(w, sxm, cfg).scaling_efficiency > estimate(w, pcie, cfg).scaling_efficiency
+    assert estimate(w, CAT.gpu("A100-80GB-PCIe"), cfg).comm_s > estimate(w, sxm, cfg).comm_s
+
+
+def test_accumulation_divides_the_allreduce_share() -> None:
+    w, g = CAT.workload("bert-large-seq512"), CAT.gpu("A100-80GB-PCIe")
+    one = estimate(w, g, ParallelConfig(micro_batch=4, gpus_per_node=8, accumulation=1))
+    eight = estimate(w, g, ParallelConfig(micro_batch=4, gpus_per_node=8, accumulation=8))
+    assert one.comm_s == eight.comm_s  # once per optimizer step ...
+    assert eight.scaling_efficiency > one.scaling_efficiency  # ... over K micro-batches
+
+
+def test_channels_last_speeds_up_16_bit_convolutions_only() -> None:
+    g = CAT.gpu("A100-80GB")
+    nchw = _tput("resnet50", g, micro_batch=128, precision=Precision.AMP)
+    nhwc = _tput("resnet50", g, micro_batch=128, precision=Precision.AMP, channels_last=True)
+    assert nhwc > nchw
+    assert nhwc / nchw <= constants()["compute"]["channels_last_speedup"]
+    for wid, prec in (("resnet50", Precision.FP32), ("bert-large-squad", Precision.AMP)):
+        a = _tput(wid, g, micro_batch=32, precision=prec)
+        assert _tput(wid, g, micro_batch=32, precision=prec, channels_last=True) == a
+
+
+def test_dali_lifts_the_cpu_input_bound() -> None:
+    g = CAT.gpu("A100-80GB")
+    cfg = {"micro_batch": 256, "precision": Precision.AMP, "gpus_per_node": 8, "vcpus_per_node": 16}
+    native = estimate(CAT.workload("resnet50"), g, ParallelConfig(**cfg))  # type: ignore[arg-type]
+    dali = estimate(CAT.workload("resnet50"), g, ParallelConfig(**cfg, data_loader="dali"))  # type: ignore[arg-type]
+    assert native.input_bound and native.bottleneck == "input-pipeline"
+    assert dali.throughput > native.throughput
+    with pytest.raises(ValueError, match="data_loader"):
+        estimate(CAT.workload("resnet50"), g, ParallelConfig(micro_batch=8, data_loader="tfdata"))
+
+
+def test_power_limited_cards_are_derated() -> None:
+    for gid in ("T4", "L4", "A10"):
+        assert clock_derate(CAT.gpu(gid)) < 1.0
+    for gid in ("V100-16GB", "A100-80GB", "H100", "L40S"):
+        assert clock_derate(CAT.gpu(gid)) == 1.0
+    t4 = CAT.gpu("T4")
+    more_power = replace(t4, tdp_w=(t4.tdp_w or 0) * 3)
+    assert _tput("resnet50", more_power, micro_batch=64) > _tput("resnet50", t4, micro_batch=64)
+
+
+def test_wave_quantization_rises_with_batch_and_falls_with_sms() -> None:
+    w, a100 = CAT.workload("transformerxl-base"), CAT.gpu("A100-80GB")
+    effs = [wave_efficiency(w, a100, b) for b in (1, 4, 16, 64)]
+    assert effs == sorted(effs) and effs[-1] < 1.0
+    bigger = replace(a100, sm_count=(a100.sm_count or 0) * 2)
+    assert wave_efficiency(w, bigger, 4) < wave_efficiency(w, a100, 4)
+    assert wave_efficiency(CAT.workload("resnet50"), a100, 4) == 1.0  # no GEMM shape known
+
+
+def test_batches_count_items_and_throughput_counts_the_unit() -> None:
+    txl = CAT.workload("transformerxl-base")
+    assert (txl.unit, txl.item, txl.samples_per_item) == ("tokens", "sequences", txl.seq_len)
+    assert CAT.workload("gnmt").item == "sentence pairs"
+    g = CAT.gpu("A100-80GB")
+    e = estimate(txl, g, ParallelConfig(micro_batch=48, gpus_per_node=2, accumulation=3))
+    assert e.throughput * e.step_time_s == pytest.approx(48 * 2 * 3 * (txl.seq_len or 0))
+    assert e.batch_unit == "sequences" and e.unit == "tokens"
+    # 48 sequences hold 48 x seq_len tokens of activations, not 48 tokens' worth.
+    assert e.memory.activations == pytest.approx(48 * txl.activation_bytes_per_sample * (txl.seq_len or 0))
+
+
+def test_calibration_predicts_with_the_model_itself() -> None:
+    """The cached-terms path the fit uses gives exactly what ``estimate`` gives."""
+    rows, _ = load_rows()
+    cached = predict(rows, fitted())
+    direct = [estimate(r.workload, r.gpu, r.cfg).throughput for r in rows]
+    assert cached == pytest.approx(direct, rel=1e-12)
+
+
+def test_calibration_rows_declare_what_dle_ran() -> None:
+    rows, _ = load_rows()
+    rn50 = [r for r in rows if r.workload.id == "resnet50" and r.cfg.framework == "pytorch"]
+    assert {(r.precision, r.cfg.channels_last) for r in rn50} == {("AMP", True), ("TF32", False), ("FP32", False)}
+    assert not any(r.cfg.channels_last for r in rows if r.workload.family == "transformer")
+    txl = next(r for r in rows if r.workload.id == "transformerxl-base")
+    assert txl.cfg.micro_batch < 1000  # sequences, as the source table gives them
+
+
+def test_flops_off_the_tensor_cores_cap_the_amp_speedup() -> None:
+    """The family's non-convertible share runs at the CUDA-core rate at any precision."""
+    p = fitted()
+    w, g = CAT.workload("maskrcnn"), CAT.gpu("A100-80GB")
+
+    def speedup(share: float) -> float:
+        fam = replace(p.family(w.family), simt_fraction=share)
+        params = replace(p, families={**p.families, w.family: fam})
+        fp32 = estimate(w, g, ParallelConfig(micro_batch=4, precision=Precision.FP32), params).throughput
+        return estimate(w, g, ParallelConfig(micro_batch=4, precision=Precision.AMP), params).throughput / fp32
+
+    assert speedup(0.0) > speedup(0.05) > speedup(0.3) > 1.0
