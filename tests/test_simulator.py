@@ -177,7 +177,7 @@ def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyP
     """A GPU type 30% slower than the model: the simulated operator measures it from noisy progress
     readings with the operator's own early-correction code, corrects the factor, re-plans at a
     checkpoint and meets the deadline that the same plan without correction misses."""
-    spec = _spec(workload={"model": "resnet50"}, globalBatch=1024, training={"epochs": 40}, maxDuration="8h",
+    spec = _spec(workload={"model": "resnet50"}, globalBatch=1024, training={"epochs": 60}, maxDuration="8h",
                  constraints={"providers": ["aws"], "spot": "never", "maxDeadlineRisk": 0.5})
     trace = Trace("slow", (TraceJob("resnet", 0.0, spec),))
     planner = CachedPlanner(CATALOG)
