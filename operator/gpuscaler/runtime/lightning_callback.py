@@ -27,22 +27,10 @@ from typing import Any
 import lightning
 
 from gpuscaler.runtime.constants import EXIT_DONE
-from gpuscaler.runtime.guard import Boundary, GuardUsageError, TrainingGuard
+from gpuscaler.runtime.guard import Boundary, GuardUsageError, TrainingGuard, payload_path
 
 CHECKPOINT_FILE = "model.ckpt"
 """The Lightning checkpoint file inside a guard checkpoint's payload directory."""
-
-
-def payload_path(path: Path) -> Path:
-    """Load callback of a guard whose checkpoints Lightning reads itself: the payload's path.
-
-    Args:
-        path: The payload path.
-
-    Returns:
-        ``path``.
-    """
-    return path
 
 
 class GuardCallback(lightning.pytorch.Callback):  # type: ignore[misc]  # lightning is not type-checked

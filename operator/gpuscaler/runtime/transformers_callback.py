@@ -32,19 +32,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from gpuscaler.runtime.constants import EXIT_DONE
-from gpuscaler.runtime.guard import Boundary, TrainingGuard
-
-
-def payload_path(path: Path) -> Path:
-    """Load callback of a guard whose checkpoints a framework reads itself: the payload's path.
-
-    Args:
-        path: The payload path.
-
-    Returns:
-        ``path``.
-    """
-    return path
+from gpuscaler.runtime.guard import Boundary, TrainingGuard, payload_path
 
 
 class GuardCallback(TrainerCallback):  # type: ignore[misc]  # transformers is not type-checked
