@@ -86,7 +86,6 @@ log = logging.getLogger(__name__)
 S = TypeVar("S")
 
 
-
 def payload_path(path: Path) -> Path:
     """Load callback of a guard whose checkpoints a framework reads itself: the payload's path.
 
