@@ -1,31 +1,75 @@
-"""Operator scale: apply N TrainingJobs at once, measure apply-to-Running latency and operator memory.
+"""Operator scale: apply N TrainingJobs at once; where the API requests, status writes, planner calls and CPU go.
 
-Starts a dev cluster (or uses ``--kubeconfig``), installs the CRD, runs ``gpuscaler run`` as a
-subprocess (kwok provider), applies N one-node jobs in one ``kubectl apply`` and polls their
-phases. Prints the median and p95 of apply-to-Running latency, the time until all ran, and the
-operator's peak resident memory (``VmHWM`` from ``/proc``).
+Starts a dev cluster (or uses ``--kubeconfig``), installs the CRD and, in one run:
 
-    python benchmarks/operator_scale.py --jobs 200
+1. **background**: ``--idle`` seconds with no operator and nothing applied (the control plane's
+   own request rate);
+2. **apply without the operator**: one ``kubectl apply`` of the N one-node jobs into a fresh
+   namespace, the operator not running;
+3. starts ``gpuscaler run`` as a subprocess (kwok provider, namespaced to a second fresh namespace);
+4. **apply with the operator**: the same N objects, one ``kubectl apply``, into that namespace;
+5. **apply -> all Running**: from the apply's return until every job is Running (or ``--timeout``).
+
+Before and after each phase it reads, as the dev cluster's admin, the API server's ``/metrics``:
+``apiserver_request_total`` (by verb and resource) and
+``apiserver_flowcontrol_dispatched_requests_total`` (by API priority-and-fairness flow schema,
+i.e. by client identity). ``apiserver_request_total`` has no client or user-agent label, so the
+operator's share of it is separated by running the phase without the operator (phase 2 against
+phase 4; the background rate of phase 1 against phase 5). It also reads the operator's own
+``/metrics`` (planner calls: ``gpuscaler_planner_latency_seconds_count``; reconcile steps:
+``gpuscaler_reconcile_duration_seconds_count``) and CPU seconds from ``/proc/<pid>/stat`` of the
+operator and, when the cluster's ``state.json`` is next to the kubeconfig, of each control-plane
+component. Prints every figure per phase and per job, the creation-to-Running median and p95, the
+apply time with and without the operator, and the operator's peak RSS (``VmHWM``).
+
+    python benchmarks/operator_scale.py --jobs 100
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscaler.devcluster.cluster import apply_crds, existing_or_private
+from gpuscaler.devcluster.cluster import ClusterState, apply_crds, existing_or_private, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+REQUESTS = "apiserver_request_total"
+FLOWS = "apiserver_flowcontrol_dispatched_requests_total"
+PLANNER = "gpuscaler_planner_latency_seconds"
+RECONCILE = "gpuscaler_reconcile_duration_seconds"
+STATUS_WRITE = ("PATCH", "trainingjobs.gpuscaler.io/status")
+FLOW_NOTE = {
+    "exempt": "system:masters: operator, kwok, kubectl, this benchmark, API server loopback",
+    "kube-scheduler": "kube-scheduler",
+    "kube-controller-manager": "kube-controller-manager",
+    "kube-system-service-accounts": "controllers (service-account credentials)",
+}
+KWOK_WRITES = {
+    ("PATCH", "pods/status"),
+    ("PATCH", "nodes/status"),
+    ("POST", "leases.coordination.k8s.io"),
+    ("PUT", "leases.coordination.k8s.io"),
+}
+"""Rows only kwok writes on the dev cluster (pod phases, node status and heartbeats); kwok shares the
+exempt flow schema with the operator."""
 
 
 def job(i: int) -> dict[str, Any]:
@@ -42,6 +86,80 @@ def job(i: int) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# pure helpers (tests/test_operator_scale_bench.py)
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample called ``name`` in a Prometheus text exposition."""
+    return [
+        (dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+def requests_by_verb_resource(text: str, failed: bool = False) -> Counter[tuple[str, str]]:
+    """``apiserver_request_total`` summed over codes and versions, by (verb, resource): the resource is
+    ``resource[.group][/subresource]``; non-resource requests (``/metrics``, ``/healthz``, discovery) are
+    left out. ``failed``: only the answers with an HTTP code of 400 or more (e.g. 409 Conflict)."""
+    out: Counter[tuple[str, str]] = Counter()
+    for labels, value in samples(text, REQUESTS):
+        resource = labels.get("resource", "")
+        if not resource or (failed and not labels.get("code", "").isdigit()):
+            continue
+        if failed and int(labels["code"]) < 400:
+            continue
+        group, sub = labels.get("group", ""), labels.get("subresource", "")
+        key = resource + (f".{group}" if group else "") + (f"/{sub}" if sub else "")
+        out[(labels.get("verb", ""), key)] += int(value)
+    return out
+
+
+def by_label(text: str, name: str, label: str) -> Counter[str]:
+    """A metric's samples summed by one label."""
+    out: Counter[str] = Counter()
+    for labels, value in samples(text, name):
+        out[labels.get(label, "")] += int(value)
+    return out
+
+
+def total(text: str, name: str) -> float:
+    """Sum of a metric's samples (e.g. a histogram's ``_count`` or ``_sum``); 0 when absent."""
+    return sum(v for _, v in samples(text, name))
+
+
+def delta(after: Mapping[Any, int], before: Mapping[Any, int]) -> Counter[Any]:
+    """after - before per key, keeping negative and dropping zero entries (counters only grow, but a
+    subtraction of two runs may go below zero)."""
+    out: Counter[Any] = Counter()
+    for k in set(after) | set(before):
+        d = after.get(k, 0) - before.get(k, 0)
+        if d:
+            out[k] = d
+    return out
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The nearest-rank q-quantile (as the benchmark always printed it)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# --------------------------------------------------------------------------------------------
+# reading the cluster and the operator
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, seconds (NaN when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -49,74 +167,441 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+@dataclass
+class Snapshot:
+    """What one reading of the metrics and /proc gives."""
+
+    at: float
+    requests: Counter[tuple[str, str]]
+    failed: Counter[tuple[str, str]]
+    flows: Counter[str]
+    op_metrics: str
+    op_cpu: float
+    cluster_cpu: dict[str, float]
+
+
+@dataclass
+class Probe:
+    api: Any
+    op_port: int
+    cluster_pids: dict[str, int]
+    op_pid: int | None = None
+    scrapes: int = 0
+
+    def snap(self) -> Snapshot:
+        resp = self.api.call_api("GET", f"{self.api.configuration.host}/metrics", {"Accept": "text/plain"})
+        text = resp.read().decode()
+        self.scrapes += 1
+        op_text = ""
+        if self.op_pid is not None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.op_port}/metrics", timeout=10) as r:
+                    op_text = r.read().decode()
+            except OSError:
+                pass
+        return Snapshot(
+            time.monotonic(),
+            requests_by_verb_resource(text),
+            requests_by_verb_resource(text, failed=True),
+            by_label(text, FLOWS, "flow_schema"),
+            op_text,
+            cpu_seconds(self.op_pid) if self.op_pid is not None else 0.0,
+            {c: cpu_seconds(p) for c, p in self.cluster_pids.items()},
+        )
+
+
+@dataclass
+class Phase:
+    name: str
+    before: Snapshot
+    after: Snapshot
+    own: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Requests this benchmark made itself during the phase (besides kubectl apply)."""
+
+    @property
+    def seconds(self) -> float:
+        return self.after.at - self.before.at
+
+    @property
+    def requests(self) -> Counter[tuple[str, str]]:
+        return delta(delta(self.after.requests, self.before.requests), self.own)
+
+    @property
+    def failed(self) -> Counter[tuple[str, str]]:
+        return delta(self.after.failed, self.before.failed)
+
+    @property
+    def flows(self) -> Counter[str]:
+        return delta(self.after.flows, self.before.flows)
+
+    def op(self, name: str) -> float:
+        return total(self.after.op_metrics, name) - total(self.before.op_metrics, name)
+
+    @property
+    def op_cpu(self) -> float:
+        return self.after.op_cpu - self.before.op_cpu
+
+    def cluster_cpu(self) -> dict[str, float]:
+        return {c: self.after.cluster_cpu[c] - self.before.cluster_cpu[c] for c in self.after.cluster_cpu}
+
+
+class JobWatcher(threading.Thread):
+    """Watch a namespace's TrainingJobs (raw JSON stream) and record when each was first seen Running,
+    as seconds after its API-server creation timestamp (1 s resolution)."""
+
+    def __init__(self, custom: Any, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.custom = custom
+        self.namespace = namespace
+        self.running: dict[str, float] = {}
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._watch()
+        except Exception as e:  # the stream breaks when the cluster stops: expected then
+            if not self.stop.is_set():
+                print(f"trainingjob watch failed: {e!r}", file=sys.stderr)
+
+    def _call(self, **kw: Any) -> Any:
+        self.requests["WATCH" if kw.get("watch") else "LIST", "trainingjobs.gpuscaler.io"] += 1
+        return self.custom.list_namespaced_custom_object(
+            "gpuscaler.io", "v1alpha1", self.namespace, "trainingjobs", **kw
+        )
+
+    def _watch(self) -> None:
+        rv = self._call(limit=1)["metadata"]["resourceVersion"]
+        while not self.stop.is_set():
+            resp = self._call(
+                watch=True,
+                resource_version=rv,
+                timeout_seconds=60,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+            )
+            self.ready.set()
+            for line in resp:
+                if self.stop.is_set():
+                    break
+                ev = json.loads(line)
+                obj = ev["object"]
+                rv = obj["metadata"].get("resourceVersion", rv)
+                if ev["type"] not in ("ADDED", "MODIFIED"):
+                    continue
+                if (obj.get("status") or {}).get("phase") == "Running" and obj["metadata"][
+                    "name"
+                ] not in self.running:
+                    born = datetime.fromisoformat(obj["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+                    self.running[obj["metadata"]["name"]] = time.time() - born.timestamp()
+            resp.release_conn()
+
+
+# --------------------------------------------------------------------------------------------
+# printing
+
+
+def table(header: list[str], rows: Iterable[list[str]], indent: str = "  ") -> str:
+    rows = [header, *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join(
+        indent
+        + "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    )
+
+
+def fmt(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--kubeconfig", help="use this running cluster instead of starting one")
     ap.add_argument("--delay", default="1", help="kwok provisioning delay, seconds")
+    ap.add_argument("--interval", default="1", help="the operator's reconcile interval, seconds")
+    ap.add_argument("--idle", type=float, default=10, help="seconds of the no-operator background window")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
+    n = args.jobs
     ns = f"bench-{os.getpid()}"
-    with existing_or_private(args.kubeconfig, f"bench-op-{os.getpid()}") as (_kubeconfig, env):
+    ns_without = f"{ns}-no-operator"
+    from kubernetes import client, config
+
+    with existing_or_private(args.kubeconfig, f"bench-op-{os.getpid()}") as (kubeconfig, env):
+
         def run(*a: str, **kw: Any) -> subprocess.CompletedProcess[str]:
             return subprocess.run(["kubectl", *a], env=env, check=True, capture_output=True, text=True, **kw)
 
+        state = Path(kubeconfig).parent / "state.json"
+        pids = ClusterState.load(state).pids if state.exists() else {}
+        api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        (op_port,) = free_ports(1)
+        probe = Probe(api, op_port, pids)
+        load_start = os.getloadavg()
         apply_crds(env, [ROOT / "crds" / "trainingjob.yaml"], ["trainingjobs.gpuscaler.io"])
         run("create", "namespace", ns)
+        run("create", "namespace", ns_without)
+        docs = yaml.safe_dump_all([job(i) for i in range(n)])
+        run(
+            "apply", "--dry-run=client", "-n", ns_without, "-f", "-", input=docs
+        )  # fills kubectl's discovery cache
+
+        # 1. background, 2. apply without the operator
+        s = probe.snap()
+        time.sleep(args.idle)
+        idle = Phase("background", s, probe.snap())
+        s = probe.snap()
+        run("apply", "-n", ns_without, "-f", "-", input=docs)
+        without = Phase("apply without operator", s, probe.snap())
+
+        # 3. the operator
         op_env = dict(
             env,
             GPUSCALER_NAMESPACE=ns,
-            GPUSCALER_METRICS_PORT="0",
+            GPUSCALER_METRICS_PORT=str(op_port),
             GPUSCALER_HEALTH_PORT="0",
             GPUSCALER_KWOK_PROVISIONING_DELAY_S=args.delay,
-            GPUSCALER_RECONCILE_INTERVAL_S="1",
+            GPUSCALER_RECONCILE_INTERVAL_S=args.interval,
         )
         log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
         op = subprocess.Popen(
             [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log
         )
+        probe.op_pid = op.pid
+        watcher = JobWatcher(client.CustomObjectsApi(api), ns)
         try:
-            time.sleep(3)
-            docs = yaml.safe_dump_all([job(i) for i in range(args.jobs)])
-            t0 = time.monotonic()
+            t_start = time.monotonic()
+            while time.monotonic() - t_start < 60:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{op_port}/metrics", timeout=2).close()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            time.sleep(2)  # kopf's watches start after the startup handler
+            startup_cpu = cpu_seconds(op.pid)
+            watcher.start()
+            watcher.ready.wait(30)
+            load_apply = os.getloadavg()
+
+            # 4. apply with the operator, 5. until all Running
+            s0 = probe.snap()
             run("apply", "-n", ns, "-f", "-", input=docs)
-            applied = time.monotonic() - t0
-            running: dict[str, float] = {}
-            while len(running) < args.jobs and time.monotonic() - t0 < args.timeout:
-                out = run(
-                    "get",
-                    "trainingjobs",
-                    "-n",
-                    ns,
-                    "-o",
-                    "jsonpath={range .items[*]}{.metadata.name} {.metadata.creationTimestamp} {.status.phase}{'\\n'}{end}",
-                ).stdout
-                now = time.time()
-                for line in out.splitlines():
-                    name, created, phase = [*line.split(" "), "", ""][:3]
-                    if phase == "Running" and name not in running:
-                        born = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
-                        running[name] = now - born  # latency from the API server's creation time
-                time.sleep(0.5)
-            lat = sorted(running.values())
+            s1 = probe.snap()
+            own_watch = Counter(watcher.requests)
+            while len(watcher.running) < n and time.monotonic() - s0.at < args.timeout and op.poll() is None:
+                time.sleep(0.2)
+            s2 = probe.snap()
+            watcher.stop.set()
+            with_op = Phase("apply with operator", s0, s1)
+            wait = Phase("apply -> all Running", s1, s2, delta(watcher.requests, own_watch))
             peak = peak_rss_mib(op.pid)
+            lat = sorted(watcher.running.values())
         finally:
             op.terminate()
             op.wait(30)
+        load_end = os.getloadavg()
+
         if not lat:
             print("no job reached Running; operator log:", log.name)
             return 1
-        p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
-        print(f"jobs: {args.jobs} applied in {applied:.1f}s (one kubectl apply); Running: {len(lat)}")
         print(
-            f"creation-to-Running latency (1 s timestamp resolution): median {statistics.median(lat):.1f}s, p95 {p95:.1f}s, all {lat[-1]:.1f}s"
+            f"operator scale: {n} one-node TrainingJobs, kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
         )
-        print(f"kwok provisioning delay {args.delay}s, reconcile interval 1s")
-        print(f"operator peak RSS: {peak:.0f} MiB")
-        if not args.kubeconfig:
-            return 0 if len(lat) == args.jobs else 1
-        run("delete", "namespace", ns, "--wait=false")
-        return 0 if len(lat) == args.jobs else 1
+        print(
+            f"machine: {os.cpu_count()} cores; load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_start)} "
+            f"at start, {' '.join(f'{x:.2f}' for x in load_apply)} before the apply, "
+            f"{' '.join(f'{x:.2f}' for x in load_end)} at the end"
+        )
+        print(f"jobs: {n} applied in {with_op.seconds:.1f}s (one kubectl apply); Running: {len(lat)}")
+        print(
+            f"creation-to-Running latency (1 s timestamp resolution): median {statistics.median(lat):.1f}s, "
+            f"p95 {quantile(lat, 0.95):.1f}s, all {lat[-1]:.1f}s"
+        )
+        print(
+            f"apply with operator {with_op.seconds:.1f}s, without {without.seconds:.1f}s "
+            f"(same {n} objects, fresh namespaces, same run; without first, before the operator started)"
+        )
+        print(f"operator peak RSS: {peak:.0f} MiB; log {log.name}")
+        print()
+        print(
+            f"API requests: {REQUESTS} (by verb and resource) and {FLOWS} (by client identity) from the API\n"
+            "server's /metrics, read as the admin before and after each phase. The request metric has no client\n"
+            "label: the operator's share is separated by running the phase without the operator (the apply into a\n"
+            f"fresh namespace with the operator not running; for the wait, the background rate of a {args.idle:g} s\n"
+            "window with no operator and nothing applied). 'caused by operator' therefore also counts what the\n"
+            "scheduler, kwok and the controllers do because of the operator's pods and nodes; the flow-schema\n"
+            "table separates the scheduler's and controllers' requests from the operator's and kwok's (both exempt).\n"
+            "Left out: non-resource requests (/metrics, discovery). A WATCH is counted when it ends, so the\n"
+            "long-running watches (the operator's, the controllers', this benchmark's own of the TrainingJobs, all\n"
+            "opened before the apply) are not in the tables."
+        )
+        rate = {k: v / idle.seconds for k, v in idle.requests.items()}
+        frate = {k: v / idle.seconds for k, v in idle.flows.items()}
+        bg_wait = Counter({k: round(r * wait.seconds) for k, r in rate.items()})
+        fbg_wait = Counter({k: round(r * wait.seconds) for k, r in frate.items()})
+        caused_apply = delta(with_op.requests, without.requests)
+        caused_wait = delta(wait.requests, bg_wait)
+
+        keys = sorted(set(with_op.requests) | set(without.requests), key=lambda k: (-with_op.requests[k], k))
+        print(
+            f"\nphase 'apply' (one kubectl apply of {n} objects): {without.seconds:.1f}s without operator, {with_op.seconds:.1f}s with"
+        )
+        print(
+            table(
+                [
+                    "verb",
+                    "resource",
+                    "without op",
+                    "with op",
+                    "caused by op",
+                    "per job",
+                    "of which >=400 (with op)",
+                ],
+                [
+                    [
+                        v,
+                        r,
+                        str(without.requests[(v, r)]),
+                        str(with_op.requests[(v, r)]),
+                        str(caused_apply[(v, r)]),
+                        f"{caused_apply[(v, r)] / n:.2f}",
+                        str(with_op.failed[(v, r)] or ""),
+                    ]
+                    for v, r in keys
+                ],
+            )
+        )
+        keys = sorted(set(wait.requests) | set(bg_wait), key=lambda k: (-wait.requests[k], k))
+        print(
+            f"\nphase 'apply -> all Running' ({wait.seconds:.1f}s; background: {idle.seconds:.0f}s window scaled to {wait.seconds:.1f}s)"
+        )
+        print(
+            table(
+                [
+                    "verb",
+                    "resource",
+                    "all clients",
+                    "background",
+                    "caused by op",
+                    "per job",
+                    "of which >=400",
+                ],
+                [
+                    [
+                        v,
+                        r,
+                        str(wait.requests[(v, r)]),
+                        str(bg_wait[(v, r)]),
+                        str(caused_wait[(v, r)]),
+                        f"{caused_wait[(v, r)] / n:.2f}",
+                        str(wait.failed[(v, r)] or ""),
+                    ]
+                    for v, r in keys
+                ],
+            )
+        )
+        caused_total = caused_apply + caused_wait
+        t_apply, t_wait = sum(caused_apply.values()), sum(caused_wait.values())
+        print(
+            f"\nrequests caused by the operator, creation to all Running: {t_apply + t_wait} "
+            f"({t_apply} during the apply + {t_wait} after), {(t_apply + t_wait) / n:.1f} per job"
+        )
+        by_verb: Counter[str] = Counter()
+        for (v, _), c in caused_total.items():
+            by_verb[v] += c
+        print("  by verb: " + ", ".join(f"{v} {c}" for v, c in by_verb.most_common()))
+
+        flows = sorted(
+            set(with_op.flows) | set(without.flows) | set(wait.flows), key=lambda f: -wait.flows[f]
+        )
+        own_wait = sum(wait.own.values()) + 2  # its watch, and the two /metrics reads that bound the phase
+        print("\nrequests by client identity (API priority-and-fairness flow schema)")
+        print(
+            table(
+                [
+                    "flow schema",
+                    "who",
+                    "apply w/o op",
+                    "apply with op",
+                    "wait",
+                    "wait bg",
+                    "per job (with op)",
+                ],
+                [
+                    [
+                        f,
+                        FLOW_NOTE.get(f, ""),
+                        str(without.flows[f]),
+                        str(with_op.flows[f]),
+                        str(wait.flows[f]),
+                        str(fbg_wait[f]),
+                        f"{(with_op.flows[f] - without.flows[f] + wait.flows[f] - fbg_wait[f]) / n:.2f}",
+                    ]
+                    for f in flows
+                ],
+            )
+        )
+        op_own = (with_op.flows["exempt"] - without.flows["exempt"]) + (
+            wait.flows["exempt"] - fbg_wait["exempt"] - own_wait
+        )
+        kwok = sum(c for k, c in caused_total.items() if k in KWOK_WRITES)
+        print(
+            f"  operator + kwok (exempt, less kubectl, this benchmark and the background): {op_own}, "
+            f"{op_own / n:.1f} per job;\n  less kwok's writes (PATCH pods/status and nodes/status, POST/PUT leases): "
+            f"{op_own - kwok}, {(op_own - kwok) / n:.1f} per job for the operator (an upper bound: kwok's reads remain)"
+        )
+
+        sw_apply, sw_wait = caused_apply[STATUS_WRITE], caused_wait[STATUS_WRITE]
+        print(
+            f"\noperator status writes (PATCH trainingjobs/status; no other client writes it): "
+            f"{sw_apply} during the apply, {sw_wait} after, {(sw_apply + sw_wait) / n:.1f} per job"
+        )
+        pc = [p.op(f"{PLANNER}_count") for p in (with_op, wait)]
+        ps = [p.op(f"{PLANNER}_sum") for p in (with_op, wait)]
+        rc = [p.op(f"{RECONCILE}_count") for p in (with_op, wait)]
+        rs = [p.op(f"{RECONCILE}_sum") for p in (with_op, wait)]
+        print(
+            f"planner calls ({PLANNER}_count on the operator's /metrics): {fmt(pc[0])} during the apply, "
+            f"{fmt(pc[1])} after, {sum(pc) / n:.1f} per job; {sum(ps):.1f}s in the planner"
+        )
+        print(
+            f"reconcile steps ({RECONCILE}_count): {fmt(rc[0])} during the apply, {fmt(rc[1])} after, "
+            f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time, 16 kopf threads)"
+        )
+        print(
+            f"operator CPU seconds (/proc/{op.pid}/stat utime+stime): start-up {startup_cpu:.1f}, "
+            f"apply {with_op.op_cpu:.1f} ({with_op.op_cpu / with_op.seconds:.2f} cores), "
+            f"apply -> all Running {wait.op_cpu:.1f} ({wait.op_cpu / wait.seconds:.2f} cores), "
+            f"{(with_op.op_cpu + wait.op_cpu) / n:.2f} per job"
+        )
+        if pids:
+            comps = list(pids)
+            print("control-plane CPU seconds (/proc/<pid>/stat) per phase")
+            print(
+                table(
+                    ["component", "", "background", "apply w/o op", "apply with op", "wait"],
+                    [
+                        [
+                            c,
+                            "",
+                            f"{idle.cluster_cpu()[c]:.1f}",
+                            f"{without.cluster_cpu()[c]:.1f}",
+                            f"{with_op.cluster_cpu()[c]:.1f}",
+                            f"{wait.cluster_cpu()[c]:.1f}",
+                        ]
+                        for c in comps
+                    ]
+                    + [["operator", "", "-", "-", f"{with_op.op_cpu:.1f}", f"{wait.op_cpu:.1f}"]],
+                )
+            )
+        if args.kubeconfig:
+            run("delete", "namespace", ns, ns_without, "--wait=false")
+        return 0 if len(lat) == n else 1
 
 
 if __name__ == "__main__":

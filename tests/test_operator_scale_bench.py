@@ -1,0 +1,76 @@
+"""The pure helpers of benchmarks/operator_scale.py: reading API-server counters and subtracting phases."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "operator_scale_bench", ROOT / "benchmarks" / "operator_scale.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+METRICS = """\
+# HELP apiserver_request_total [STABLE] Counter of apiserver requests.
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="gpuscaler.io",resource="trainingjobs",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 7
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="gpuscaler.io",resource="trainingjobs",scope="resource",subresource="status",verb="PATCH",version="v1alpha1"} 1
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="binding",verb="POST",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="cluster",subresource="",verb="LIST",version="v1"} 2
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 9
+# HELP apiserver_flowcontrol_dispatched_requests_total [BETA] Number of requests executed.
+# TYPE apiserver_flowcontrol_dispatched_requests_total counter
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="exempt",priority_level="exempt"} 40
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="kube-scheduler",priority_level="workload-high"} 3
+# HELP gpuscaler_planner_latency_seconds Duration of one planner call.
+# TYPE gpuscaler_planner_latency_seconds histogram
+gpuscaler_planner_latency_seconds_bucket{le="0.001"} 0.0
+gpuscaler_planner_latency_seconds_bucket{le="+Inf"} 5.0
+gpuscaler_planner_latency_seconds_count 5.0
+gpuscaler_planner_latency_seconds_sum 0.25
+"""
+
+
+def test_requests_by_verb_resource_sums_codes_and_skips_non_resource() -> None:
+    b = _bench()
+    got = b.requests_by_verb_resource(METRICS)
+    assert got == {
+        ("PATCH", "trainingjobs.gpuscaler.io/status"): 8,
+        ("POST", "pods/binding"): 3,
+        ("LIST", "nodes"): 2,
+    }
+    assert got[b.STATUS_WRITE] == 8
+
+
+def test_flow_schemas_histogram_totals_and_delta() -> None:
+    b = _bench()
+    assert b.by_label(METRICS, b.FLOWS, "flow_schema") == {"exempt": 40, "kube-scheduler": 3}
+    assert b.total(METRICS, "gpuscaler_planner_latency_seconds_count") == 5
+    assert b.total(METRICS, "gpuscaler_planner_latency_seconds_sum") == 0.25
+    assert b.total("", "gpuscaler_planner_latency_seconds_count") == 0
+    assert b.delta({"a": 5, "b": 2, "c": 1}, {"a": 2, "b": 2, "d": 1}) == {"a": 3, "c": 1, "d": -1}
+
+
+def test_quantile_nearest_rank() -> None:
+    b = _bench()
+    values = [float(i) for i in range(1, 101)]
+    assert b.quantile(values, 0.95) == 96.0
+    assert b.quantile([3.0], 0.95) == 3.0
+
+
+def test_failed_requests_only_counts_codes_from_400() -> None:
+    b = _bench()
+    assert b.requests_by_verb_resource(METRICS, failed=True) == {
+        ("PATCH", "trainingjobs.gpuscaler.io/status"): 1
+    }
