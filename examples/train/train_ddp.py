@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         flat = torch.cat([t.detach().cpu().flatten() for t in full.values()])
         args.out.write_bytes(flat.numpy().tobytes())
     emit(e="finished", step=guard.step)
+    # Every rank reaches here after the same last step: meet before tearing the group down, so no
+    # rank's gloo threads see a peer (or rank 0's store) go away mid-teardown and abort at exit.
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
