@@ -114,13 +114,14 @@ class World:
         for n in self.provider.released:
             self.nodes.pop(n, None)
         self.provider.released.clear()
-        pods = []
-        for body in self.workers.pods():
-            b = dict(body, status={"phase": self.phases.get(body["metadata"]["name"], "Pending")})
-            pods.append(pod_state(b))
+        pods = [pod_state(self.pod_body(body)) for body in self.workers.pods()]
         out = self.loop.step(job, self.status, pods, list(self.nodes.values()))
         self.status = out.status
         return [e.reason for e in out.events]
+
+    def pod_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The pod as the API server would return it: the created body with this world's phase."""
+        return dict(body, status={"phase": self.phases.get(body["metadata"]["name"], "Pending")})
 
     def ready(self) -> None:
         self.nodes = {k: replace(v, ready=True) for k, v in self.nodes.items()}

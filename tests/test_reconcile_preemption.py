@@ -7,7 +7,6 @@ drive the reconcile loop of tests/test_operator_reconcile.py with full pod statu
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -28,25 +27,12 @@ class StatusWorld(World):
         self.statuses: dict[str, dict[str, Any]] = {}
         self.annotations: dict[str, dict[str, str]] = {}
 
-    def step(self, job: Any, seconds: float = 1.0) -> list[str]:
-        self.now += timedelta(seconds=seconds)
-        for names in self.provider.ensured:
-            for n in names:
-                self.nodes.setdefault(n, NodeState(n, "", "", False, self.now, 10.0))
-        self.provider.ensured.clear()
-        for n in self.provider.released:
-            self.nodes.pop(n, None)
-        self.provider.released.clear()
-        pods = []
-        for body in self.workers.pods():
-            name = body["metadata"]["name"]
-            status = {"phase": self.phases.get(name, "Pending"), **self.statuses.get(name, {})}
-            meta = dict(body["metadata"])
-            meta["annotations"] = {**(meta.get("annotations") or {}), **self.annotations.get(name, {})}
-            pods.append(pod_state(dict(body, metadata=meta, status=status)))
-        out = self.loop.step(job, self.status, pods, list(self.nodes.values()))
-        self.status = out.status
-        return [e.reason for e in out.events]
+    def pod_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        status = {"phase": self.phases.get(name, "Pending"), **self.statuses.get(name, {})}
+        meta = dict(body["metadata"])
+        meta["annotations"] = {**(meta.get("annotations") or {}), **self.annotations.get(name, {})}
+        return dict(body, metadata=meta, status=status)
 
 
 def running(w: StatusWorld) -> Any:
