@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Protocol
 
 from gpuscaler.catalog import CapacityType, InstanceType
+from gpuscaler.errors import ErrorKind, TemporaryError
 
 JOB_LABEL = "gpuscaler.io/job"
 """On nodes and pods of a job: ``<namespace>.<name>`` (shortened with a hash when too long)."""
@@ -33,16 +34,25 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 
 
-class ProviderError(RuntimeError):
+CAPACITY_RETRY_DELAY_S = 30.0
+"""Seconds before retrying after the cloud ran out of capacity (capacity comes back in minutes,
+not seconds; a shorter retry only spends API calls)."""
+
+
+class ProviderError(TemporaryError, RuntimeError):
     """The provider could not do what was asked; the message says what and why."""
 
 
 class InsufficientCapacityError(ProviderError):
     """The cloud has fewer nodes of the offering than asked for (retry later or elsewhere)."""
 
+    retry_delay_s = CAPACITY_RETRY_DELAY_S
+
 
 class UnknownProviderError(ProviderError):
-    """No provider registered under that name."""
+    """No provider registered under that name (kind ``INVALID_INPUT``: the setting must change)."""
+
+    kind = ErrorKind.INVALID_INPUT
 
 
 @dataclass(frozen=True)

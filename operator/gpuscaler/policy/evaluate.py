@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscaler.catalog.loader import Catalog, UnknownIdError, load_catalog, normalize
+from gpuscaler.errors import InvalidInputError
 from gpuscaler.policy.models import Policy, SpotRules
 
 SPOT_ORDER = ("never", "allowed", "preferred")
@@ -40,7 +41,7 @@ _LOWEST = (
 )
 
 
-class PolicyConflictError(ValueError):
+class PolicyConflictError(InvalidInputError, ValueError):
     """Two policies at the same level leave nothing allowed (e.g. disjoint allowedGpuTypes)."""
 
 
