@@ -20,13 +20,15 @@ measurement instead of the model's error.
 The model's answer for an instance type, node count and precision does not depend on the
 capacity type, so :class:`Performance` computes it once per such triple and both capacity types
 of the offering reuse it (with the work hours and checkpoint seconds, which do not depend on it
-either); only the interruption rate and the price differ between them.
+either); only the interruption rate and the price differ between them. Nor does it depend on
+prices, the deadline or the policy: :func:`predict` keeps it across plans of the same shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, InstanceType, Precision, Workload
@@ -44,6 +46,10 @@ STARTUP_S = 180.0
 """Provisioning plus container start before the first step (assumption; cloud GPU nodes take 2-5 min)."""
 CHECKPOINT_FIXED_S = 2.0
 """Fixed cost of one checkpoint on top of the bytes written (sync, rename, metadata)."""
+PREDICTION_CACHE_SIZE = 65536
+"""Predictions kept across plans (:func:`predict`): one plan asks for at most ~600 (33 instance
+types x 15 node counts x 2 precisions, most cut short), each entry a few hundred bytes, so about
+a hundred different jobs' worth in ~20 MB."""
 
 
 def checkpoint_write_seconds(
@@ -116,20 +122,12 @@ class Performance:
 
     def _compute(self, inst: InstanceType, nodes: int, precision: Precision) -> Run | Refusal:
         job = self.job
-        try:
-            cfg, refusal = configure(
-                job.workload, inst, nodes, precision, job.global_batch, job.channels_last, job.data_loader
-            )
-        except PrecisionUnsupportedError as err:
-            return Refusal(Reason.PRECISION, str(err))
-        if cfg is None:
-            assert refusal is not None
-            return refusal
-        try:
-            est = estimate(job.workload, inst.gpu, cfg)
-        except PrecisionUnsupportedError as err:
-            return Refusal(Reason.PRECISION, str(err))
-        band = throughput_band(job.workload, inst.gpu, precision, est.throughput)
+        found = predict(
+            job.workload, inst, nodes, precision, job.global_batch, job.channels_last, job.data_loader
+        )
+        if isinstance(found, Refusal):
+            return found
+        cfg, est, band = found
         if self.efficiency and inst.gpu_id in self.efficiency:
             factor = self.efficiency[inst.gpu_id]
             est = corrected(est, factor)
@@ -139,6 +137,40 @@ class Performance:
         work_h = job.total_samples / est.throughput / 3600.0
         write_s = checkpoint_write_seconds(job.workload, cfg, self.policy, self.spec.checkpoint.write_seconds)
         return Run(cfg, est, band, work_h, write_s)
+
+
+@lru_cache(maxsize=PREDICTION_CACHE_SIZE)
+def predict(
+    workload: Workload,
+    inst: InstanceType,
+    nodes: int,
+    precision: Precision,
+    global_batch: int,
+    channels_last: bool,
+    data_loader: str,
+) -> tuple[ParallelConfig, Estimate, Band] | Refusal:
+    """The configuration of ``nodes`` x ``inst`` at ``precision`` and the model's prediction for it.
+
+    Pure in its arguments (all immutable: the catalog's frozen rows), so it is memoised across
+    plans: the operator re-plans the same job (a spec change, a spot notice, an observed
+    correction) and the simulator plans the same shapes again and again; a re-plan then costs only
+    the stages that depend on prices, the deadline and the policy. The observed efficiency is
+    applied by the caller, after the cache.
+
+    Returns:
+        ``(config, estimate, band)``, or a refusal: ``Reason.BATCH``, ``Reason.MEMORY``, or
+        ``Reason.PRECISION`` for a precision the GPU cannot run (the model's ``INVALID_INPUT``
+        error for this one configuration, not a failed plan).
+    """
+    try:
+        cfg, refusal = configure(workload, inst, nodes, precision, global_batch, channels_last, data_loader)
+        if cfg is None:
+            assert refusal is not None
+            return refusal
+        est = estimate(workload, inst.gpu, cfg)
+    except PrecisionUnsupportedError as err:
+        return Refusal(Reason.PRECISION, str(err))
+    return cfg, est, throughput_band(workload, inst.gpu, precision, est.throughput)
 
 
 def evaluate(
