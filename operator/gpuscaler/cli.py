@@ -3,7 +3,9 @@
 Each subcommand is a thin adapter over the pure layers (catalog, perfmodel, planner). Every command,
 the extensions' too, exits with the codes of :data:`EXIT_CODES`: 0 success, 1 an infeasible job
 (valid, but no plan meets it; the output says what would), 2 invalid input or usage (the message
-names the field or option, the value and what to do; unknown names come with close matches).
+names the field or option, the value and what to do; unknown names come with close matches) or a
+service it needs failing in a way that may pass, 3 a bug or a broken install. Errors are mapped by
+their kind (:class:`gpuscaler.errors.ErrorKind`).
 Commands raise; :func:`main` is the one place an error becomes a message and an exit code
 (:func:`describe_error`), and under ``--json`` also a JSON error object on stdout.
 """
@@ -62,8 +64,10 @@ EXIT_INTERNAL = 3
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_INFEASIBLE: "infeasible: the job is valid but no plan meets it; the output says what would",
-    EXIT_USAGE: "invalid input or usage: the message names the field or option, the value and what to do",
-    EXIT_INTERNAL: "internal error: a bug in gpuscaler, please report it (GPUSCALER_DEBUG=1 shows the traceback)",
+    EXIT_USAGE: "invalid input or usage: the message names the field or option, the value and what to do; "
+    "or a service it needs failed in a way that may pass (try again)",
+    EXIT_INTERNAL: "internal error: a bug in gpuscaler or a broken install, please report it "
+    "(GPUSCALER_DEBUG=1 shows the traceback)",
 }
 """The exit codes of every command, as ``gpuscaler --help`` and the README list them."""
 
