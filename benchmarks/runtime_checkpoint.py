@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuscaler.runtime import EXIT_PREEMPTED, CheckpointStore
+from gpuscaler.runtime import EXIT_PREEMPTED
+from gpuscaler.runtime.checkpoint import CheckpointStore
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "train_loop.py"
 

@@ -165,13 +165,13 @@ def test_risk_maths() -> None:
 def test_configure_picks_the_largest_micro_batch_that_fits(wid: str, iname: str, nodes: int, batch: int) -> None:
     from gpuscaler.catalog import Precision
     from gpuscaler.perfmodel import ParallelConfig, memory_per_gpu
-    from gpuscaler.planner import configure
+    from gpuscaler.planner import Reason, configure
 
     w, inst = CAT.workload(wid), CAT.instance(iname)
     cfg, why = configure(w, inst, nodes, Precision.AMP, batch)
     gpus = inst.gpu_count * nodes
     if batch % gpus:
-        assert cfg is None and "divisible" in why
+        assert cfg is None and why is not None and why.reason is Reason.BATCH and "divisible" in why.text
         return
     per_gpu = batch // gpus
     options = [(0, False), (0, True)] + ([(1, True), (2, True), (3, True)] if gpus > 1 else [])
@@ -187,7 +187,7 @@ def test_configure_picks_the_largest_micro_batch_that_fits(wid: str, iname: str,
             expected = (fitting[0], zero, ckpt)
             break
     if expected is None:
-        assert cfg is None and "does not fit" in why
+        assert cfg is None and why is not None and why.reason is Reason.MEMORY and "does not fit" in why.text
     else:
         assert cfg is not None
         assert (cfg.micro_batch, cfg.zero_stage, cfg.activation_checkpointing) == expected

@@ -17,15 +17,10 @@ from typing import Any
 
 import pytest
 
-from gpuscaler.runtime import (
-    CheckpointError,
-    CheckpointStore,
-    FileReporter,
-    Progress,
-    TrainingGuard,
-)
+from gpuscaler.runtime import CheckpointError, TrainingGuard
 from gpuscaler.runtime.agreement import Agreement, SoloAgreement
-from gpuscaler.runtime.checkpoint import MANIFEST_NAME, PAYLOAD_NAME
+from gpuscaler.runtime.checkpoint import MANIFEST_NAME, PAYLOAD_NAME, CheckpointStore
+from gpuscaler.runtime.progress import FileReporter, Progress
 
 pytestmark = pytest.mark.timeout(60)
 

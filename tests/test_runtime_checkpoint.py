@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuscaler.runtime import (
-    CheckpointError,
+from gpuscaler.runtime import CheckpointError
+from gpuscaler.runtime.atomic import atomic_write_bytes, atomic_write_text
+from gpuscaler.runtime.checkpoint import (
+    MANIFEST_NAME,
+    PAYLOAD_NAME,
     CheckpointStore,
     CorruptCheckpointError,
-    atomic_write_bytes,
-    atomic_write_text,
     bytes_callbacks,
+    step_dir_name,
 )
-from gpuscaler.runtime.checkpoint import MANIFEST_NAME, PAYLOAD_NAME, step_dir_name
 
 
 def names(directory: Path) -> list[str]:

@@ -10,26 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from gpuscaler.runtime import (
+from gpuscaler.runtime import EXIT_PREEMPTED, PlanEnv, TrainingGuard
+from gpuscaler.runtime.checkpoint import CheckpointStore
+from gpuscaler.runtime.config import GuardConfig, RuntimeConfigError
+from gpuscaler.runtime.constants import (
     ANNOTATION_CHECKPOINT_ACK,
     ANNOTATION_CHECKPOINT_REQUESTED,
     ANNOTATION_CHECKPOINT_STEP,
     ANNOTATION_PROGRESS_STEP,
-    EXIT_PREEMPTED,
-    CheckpointEvent,
-    CheckpointSchedule,
-    CheckpointStore,
-    FileReporter,
-    GuardConfig,
-    GuardUsageError,
-    PlanEnv,
-    Progress,
-    ProgressReporter,
-    RuntimeConfigError,
-    RuntimeMetrics,
-    TrainingGuard,
-    serve_metrics,
 )
+from gpuscaler.runtime.guard import GuardUsageError
+from gpuscaler.runtime.metrics import RuntimeMetrics, serve_metrics
+from gpuscaler.runtime.progress import CheckpointEvent, FileReporter, Progress, ProgressReporter
+from gpuscaler.runtime.schedule import CheckpointSchedule
 
 
 class FakeClock:

@@ -27,7 +27,9 @@ from typing import IO, Any
 import numpy as np
 import pytest
 
-from gpuscaler.runtime import ANNOTATION_CHECKPOINT_REQUESTED, EXIT_PREEMPTED, CheckpointStore
+from gpuscaler.runtime import EXIT_PREEMPTED
+from gpuscaler.runtime.checkpoint import CheckpointStore
+from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -19,7 +19,8 @@ from runtime_torch_support import need
 torch = need("torch")
 lightning = need("lightning")
 
-from gpuscaler.runtime import EXIT_PREEMPTED, CheckpointStore, TrainingGuard  # noqa: E402
+from gpuscaler.runtime import EXIT_PREEMPTED, TrainingGuard  # noqa: E402
+from gpuscaler.runtime.checkpoint import CheckpointStore  # noqa: E402
 from gpuscaler.runtime.lightning_callback import CHECKPOINT_FILE, GuardCallback, payload_path  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuscaler.runtime import (
-    ANNOTATION_CHECKPOINT_ACK,
-    ANNOTATION_CHECKPOINT_REQUESTED,
+from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_ACK, ANNOTATION_CHECKPOINT_REQUESTED
+from gpuscaler.runtime.notice import (
+    AnnotationsFormatError,
     AnnotationWatcher,
     StopSignal,
     parse_downward_annotations,
 )
-from gpuscaler.runtime.notice import AnnotationsFormatError
 
 
 def go_quote_file(annotations: dict[str, str]) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuscaler.runtime import CheckpointError, CheckpointStore, TrainingGuard, pickle_load, pickle_save
-from gpuscaler.runtime.checkpoint import UnsafeCheckpointError, data_load, data_save
+from gpuscaler.runtime import CheckpointError, TrainingGuard, pickle_load, pickle_save
+from gpuscaler.runtime.checkpoint import CheckpointStore, UnsafeCheckpointError, data_load, data_save
 
 
 def mount_tmpfs(path: Path, size: str) -> None:

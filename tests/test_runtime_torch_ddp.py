@@ -35,7 +35,7 @@ from runtime_torch_support import need
 
 need("torch")
 
-from gpuscaler.runtime import CheckpointStore  # noqa: E402
+from gpuscaler.runtime.checkpoint import CheckpointStore  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

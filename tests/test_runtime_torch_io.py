@@ -17,7 +17,8 @@ from runtime_torch_support import need
 
 torch = need("torch")
 
-from gpuscaler.runtime import CheckpointStore, TrainingGuard, UnsafeCheckpointError  # noqa: E402
+from gpuscaler.runtime import TrainingGuard, UnsafeCheckpointError  # noqa: E402
+from gpuscaler.runtime.checkpoint import CheckpointStore  # noqa: E402
 from gpuscaler.runtime.distributed import (  # noqa: E402
     check_dcp_metadata,
     dcp_callbacks,

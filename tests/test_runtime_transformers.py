@@ -22,7 +22,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 torch = need("torch")
 transformers = need("transformers")
 
-from gpuscaler.runtime import EXIT_PREEMPTED, CheckpointStore, TrainingGuard  # noqa: E402
+from gpuscaler.runtime import EXIT_PREEMPTED, TrainingGuard  # noqa: E402
+from gpuscaler.runtime.checkpoint import CheckpointStore  # noqa: E402
 from gpuscaler.runtime.transformers_callback import GuardCallback, payload_path  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -24,6 +24,8 @@ examples/train/train_ddp.py --total-steps 200``. In a pod the operator sets ``WO
 (micro-batch per GPU, checkpoint directory and interval).
 """
 
+# expect: run-by=tests/test_runtime_torch_ddp.py   (killed, resumed and compared bit for bit there; tests/test_examples.py)
+
 from __future__ import annotations
 
 import argparse

@@ -3,7 +3,9 @@
 Each subcommand is a thin adapter over the pure layers (catalog, perfmodel, planner). Every command,
 the extensions' too, exits with the codes of :data:`EXIT_CODES`: 0 success, 1 an infeasible job
 (valid, but no plan meets it; the output says what would), 2 invalid input or usage (the message
-names the field or option, the value and what to do; unknown names come with close matches).
+names the field or option, the value and what to do; unknown names come with close matches) or a
+service it needs failing in a way that may pass, 3 a bug or a broken install. Errors are mapped by
+their kind (:class:`gpuscaler.errors.ErrorKind`).
 Commands raise; :func:`main` is the one place an error becomes a message and an exit code
 (:func:`describe_error`), and under ``--json`` also a JSON error object on stdout.
 """
@@ -27,7 +29,8 @@ from pydantic import ValidationError
 
 from gpuscaler import __version__
 from gpuscaler.api import TrainingJob
-from gpuscaler.catalog import Precision, UnknownIdError, load_catalog
+from gpuscaler.catalog import CatalogError, Precision, UnknownIdError, load_catalog
+from gpuscaler.errors import ErrorKind, GpuscalerError
 from gpuscaler.inputs import (
     InputError,
     format_validation,
@@ -40,10 +43,10 @@ from gpuscaler.inputs import (
     to_json,
     validation_error,
 )
-from gpuscaler.perfmodel import DATA_LOADERS, ParallelConfig, PrecisionUnsupportedError, estimate
+from gpuscaler.perfmodel import DATA_LOADERS, ParallelConfig, estimate
 from gpuscaler.perfmodel.uncertainty import CrossValidationError, throughput_band
 from gpuscaler.planner import PlanResult, plan
-from gpuscaler.policy import Policy, PolicyConflictError, load_policies, policy_for_namespace
+from gpuscaler.policy import Policy, load_policies, policy_for_namespace
 
 EXTENSIONS = (
     "gpuscaler.devcluster.cli",  # dev-cluster up|down|env|build (local control plane)
@@ -61,8 +64,10 @@ EXIT_INTERNAL = 3
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_INFEASIBLE: "infeasible: the job is valid but no plan meets it; the output says what would",
-    EXIT_USAGE: "invalid input or usage: the message names the field or option, the value and what to do",
-    EXIT_INTERNAL: "internal error: a bug in gpuscaler, please report it (GPUSCALER_DEBUG=1 shows the traceback)",
+    EXIT_USAGE: "invalid input or usage: the message names the field or option, the value and what to do; "
+    "or a service it needs failed in a way that may pass (try again)",
+    EXIT_INTERNAL: "internal error: a bug in gpuscaler or a broken install, please report it "
+    "(GPUSCALER_DEBUG=1 shows the traceback)",
 }
 """The exit codes of every command, as ``gpuscaler --help`` and the README list them."""
 
@@ -118,16 +123,20 @@ class Failure:
 def describe_error(err: BaseException) -> Failure:
     """The one mapping of errors onto exit codes and messages, for every command.
 
+    A :class:`~gpuscaler.errors.GpuscalerError` maps by its kind: ``INVALID_INPUT`` exit 2 (an
+    unknown name with its close matches), ``INFEASIBLE`` exit 1, ``TEMPORARY`` exit 2 (a service
+    it needs failed: try again), ``INTERNAL`` exit 3. Of the rest, a pydantic ``ValidationError``,
+    a missing optional package, a file error and an input too large to process are the user's to
+    fix (exit 2); anything else is a bug (exit 3).
+
     Args:
         err: what a command raised.
 
     Returns:
-        The failure to print: exit 2 for anything the user can fix, 3 for a bug.
+        The failure to print.
     """
-    if isinstance(err, UnknownIdError):
-        return Failure(EXIT_USAGE, "unknown-name", str(err), err.kind, shown(err.value), list(err.matches))
-    if isinstance(err, InputError):
-        return Failure(EXIT_USAGE, "invalid-input", str(err), err.field, err.value)
+    if isinstance(err, GpuscalerError):
+        return _describe_domain_error(err)
     if isinstance(err, ValidationError):
         problems = [{"field": loc, "problem": msg, "value": value} for loc, msg, value in iter_fields(err)]
         first = problems[0] if problems else {}
@@ -135,8 +144,6 @@ def describe_error(err: BaseException) -> Failure:
             EXIT_USAGE, "invalid-input", format_validation(err, "input"), first.get("field"), first.get("value"),
             problems=problems,
         )  # fmt: skip
-    if isinstance(err, PrecisionUnsupportedError | PolicyConflictError):
-        return Failure(EXIT_USAGE, "invalid-input", str(err))
     if isinstance(err, ModuleNotFoundError):
         top = (err.name or "").split(".")[0]
         extra = EXTRAS.get(top)
@@ -145,12 +152,27 @@ def describe_error(err: BaseException) -> Failure:
     if isinstance(err, OSError):
         where = f"{err.filename}: " if err.filename else ""
         return Failure(EXIT_USAGE, "io-error", f"{where}{err.strerror or err}", err.filename and str(err.filename))
-    if isinstance(err, CrossValidationError):  # a broken install, not the user's input
-        return Failure(
-            EXIT_INTERNAL, "broken-install", f"the performance model's data is broken: {err}; reinstall gpuscaler"
-        )
     if isinstance(err, MemoryError | RecursionError):
         return Failure(EXIT_USAGE, "too-large", "the input is too large or too deeply nested to process")
+    return _internal(err)
+
+
+def _describe_domain_error(err: GpuscalerError) -> Failure:
+    if err.kind is ErrorKind.INVALID_INPUT:
+        if isinstance(err, UnknownIdError):
+            return Failure(EXIT_USAGE, "unknown-name", str(err), err.what, shown(err.value), list(err.matches))
+        return Failure(EXIT_USAGE, "invalid-input", str(err), err.field, err.value)
+    if err.kind is ErrorKind.INFEASIBLE:
+        return Failure(EXIT_INFEASIBLE, "infeasible", str(err), err.field, err.value)
+    if err.kind is ErrorKind.TEMPORARY:
+        return Failure(EXIT_USAGE, "unavailable", f"{err} (this may pass: try again)", err.field, err.value)
+    if isinstance(err, CatalogError | CrossValidationError):  # shipped data files: a broken install
+        what = "catalog" if isinstance(err, CatalogError) else "performance model's data"
+        return Failure(EXIT_INTERNAL, "broken-install", f"the {what} is broken: {err}; reinstall gpuscaler")
+    return _internal(err)
+
+
+def _internal(err: BaseException) -> Failure:
     return Failure(
         EXIT_INTERNAL,
         "internal-error",

@@ -43,6 +43,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
+from gpuscaler.errors import InvalidInputError
+
 MAX_DOCUMENT_BYTES = 1_572_864
 """Largest TrainingJob or policy file read: 1.5 MiB, the API server's limit on one object (etcd's
 default request size limit, https://etcd.io/docs/v3.5/dev-guide/limit/), so a file the operator
@@ -64,7 +66,7 @@ _UTF16_32_BOMS = {
 }
 
 
-class InputError(ValueError):
+class InputError(InvalidInputError, ValueError):
     """Input that cannot be used as given: the message names the file or field, the value, and what
     to do. The command line prints it and exits 2; the operator turns it into a condition.
 

@@ -25,6 +25,7 @@ import yaml
 
 from gpuscaler.api.status import TrainingJobStatus
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, KIND, PLURAL, TrainingJobSpec
+from gpuscaler.errors import GpuscalerError
 from gpuscaler.policy import crd as policy_crd
 
 SINGULAR = "trainingjob"
@@ -90,7 +91,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-class SchemaError(ValueError):
+class SchemaError(GpuscalerError, ValueError):
     """The pydantic schema has a construct with no structural OpenAPI equivalent."""
 
 

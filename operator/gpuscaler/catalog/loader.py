@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 from gpuscaler.catalog.models import GPU, InstanceType, Workload
 from gpuscaler.catalog.workloads import TransformerShape
+from gpuscaler.errors import GpuscalerError, InvalidInputError
 from gpuscaler.inputs import shown
 
 SCHEMA_VERSION = 1
@@ -33,22 +34,23 @@ INSTANCE_COLUMNS = (
 """The header of ``instances.csv`` (schema 1), in order; its generator writes exactly these."""
 
 
-class CatalogError(ValueError):
+class CatalogError(GpuscalerError, ValueError):
     """A catalog data file is malformed (wrong schema version, bad value)."""
 
 
-class UnknownIdError(KeyError):
+class UnknownIdError(InvalidInputError, KeyError):
     """An id is not in the catalog; carries the closest known ids for the error message."""
 
-    def __init__(self, kind: str, value: str, matches: list[str]) -> None:
-        self.kind = kind
+    def __init__(self, what: str, value: str, matches: list[str]) -> None:
+        self.what = what
+        """What kind of name it is: ``gpu``, ``instance``, ``workload``."""
         self.value = value
         self.matches = matches
         super().__init__(value)
 
     def __str__(self) -> str:
         hint = f"; did you mean {', '.join(self.matches)}?" if self.matches else ""
-        return f"unknown {self.kind} {shown(self.value)}{hint} (`gpuscaler catalog {self.kind}s` lists them)"
+        return f"unknown {self.what} {shown(self.value)}{hint} (`gpuscaler catalog {self.what}s` lists them)"
 
 
 def normalize(name: str) -> str:

@@ -24,18 +24,27 @@ from typing import Protocol
 
 from gpuscaler.catalog import CapacityType, InstanceType
 from gpuscaler.cloud.nodes import NodeState
+from gpuscaler.errors import ErrorKind, TemporaryError
+
+CAPACITY_RETRY_DELAY_S = 30.0
+"""Seconds before retrying after the cloud ran out of capacity (capacity comes back in minutes,
+not seconds; a shorter retry only spends API calls)."""
 
 
-class ProviderError(RuntimeError):
+class ProviderError(TemporaryError, RuntimeError):
     """The provider could not do what was asked; the message says what and why."""
 
 
 class InsufficientCapacityError(ProviderError):
     """The cloud has fewer nodes of the offering than asked for (retry later or elsewhere)."""
 
+    retry_delay_s = CAPACITY_RETRY_DELAY_S
+
 
 class UnknownProviderError(ProviderError):
-    """No provider registered under that name."""
+    """No provider registered under that name (kind ``INVALID_INPUT``: the setting must change)."""
+
+    kind = ErrorKind.INVALID_INPUT
 
 
 @dataclass(frozen=True)

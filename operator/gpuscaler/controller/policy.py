@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import Catalog
+from gpuscaler.errors import InfeasibleError, TemporaryError
 from gpuscaler.inputs import format_validation
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.policy import (
@@ -58,7 +59,7 @@ ACTIVE_PHASES = frozenset({"Provisioning", "Starting", "Running", "Checkpointing
 """Phases in which a job holds GPUs (counted against ``maxGpusPerNamespace``)."""
 
 
-class PolicyViolationError(Exception):
+class PolicyViolationError(InfeasibleError):
     """The job breaks a policy rule; carries the violations (rule, policy, value, limit)."""
 
     def __init__(self, violations: list[Violation]) -> None:
@@ -70,7 +71,7 @@ class PolicyViolationError(Exception):
         return self.violations[0].rule if self.violations else "Policy"
 
 
-class PolicyUnavailableError(Exception):
+class PolicyUnavailableError(TemporaryError):
     """A policy source is invalid and has no good version to fall back on: jobs are not planned."""
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuscaler.devcluster import versions
+from gpuscaler.errors import InvalidInputError, TemporaryError
 
 Log = Callable[[str], None]
 """Where progress lines go (``print`` to stderr by default)."""
@@ -42,11 +43,11 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-class BuildError(RuntimeError):
+class BuildError(TemporaryError, RuntimeError):
     """A component could not be built or fetched; the message says what failed and how."""
 
 
-class MissingBinariesError(RuntimeError):
+class MissingBinariesError(InvalidInputError, RuntimeError):
     """The binaries are not in the cache yet and building was not allowed."""
 
 

@@ -44,6 +44,7 @@ import yaml
 from gpuscaler.devcluster import certs, stages
 from gpuscaler.devcluster.build import Binaries, cache_dir, find_binaries
 from gpuscaler.devcluster.versions import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
+from gpuscaler.errors import TemporaryError
 
 Log = Callable[[str], None]
 
@@ -63,7 +64,7 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-class ClusterError(RuntimeError):
+class ClusterError(TemporaryError, RuntimeError):
     """The control plane failed to start (the message carries the failing component's log tail)."""
 
 

@@ -1,9 +1,16 @@
 """The one place domain errors become kopf's ``TemporaryError`` (retry) or ``PermanentError`` (stop).
 
-Handlers wrap their body in :func:`kopf_errors`. Retried: provider failures (a cloud hiccup,
-no capacity), API server errors that may pass (5xx, 429, connection). Permanent: a spec the
-planner cannot read (unknown workload or GPU id), an unknown provider, a 4xx the API server will
-answer the same way again.
+Handlers wrap their body in :func:`kopf_errors`, which maps on the error's kind
+(:class:`gpuscaler.errors.ErrorKind`), never on its class:
+
+- ``TEMPORARY`` (a cloud hiccup, no capacity, an API server 5xx/429 or no answer, Prometheus
+  down): ``kopf.TemporaryError`` after the error's own ``retry_delay_s`` (30 s when the cloud ran
+  out of capacity, else 10 s);
+- ``INVALID_INPUT`` (a spec the planner cannot read, an unknown workload, GPU or provider, a 4xx
+  the API server will answer the same way again) and ``INFEASIBLE``: ``kopf.PermanentError``;
+  a pydantic ``ValidationError`` of an object's body is invalid input too;
+- ``INTERNAL`` (a bug, a broken install) and anything that is not a gpuscaler error: left to
+  kopf's own retry with backoff, the traceback in the log.
 """
 
 from __future__ import annotations
@@ -14,15 +21,28 @@ from contextlib import contextmanager
 import kopf
 from pydantic import ValidationError
 
-from gpuscaler.catalog import UnknownIdError
-from gpuscaler.cloud import InsufficientCapacityError, ProviderError, UnknownProviderError
-from gpuscaler.kube.client import KubeError
-from gpuscaler.planner import JobError
+from gpuscaler.errors import ErrorKind, GpuscalerError
 
-RETRY_DELAY_S = 10.0
-"""Seconds before kopf retries a handler after a temporary error."""
-CAPACITY_RETRY_DELAY_S = 30.0
-"""Seconds before retrying after the cloud ran out of capacity."""
+
+def to_kopf(err: BaseException) -> kopf.TemporaryError | kopf.PermanentError | None:
+    """The kopf error a domain error becomes.
+
+    Args:
+        err: what a handler's body raised.
+
+    Returns:
+        ``TemporaryError`` (with the error's delay) or ``PermanentError``; None when kopf should
+        see the error itself (internal errors and exceptions that are not gpuscaler's).
+    """
+    if isinstance(err, ValidationError):
+        return kopf.PermanentError(str(err))
+    if not isinstance(err, GpuscalerError):
+        return None
+    if err.kind is ErrorKind.TEMPORARY:
+        return kopf.TemporaryError(str(err), delay=err.retry_delay_s)
+    if err.kind in {ErrorKind.INVALID_INPUT, ErrorKind.INFEASIBLE}:
+        return kopf.PermanentError(str(err))
+    return None
 
 
 @contextmanager
@@ -30,13 +50,8 @@ def kopf_errors() -> Iterator[None]:
     """Map domain errors raised inside the block onto kopf errors (causes kept with ``from``)."""
     try:
         yield
-    except (UnknownIdError, JobError, ValidationError, UnknownProviderError) as err:
-        raise kopf.PermanentError(str(err)) from err
-    except InsufficientCapacityError as err:
-        raise kopf.TemporaryError(str(err), delay=CAPACITY_RETRY_DELAY_S) from err
-    except ProviderError as err:
-        raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
-    except KubeError as err:
-        if err.retriable:
-            raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
-        raise kopf.PermanentError(str(err)) from err
+    except (GpuscalerError, ValidationError) as err:
+        mapped = to_kopf(err)
+        if mapped is None:
+            raise
+        raise mapped from err

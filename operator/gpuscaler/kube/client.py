@@ -12,16 +12,23 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.errors import ErrorKind, GpuscalerError
+
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 
 
-class KubeError(RuntimeError):
-    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+class KubeError(GpuscalerError, RuntimeError):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached).
+
+    Its kind is ``TEMPORARY`` when the call may succeed later (no answer, 429, 5xx), else
+    ``INVALID_INPUT``: a 4xx the API server will answer the same way again.
+    """
 
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+        self.kind = ErrorKind.TEMPORARY if self.retriable else ErrorKind.INVALID_INPUT
 
     @property
     def retriable(self) -> bool:

@@ -18,12 +18,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from gpuscaler.errors import TemporaryError
 from gpuscaler.observe.assess import JobMetrics
 from gpuscaler.observe.estimators import Point
 from gpuscaler.observe.summary import DCGM_METRICS, SAMPLES_METRIC, Series, summarise
 
 
-class PrometheusError(Exception):
+class PrometheusError(TemporaryError):
     """Prometheus could not be queried (unreachable, timeout, bad query); the message says which."""
 
 

@@ -56,6 +56,7 @@ import math
 from dataclasses import dataclass
 
 from gpuscaler.catalog.models import GPU, Precision, Workload
+from gpuscaler.errors import InvalidInputError
 from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 
 GIB = 1024.0**3
@@ -64,7 +65,7 @@ SIXTEEN_BIT = ("fp16", "bf16", "fp8")
 DATA_LOADERS = ("pytorch", "dali")
 
 
-class PrecisionUnsupportedError(ValueError):
+class PrecisionUnsupportedError(InvalidInputError, ValueError):
     """The GPU cannot run the requested precision (e.g. bf16 on a V100, fp8 before Hopper/Ada)."""
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from gpuscaler.catalog import GPU, Precision, Workload
+from gpuscaler.errors import GpuscalerError
 
 Z90 = 1.2815515655446004
 """Standard normal quantile at 0.9 (P10 and P90 sit this many sigmas from the median)."""
@@ -49,7 +50,7 @@ SCHEMA_VERSION = 1
 _STANDARD = statistics.NormalDist()
 
 
-class CrossValidationError(ValueError):
+class CrossValidationError(GpuscalerError, ValueError):
     """``cross_validation.json`` is missing a field or holds a value out of range."""
 
 

@@ -1,7 +1,12 @@
-"""The planner: pure (job, catalog, policy, prices) -> plan with alternatives and reasons."""
+"""The planner: pure (job, catalog, policy, prices) -> plan with alternatives and reasons.
+
+Stages: :mod:`.offerings` (enumerate), :mod:`.configure`, :mod:`.evaluate`, :mod:`.solve`,
+composed by :func:`plan` (:mod:`.planner`, the maths in its docstring); spot recovery in
+:mod:`.recovery`, the observed-throughput correction in :mod:`.correction`, risk in :mod:`.risk`.
+"""
 
 from gpuscaler.planner.job import JobError, ResolvedJob, resolve, resolve_workload
-from gpuscaler.planner.planner import Candidate, PlanResult, Rejection, configure, pareto_front, plan
+from gpuscaler.planner.planner import Candidate, PlanResult, Reason, Rejection, configure, pareto_front, plan
 from gpuscaler.planner.recovery import (
     Interrupted,
     Recovery,
@@ -18,6 +23,7 @@ __all__ = [
     "Interrupted",
     "JobError",
     "PlanResult",
+    "Reason",
     "Recovery",
     "RecoveryChoice",
     "Rejection",

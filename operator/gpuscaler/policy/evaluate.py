@@ -1,6 +1,7 @@
 """Applying policies to a job: merge the policies in force for a namespace, and list violations.
 
-The planner already filters candidates by a policy (types, regions, spot, caps). What it cannot see
+The planner filters offerings by a policy's allow lists and spot rules, and candidates by its
+spending caps through the rule functions here. What it cannot see
 is a request that no candidate could ever satisfy because it contradicts a policy outright (a job
 asking for 16 GPUs where 8 is the most), and namespace-wide budgets, which depend on what else runs.
 This module answers those, with the rule name and the values, so the operator can set a
@@ -9,7 +10,9 @@ This module answers those, with the rule name and the values, so the operator ca
 - :func:`policy_for_namespace` merges cluster-wide and per-namespace policies into one ``Policy``;
 - :func:`check_job` checks a TrainingJob spec (the camelCase mapping, as kopf hands it over)
   against a policy and the namespace's usage, before planning;
-- :func:`check_plan` checks a chosen plan's GPUs and cost against the caps, after planning;
+- :func:`check_plan` checks a chosen plan's GPUs and cost against the caps, after planning, with
+  the rule functions the planner uses (:func:`max_usd_per_job_violation`,
+  :func:`max_usd_per_hour_violation`), so each cap is checked in one place;
 - :func:`effective_precisions` fills in the policy's default precisions for a job that names none.
 
 Pure: no Kubernetes client; the operator gathers :class:`NamespaceUsage` itself.
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscaler.catalog.loader import Catalog, UnknownIdError, load_catalog, normalize
+from gpuscaler.errors import InvalidInputError
 from gpuscaler.policy.models import Policy, SpotRules
 
 SPOT_ORDER = ("never", "allowed", "preferred")
@@ -40,7 +44,7 @@ _LOWEST = (
 )
 
 
-class PolicyConflictError(ValueError):
+class PolicyConflictError(InvalidInputError, ValueError):
     """Two policies at the same level leave nothing allowed (e.g. disjoint allowedGpuTypes)."""
 
 
@@ -284,6 +288,30 @@ def check_job(
     return out
 
 
+def _over(policy: Policy, rule: str, field: str, value: float, cap: float | None, message: str) -> Violation | None:
+    return None if cap is None or value <= cap else Violation(rule, policy.name, field, round(value, 2), cap, message)
+
+
+def max_usd_per_job_violation(policy: Policy, expected_cost_usd: float) -> Violation | None:
+    """The ``maxUsdPerJob`` rule: a plan's expected cost at most the cap (None: kept or no cap).
+
+    The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
+    """
+    cap = policy.max_usd_per_job
+    message = f"policy {policy.name}: maxUsdPerJob ${cap or 0:,.0f} < ${expected_cost_usd:,.0f}"
+    return _over(policy, "maxUsdPerJob", "plan.expectedCostUsd", expected_cost_usd, cap, message)
+
+
+def max_usd_per_hour_violation(policy: Policy, usd_per_hour: float) -> Violation | None:
+    """The ``maxUsdPerHour`` rule: a plan's price per hour (all nodes) at most the cap (None: kept or no cap).
+
+    The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
+    """
+    cap = policy.max_usd_per_hour
+    message = f"policy {policy.name}: maxUsdPerHour ${cap or 0:,.2f} < ${usd_per_hour:,.2f}/h"
+    return _over(policy, "maxUsdPerHour", "plan.usdPerHour", usd_per_hour, cap, message)
+
+
 def check_plan(
     gpus: int,
     usd_per_hour: float,
@@ -293,38 +321,24 @@ def check_plan(
 ) -> list[Violation]:
     """The caps a chosen plan breaks (empty: none): per job, and per namespace given its usage.
 
-    The planner already keeps per-job caps; this repeats them so that a plan made under an older
-    policy is caught when the policy changes, and adds the namespace caps the planner cannot see.
+    The planner keeps per-job caps with the same rule functions; this applies them again so that
+    a plan made under an older policy is caught when the policy changes, and adds the namespace
+    caps the planner cannot see.
     """
     out: list[Violation] = []
-
-    def add(rule: str, field: str, value: Any, limit: Any, message: str) -> None:
-        out.append(Violation(rule, policy.name, field, value, limit, f"policy {policy.name}: {message}"))
-
     if policy.max_gpus_per_job is not None and gpus > policy.max_gpus_per_job:
-        add(
-            "maxGpusPerJob",
-            "plan.gpus",
-            gpus,
-            policy.max_gpus_per_job,
-            f"{gpus} GPUs > maxGpusPerJob {policy.max_gpus_per_job}",
-        )
-    if policy.max_usd_per_hour is not None and usd_per_hour > policy.max_usd_per_hour:
-        add(
-            "maxUsdPerHour",
-            "plan.usdPerHour",
-            round(usd_per_hour, 2),
-            policy.max_usd_per_hour,
-            f"${usd_per_hour:,.2f}/h > maxUsdPerHour ${policy.max_usd_per_hour:,.2f}",
-        )
-    if policy.max_usd_per_job is not None and expected_cost_usd > policy.max_usd_per_job:
-        add(
-            "maxUsdPerJob",
-            "plan.expectedCostUsd",
-            round(expected_cost_usd, 2),
-            policy.max_usd_per_job,
-            f"expected ${expected_cost_usd:,.2f} > maxUsdPerJob ${policy.max_usd_per_job:,.2f}",
-        )
+        out.append(
+            Violation(
+                "maxGpusPerJob", policy.name, "plan.gpus", gpus, policy.max_gpus_per_job,
+                f"policy {policy.name}: {gpus} GPUs > maxGpusPerJob {policy.max_gpus_per_job}",
+            )
+        )  # fmt: skip
+    for broken in (
+        max_usd_per_hour_violation(policy, usd_per_hour),
+        max_usd_per_job_violation(policy, expected_cost_usd),
+    ):
+        if broken is not None:
+            out.append(broken)
     if usage is not None:
         out.extend(_namespace_caps(policy, usage, gpus, expected_cost_usd, "plan.gpus"))
     return out

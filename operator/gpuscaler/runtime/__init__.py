@@ -16,8 +16,8 @@ first report of a :class:`KubeReporter`). Typical use in a worker the operator s
         state = train_step(state, step)
         guard.completed(step, state, samples=batch_size)
 
-The default save/load callbacks store and read plain data only (:func:`data_save`,
-:func:`data_load`): loading a checkpoint never runs code from it unless you pass
+The default save/load callbacks store and read plain data only (:func:`.checkpoint.data_save`,
+:func:`.checkpoint.data_load`): loading a checkpoint never runs code from it unless you pass
 :func:`pickle_load` yourself. Under ``torchrun`` pass ``agree=TorchAgreement()`` (and
 ``save=torch_save, load=torch_load``) from the optional :mod:`gpuscaler.runtime.distributed`: the
 ranks then agree at every step boundary and stop or checkpoint at the same step; ``sharded=True``
@@ -33,63 +33,25 @@ checkpoint handshake. Outside a pod it returns None and the guard reports nowher
 ``gpuscaler-worker`` has it; a ``serviceAccountName`` of your own in the job's template must be
 given it. Reporting failures are logged and never stop the training.
 
-See :mod:`gpuscaler.runtime.guard` for the step-boundary protocol, :mod:`.checkpoint` for the
-on-disk format, :mod:`.constants` for the env variables, annotations and exit codes shared with
-the operator, :mod:`.kube_reporter` for the reporter.
+The package root exports only what a training script uses: the guard, the reporter, the plan
+the operator handed over (:class:`PlanEnv`), the agreement hook, the save/load callbacks that are
+a choice (the pickle pair; the data-only pair is the default), the checkpoint errors a script
+may catch and the exit codes it returns. Everything else lives in its submodule:
+:mod:`gpuscaler.runtime.guard` (the step-boundary protocol, ``Boundary``, ``GuardUsageError``),
+:mod:`.checkpoint` (the on-disk format, ``CheckpointStore``, ``data_save``/``data_load``),
+:mod:`.constants` (the env variables, annotations and exit codes shared with the operator),
+:mod:`.config` (``GuardConfig``), :mod:`.notice` (spot notices), :mod:`.progress` (reporters),
+:mod:`.metrics`, :mod:`.schedule`, :mod:`.atomic`, :mod:`.kube_reporter`, and the optional
+:mod:`.distributed`, :mod:`.transformers_callback`, :mod:`.lightning_callback`.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from gpuscaler.runtime.agreement import Agreement, SoloAgreement
-from gpuscaler.runtime.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
-from gpuscaler.runtime.checkpoint import (
-    CheckpointError,
-    CheckpointInfo,
-    CheckpointStore,
-    CorruptCheckpointError,
-    LoadFn,
-    SaveFn,
-    UnsafeCheckpointError,
-    bytes_callbacks,
-    data_load,
-    data_save,
-    pickle_load,
-    pickle_save,
-)
-from gpuscaler.runtime.config import GuardConfig, PlanEnv, RuntimeConfigError
-from gpuscaler.runtime.constants import (
-    ANNOTATION_CHECKPOINT_ACK,
-    ANNOTATION_CHECKPOINT_REQUESTED,
-    ANNOTATION_CHECKPOINT_STEP,
-    ANNOTATION_CHECKPOINT_TIME,
-    ANNOTATION_PROGRESS_SAMPLES,
-    ANNOTATION_PROGRESS_STEP,
-    ANNOTATION_RUNTIME_PHASE,
-    ENV_ACCUMULATION_STEPS,
-    ENV_CHECKPOINT_DIR,
-    ENV_CHECKPOINT_EVERY_STEPS,
-    ENV_CHECKPOINT_INTERVAL_S,
-    ENV_CHECKPOINT_KEEP,
-    ENV_METRICS_PORT,
-    ENV_MICRO_BATCH,
-    ENV_PODINFO_DIR,
-    ENV_PRECISION,
-    ENV_PROGRESS_FILE,
-    EXIT_DONE,
-    EXIT_PREEMPTED,
-)
-from gpuscaler.runtime.guard import Boundary, GuardUsageError, TrainingGuard
-from gpuscaler.runtime.metrics import RuntimeMetrics, serve_metrics
-from gpuscaler.runtime.notice import AnnotationWatcher, StopSignal, parse_downward_annotations
-from gpuscaler.runtime.progress import (
-    CheckpointEvent,
-    FanoutReporter,
-    FileReporter,
-    NullReporter,
-    Progress,
-    ProgressReporter,
-)
-from gpuscaler.runtime.schedule import CheckpointSchedule
+from gpuscaler.runtime.checkpoint import CheckpointError, UnsafeCheckpointError, pickle_load, pickle_save
+from gpuscaler.runtime.config import PlanEnv
+from gpuscaler.runtime.constants import EXIT_DONE, EXIT_PREEMPTED
+from gpuscaler.runtime.guard import TrainingGuard
 
 if TYPE_CHECKING:
     from gpuscaler.runtime.kube_reporter import KubeReporter
@@ -109,59 +71,15 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ANNOTATION_CHECKPOINT_ACK",
-    "ANNOTATION_CHECKPOINT_REQUESTED",
-    "ANNOTATION_CHECKPOINT_STEP",
-    "ANNOTATION_CHECKPOINT_TIME",
-    "ANNOTATION_PROGRESS_SAMPLES",
-    "ANNOTATION_PROGRESS_STEP",
-    "ANNOTATION_RUNTIME_PHASE",
-    "ENV_ACCUMULATION_STEPS",
-    "ENV_CHECKPOINT_DIR",
-    "ENV_CHECKPOINT_EVERY_STEPS",
-    "ENV_CHECKPOINT_INTERVAL_S",
-    "ENV_CHECKPOINT_KEEP",
-    "ENV_METRICS_PORT",
-    "ENV_MICRO_BATCH",
-    "ENV_PODINFO_DIR",
-    "ENV_PRECISION",
-    "ENV_PROGRESS_FILE",
     "EXIT_DONE",
     "EXIT_PREEMPTED",
     "Agreement",
-    "AnnotationWatcher",
-    "Boundary",
     "CheckpointError",
-    "CheckpointEvent",
-    "CheckpointInfo",
-    "CheckpointSchedule",
-    "CheckpointStore",
-    "CorruptCheckpointError",
-    "FanoutReporter",
-    "FileReporter",
-    "GuardConfig",
-    "GuardUsageError",
     "KubeReporter",
-    "LoadFn",
-    "NullReporter",
     "PlanEnv",
-    "Progress",
-    "ProgressReporter",
-    "RuntimeConfigError",
-    "RuntimeMetrics",
-    "SaveFn",
     "SoloAgreement",
-    "StopSignal",
     "TrainingGuard",
     "UnsafeCheckpointError",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "bytes_callbacks",
-    "data_load",
-    "data_save",
-    "fsync_dir",
-    "parse_downward_annotations",
     "pickle_load",
     "pickle_save",
-    "serve_metrics",
 ]

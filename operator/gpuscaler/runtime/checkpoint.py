@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from gpuscaler.errors import ErrorKind, TemporaryError
 from gpuscaler.runtime.agreement import Agreement
 from gpuscaler.runtime.atomic import atomic_write_text, fsync_dir, temp_name
 from gpuscaler.runtime.constants import DEFAULT_CHECKPOINT_KEEP, DISK_FULL_FREE_BYTES
@@ -84,16 +85,23 @@ _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-class CheckpointError(Exception):
-    """A checkpoint could not be written, or the store is misused."""
+class CheckpointError(TemporaryError):
+    """A checkpoint could not be written, or the store is misused (kind ``TEMPORARY``: storage that
+    was full or unreachable may recover; the subclasses below are ``INVALID_INPUT``)."""
 
 
 class CorruptCheckpointError(CheckpointError):
-    """A checkpoint directory failed verification: incomplete, truncated or altered."""
+    """A checkpoint directory failed verification: incomplete, truncated or altered (kind
+    ``INVALID_INPUT``: reading it again gives the same answer; an older checkpoint may do)."""
+
+    kind = ErrorKind.INVALID_INPUT
 
 
 class UnsafeCheckpointError(CheckpointError):
-    """The data-only loader met a payload that would run code (or build an object it does not know)."""
+    """The data-only loader met a payload that would run code (or build an object it does not know);
+    kind ``INVALID_INPUT``."""
+
+    kind = ErrorKind.INVALID_INPUT
 
 
 def _errno_of(err: BaseException | None) -> int | None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuscaler.errors import InvalidInputError
 from gpuscaler.runtime.constants import (
     DEFAULT_CHECKPOINT_INTERVAL_S,
     DEFAULT_CHECKPOINT_KEEP,
@@ -31,7 +32,7 @@ from gpuscaler.runtime.constants import (
 )
 
 
-class RuntimeConfigError(ValueError):
+class RuntimeConfigError(InvalidInputError, ValueError):
     """An environment variable (or argument) of the runtime has an invalid value."""
 
 

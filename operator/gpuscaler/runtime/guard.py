@@ -46,6 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from gpuscaler.errors import InvalidInputError
 from gpuscaler.runtime.agreement import Agreement
 from gpuscaler.runtime.checkpoint import (
     CheckpointError,
@@ -97,7 +98,7 @@ def payload_path(path: Path) -> Path:
     """
     return path
 
-class GuardUsageError(RuntimeError):
+class GuardUsageError(InvalidInputError, RuntimeError):
     """The guard is used out of order (e.g. a step yielded by ``steps`` was not reported done)."""
 
 

@@ -25,12 +25,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gpuscaler.errors import InvalidInputError
 from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_ACK, ANNOTATION_CHECKPOINT_REQUESTED
 
 log = logging.getLogger(__name__)
 
 
-class AnnotationsFormatError(ValueError):
+class AnnotationsFormatError(InvalidInputError, ValueError):
     """The downward API annotations file is not ``key="value"`` lines."""
 
 

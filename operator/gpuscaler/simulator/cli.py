@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuscaler.catalog import load_catalog
+from gpuscaler.errors import ErrorKind, GpuscalerError
 from gpuscaler.inputs import (
     InputError,
     non_negative_float,
@@ -78,28 +79,36 @@ def register(subparsers: Any) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> tuple[list[str], float, str]:
-    """The strategy names and the throughput error with its source; ValueError naming the option."""
+    """The strategy names and the throughput error with its source.
+
+    Raises:
+        InputError: an option is out of range (the message names it).
+    """
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [n for n in names if n not in ALL_STRATEGIES]
     if unknown or not names:
-        raise ValueError(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
-                         f"choose from {', '.join(ALL_STRATEGIES)}")
+        raise InputError(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(ALL_STRATEGIES)}", field="--strategies")
     if args.seeds < 1:
-        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+        raise InputError(f"--seeds must be at least 1, got {args.seeds}", field="--seeds")
     if not (math.isfinite(args.checkpoint_interval) and args.checkpoint_interval > 0):
-        raise ValueError(f"--checkpoint-interval must be a number of seconds > 0, got {args.checkpoint_interval}")
+        raise InputError(f"--checkpoint-interval must be a number of seconds > 0, got {args.checkpoint_interval}",
+                         field="--checkpoint-interval")
     for flag, value in (("--interruption-scale", args.interruption_scale), ("--shortage-scale", args.shortage_scale)):
         if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{flag} must be a number >= 0 (0 turns it off, 1 = as published), got {value}")
+            raise InputError(f"{flag} must be a number >= 0 (0 turns it off, 1 = as published), got {value}",
+                             field=flag)
     if args.throughput_error is None:
         default = default_throughput_error()
         sigma, source = default.sigma, default.source
     else:
         sigma, source = args.throughput_error, "--throughput-error"
     if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"--throughput-error must be a number >= 0 (0 = the world is the model), got {sigma}")
+        raise InputError(f"--throughput-error must be a number >= 0 (0 = the world is the model), got {sigma}",
+                         field="--throughput-error")
     if args.jobs_out and not Path(args.jobs_out).resolve().parent.is_dir():
-        raise ValueError(f"--jobs-out {args.jobs_out}: directory {Path(args.jobs_out).resolve().parent} does not exist")
+        raise InputError(f"--jobs-out {args.jobs_out}: directory {Path(args.jobs_out).resolve().parent} does not exist",
+                         field="--jobs-out")
     return names, sigma, source
 
 
@@ -111,12 +120,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         policy = load_policy(args.policy) if args.policy else None
         cloud = CloudModel.from_mapping(trace.cloud, interruption_scale=args.interruption_scale,
                                         shortage_scale=args.shortage_scale)
-    except TraceError:
-        raise
     except ValidationError as err:
         raise validation_error(err, f"simulate: policy {args.policy}") from None
-    except (InputError, ValueError) as err:  # a policy file, unknown strategies, options or cloud keys
-        raise InputError(f"simulate: {err}", field=getattr(err, "field", None)) from None
+    except GpuscalerError as err:  # options, a policy file or cloud keys: named after the command
+        if err.kind is not ErrorKind.INVALID_INPUT or isinstance(err, TraceError):
+            raise  # a trace error names its file already; anything else is not the user's
+        raise InputError(f"simulate: {err}", field=err.field) from None
     catalog = load_catalog()
     planner = CachedPlanner(catalog, policy, cache=not args.no_cache)
     t0 = time.perf_counter()

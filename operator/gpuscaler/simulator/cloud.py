@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscaler.catalog import CapacityType, InstanceType
+from gpuscaler.inputs import InputError
 from gpuscaler.planner.risk import hourly_rate
 
 SCARCE_GPUS = frozenset({"A100-40GB", "A100-80GB", "H100-80GB-SXM", "H200-141GB-SXM"})
@@ -171,23 +172,23 @@ class CloudModel:
         Keys: the camelCase names in :data:`CLOUD_KEYS`.
 
         Raises:
-            ValueError: an unknown key or a value out of range (the message names it).
+            InputError: an unknown key or a value out of range (the message names it).
         """
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key not in CLOUD_KEYS:
-                raise ValueError(f"cloud.{key}: unknown; known keys are {', '.join(sorted(CLOUD_KEYS))}")
+                raise InputError(f"cloud.{key}: unknown; known keys are {', '.join(sorted(CLOUD_KEYS))}", field=f"cloud.{key}")
             kwargs[CLOUD_KEYS[key]] = value
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls(**kwargs)
         except TypeError as err:
-            raise ValueError(f"cloud: {err}") from err
+            raise InputError(f"cloud: {err}", field="cloud") from err
         except ValueError as err:
             text = str(err)
             for camel, name in CLOUD_KEYS.items():  # name the key as the trace spells it
                 text = text.replace(f"cloud {name} ", f"cloud.{camel} ")
-            raise ValueError(text) from err
+            raise InputError(text, field="cloud") from err
 
 
 CLOUD_KEYS = {

@@ -1,0 +1,158 @@
+"""What the planner's stages hand each other: a candidate plan, and why an offering has none.
+
+:class:`Candidate` is one fully specified way of running a job with its predicted time, cost and
+risk (made by :mod:`gpuscaler.planner.evaluate`). :class:`Reason` is the code of every rejection,
+so callers (the CLI's table, the operator's PolicyViolation condition, tests) group and pick by
+code, never by a message's wording; :data:`REPORT_ORDER` is which code an offering is reported
+under when several of its configurations failed for different reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpuscaler.catalog import CapacityType, InstanceType, Precision
+from gpuscaler.perfmodel import Estimate
+from gpuscaler.perfmodel.uncertainty import Band
+from gpuscaler.planner.risk import RunOutlook
+
+
+class Reason(StrEnum):
+    """Why an offering (instance type x capacity type) has no plan; the value is what ``--json`` prints."""
+
+    CONSTRAINT = "constraint"
+    """The job's own constraints leave it out (GPU or instance type, provider, region, spot never)."""
+    POLICY = "policy"
+    """A platform policy rule leaves it out (allow lists, spot rules, GPU and spending caps)."""
+    PRICE = "price"
+    """Its spot price is one the catalog flags as suspicious."""
+    CAPACITY = "capacity"
+    """The cloud recently had no capacity for it."""
+    MEMORY = "memory"
+    """The job does not fit in GPU memory even with every memory saver."""
+    BATCH = "batch"
+    """The global batch does not divide by the GPU count."""
+    PRECISION = "precision"
+    """The GPU cannot run the precision."""
+    DEADLINE = "deadline"
+    """Its plans miss the deadline at the allowed risk."""
+    BUDGET = "budget"
+    """Its plans cost more than the job's budget."""
+
+
+REPORT_ORDER = (Reason.DEADLINE, Reason.BUDGET, Reason.POLICY, Reason.MEMORY, Reason.BATCH, Reason.PRECISION)
+"""When an offering's configurations failed for several reasons, the one it is reported under: the
+first in this order (a plan that runs but is too slow says more than one that does not fit)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one configuration (offering x node count x precision) cannot run: a code and a sentence."""
+
+    reason: Reason
+    text: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One fully specified way of running the job, with its predicted time, cost and risk."""
+
+    instance: InstanceType
+    nodes: int
+    capacity: CapacityType
+    precision: Precision
+    micro_batch: int
+    accumulation: int
+    zero_stage: int
+    activation_checkpointing: bool
+    estimate: Estimate
+    usd_per_hour: float
+    work_hours: float
+    checkpoint_write_s: float
+    outlook: RunOutlook
+    band: Band | None = None
+    """The throughput band of ``estimate`` (P10/P50/P90); None only for hand-built candidates."""
+    price_caveat: str = ""
+    """Why its price may not hold (a price the catalog flags), empty when none."""
+
+    @property
+    def gpus(self) -> int:
+        return self.instance.gpu_count * self.nodes
+
+    @property
+    def expected_hours(self) -> float:
+        return self.outlook.expected_hours
+
+    @property
+    def expected_cost_usd(self) -> float:
+        return self.outlook.expected_hours * self.usd_per_hour
+
+    @property
+    def p90_hours(self) -> float:
+        """Expected hours at the band's P10 throughput (9 in 10 finish sooner for model error)."""
+        return self.outlook.p90_hours or self.outlook.expected_hours
+
+    @property
+    def p90_cost_usd(self) -> float:
+        return self.p90_hours * self.usd_per_hour
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.nodes} x {self.instance.name} ({self.gpus} x {self.instance.gpu_id}) "
+            f"{self.capacity.value} {self.precision.value}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        e = self.estimate
+        return {
+            "instanceType": self.instance.name,
+            "provider": self.instance.provider,
+            "region": self.instance.region,
+            "gpuType": self.instance.gpu_id,
+            "gpusPerNode": self.instance.gpu_count,
+            "nodes": self.nodes,
+            "gpus": self.gpus,
+            "capacityType": self.capacity.value,
+            "precision": self.precision.value,
+            "precisionOnHardware": e.precision_used,
+            "microBatch": self.micro_batch,
+            "accumulation": self.accumulation,
+            "zeroStage": self.zero_stage,
+            "activationCheckpointing": self.activation_checkpointing,
+            "throughput": round(e.throughput, 3),
+            "throughputP10": round(self.band.p10, 3) if self.band else round(e.throughput, 3),
+            "throughputP90": round(self.band.p90, 3) if self.band else round(e.throughput, 3),
+            "throughputLogSigma": round(self.outlook.log_sigma, 4),
+            "unit": e.unit,
+            "stepTimeSeconds": round(e.step_time_s, 5),
+            "memoryPerGpuGb": round(e.memory_per_gpu_gb, 2),
+            "scalingEfficiency": round(e.scaling_efficiency, 3),
+            "bottleneck": e.bottleneck,
+            "usdPerHour": round(self.usd_per_hour, 4),
+            "workHours": round(self.work_hours, 3),
+            "expectedHours": round(self.expected_hours, 3),
+            "expectedCostUsd": round(self.expected_cost_usd, 2),
+            "p50Hours": round(self.expected_hours, 3),
+            "p90Hours": round(self.p90_hours, 3),
+            "p50CostUsd": round(self.expected_cost_usd, 2),
+            "p90CostUsd": round(self.p90_cost_usd, 2),
+            "checkpointIntervalSeconds": round(self.outlook.interval_s),
+            "checkpointWriteSeconds": round(self.checkpoint_write_s, 1),
+            "expectedInterruptions": round(self.outlook.interruptions, 3),
+            "deadlineMissProbability": round(self.outlook.deadline_miss_probability, 4),
+            "priceCaveat": self.price_caveat,
+        }
+
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why an offering (instance type x capacity) has no plan in the result."""
+
+    instance: str
+    capacity: str
+    category: Reason
+    """The reason code (printed as its value: policy, constraint, memory, batch, precision, ...)."""
+    reason: str

@@ -1,0 +1,189 @@
+"""A fixed set of planning cases and the planner's full answer to each, for the golden-plan test.
+
+Every example TrainingJob under each shipped policy, plus specs that exercise each stage of the
+planner: objectives, spot modes, budgets and deadlines that cannot be met, constraint lists,
+node and GPU caps, fp8, capacity known to be short, observed efficiency, flagged prices and a
+custom transformer. :func:`answer` is what ``gpuscaler plan --json`` prints (without the timing)
+plus the order of every feasible plan, so a change to the planner that changes any plan, its
+order, a rejection or a hint shows up in ``tests/data/plans_golden.json.gz`` (gzip: 1.5 MB of JSON).
+
+That file was written by the planner as it stood before it was split into named stages (commit
+98cde79, with this module and the examples and policies of this tree), as
+
+    PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
+
+run from the repository root. Rewrite it only for a change that is meant to change plans (the
+performance model, the catalog, prices), from the tree just before the change, then apply the
+change: the test then shows every plan it moved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuscaler.api import TrainingJob, TrainingJobSpec
+from gpuscaler.catalog import load_catalog
+from gpuscaler.cli import plan_to_dict
+from gpuscaler.planner import plan
+from gpuscaler.policy import Policy, load_policies, policy_for_namespace
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "plans_golden.json.gz"
+
+POLICIES: dict[str, tuple[str, str | None]] = {
+    "research": ("cost-first-research.yaml", "team-vision"),
+    "production": ("deadline-first-production.yaml", "prod-ranking"),
+    "regulated": ("on-demand-only-regulated.yaml", None),
+}
+"""Each shipped policy file with the namespace it is planned for."""
+
+RESNET = {"workload": {"model": "resnet50"}, "globalBatch": 2048, "training": {"epochs": 90}}
+BERT = {"workload": {"model": "bert-large-squad"}, "globalBatch": 256, "training": {"epochs": 2, "samplesPerEpoch": 88000}}
+
+SPECS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "resnet-fastest-budget": ({**RESNET, "budgetUsd": 400, "objective": "fastest"}, {}),
+    "resnet-fastest-gcp": ({**RESNET, "objective": "fastest", "budgetUsd": 5000, "constraints": {"providers": ["gcp"]}}, {}),
+    "resnet-spot-preferred": ({**RESNET, "maxDuration": "2d", "constraints": {"spot": "preferred"}}, {}),
+    "resnet-spot-never": ({**RESNET, "maxDuration": "2d", "constraints": {"spot": "never", "providers": ["aws"]}}, {}),
+    "resnet-deadline-too-short": ({**RESNET, "maxDuration": "20m", "constraints": {"maxGpus": 16}}, {}),
+    "resnet-budget-too-small": ({**RESNET, "maxDuration": "24h", "budgetUsd": 5}, {}),
+    "resnet-no-deadline-budget": ({**RESNET, "budgetUsd": 3}, {}),
+    "resnet-gpu-types": ({**RESNET, "maxDuration": "3d", "constraints": {"gpuTypes": ["a100", "L4"]}}, {}),
+    "resnet-instance-regions": (
+        {**RESNET, "maxDuration": "3d", "constraints": {"instanceTypes": ["p4d.24xlarge", "g5.xlarge", "a2-highgpu-1g"], "regions": ["us-east-1"]}},
+        {},
+    ),
+    "resnet-max-nodes-min-gpus": ({**RESNET, "maxDuration": "1d", "constraints": {"minGpus": 8, "maxNodes": 2}}, {}),
+    "resnet-risk-strict": ({**RESNET, "maxDuration": "10h", "constraints": {"maxDeadlineRisk": 0.001}}, {}),
+    "resnet-checkpoint-fixed": ({**RESNET, "maxDuration": "1d", "checkpoint": {"intervalSeconds": 900, "writeSeconds": 30}}, {}),
+    "resnet-unavailable": (
+        {**RESNET, "maxDuration": "1d", "constraints": {"providers": ["aws"]}},
+        {"unavailable": [["p3.8xlarge", "spot"], ["g5.xlarge", "spot"], ["p3.2xlarge", "on-demand"]]},
+    ),
+    "resnet-efficiency": (
+        {**RESNET, "maxDuration": "1d"},
+        {"efficiency": {"V100-16GB": 0.6, "A10G": 1.3}, "efficiency_sigma": {"V100-16GB": 0.05}},
+    ),
+    "resnet-deadline-override": ({**RESNET, "maxDuration": "1d"}, {"deadline_h": 3.5}),
+    "resnet-flagged-prices": ({**RESNET, "maxDuration": "1d", "constraints": {"providers": ["azure"]}}, {"allow_flagged_prices": True}),
+    "resnet-azure": ({**RESNET, "maxDuration": "1d", "constraints": {"providers": ["azure"]}}, {}),
+    "bert-batch-not-divisible": ({**BERT, "globalBatch": 100, "maxDuration": "1d"}, {}),
+    "bert-precisions": ({**BERT, "maxDuration": "1d", "constraints": {"precisions": ["fp32", "tf32", "bf16", "fp8"]}}, {}),
+    "llama-fp8": (
+        {"workload": {"model": "llama-7b"}, "globalBatch": 512, "training": {"steps": 2000}, "maxDuration": "4d",
+         "constraints": {"precisions": ["amp", "fp8"], "maxGpus": 64}},
+        {},
+    ),
+    "llama-too-big": (
+        {"workload": {"model": "llama-7b"}, "globalBatch": 512, "training": {"steps": 2000}, "constraints": {"gpuTypes": ["T4"]}},
+        {},
+    ),
+    "llama-memory": (
+        {"workload": {"model": "llama-7b"}, "globalBatch": 512, "training": {"steps": 2000},
+         "constraints": {"gpuTypes": ["T4", "A10G", "L4", "V100-16GB"], "maxNodes": 1}},
+        {},
+    ),
+    "resnet-bf16-old-gpus": ({**RESNET, "maxDuration": "3d", "constraints": {"precisions": ["bf16"], "gpuTypes": ["V100-16GB", "T4", "A10G"]}}, {}),
+    "resnet-bf16-v100": (
+        {**RESNET, "globalBatch": 1536, "maxDuration": "3d",
+         "constraints": {"precisions": ["bf16"], "gpuTypes": ["V100-16GB", "A100-80GB"], "maxGpus": 16}},
+        {},
+    ),
+    "resnet-fp8-only": ({**RESNET, "maxDuration": "2d", "constraints": {"precisions": ["fp8"]}}, {}),
+    "gpt2-steps": ({"workload": {"model": "gpt2-small"}, "globalBatch": 256, "training": {"steps": 10000}, "maxDuration": "2d"}, {}),
+    "custom-transformer": (
+        {"workload": {"transformer": {"layers": 12, "hidden": 1024, "heads": 16, "seqLen": 1024, "vocab": 50257}},
+         "globalBatch": 128, "training": {"samples": 2000000}, "maxDuration": "3d", "budgetUsd": 2000},
+        {},
+    ),
+    "custom-params": (
+        {"workload": {"params": 3.0e8, "flopsPerSample": 5.0e12, "family": "cnn", "unit": "images/s"},
+         "globalBatch": 512, "training": {"samples": 5.0e7}, "maxDuration": "2d"},
+        {},
+    ),
+}
+"""Generated specs by case name: the spec (camelCase) and the keyword arguments of ``plan``."""
+
+
+def examples() -> dict[str, TrainingJobSpec]:
+    """The TrainingJob examples under ``examples/``, by file name."""
+    out = {}
+    for f in sorted((ROOT / "examples").glob("*.yaml")):
+        doc = yaml.safe_load(f.read_text())
+        if isinstance(doc, dict) and doc.get("kind") == "TrainingJob":
+            out[f.name] = TrainingJob.model_validate(doc).spec
+    return out
+
+
+def policies() -> dict[str, Policy]:
+    """The merged policy of each shipped policy file for its namespace."""
+    return {
+        key: policy_for_namespace(load_policies(ROOT / "policies" / file), namespace)
+        for key, (file, namespace) in POLICIES.items()
+    }
+
+
+def cases() -> dict[str, tuple[TrainingJobSpec, Policy | None, dict[str, Any]]]:
+    """Every case by name: spec, policy (None: none) and keyword arguments of ``plan``."""
+    out: dict[str, tuple[TrainingJobSpec, Policy | None, dict[str, Any]]] = {}
+    pols = policies()
+    for file, spec in examples().items():
+        out[file] = (spec, None, {})
+        for key, pol in pols.items():
+            out[f"{file}+{key}"] = (spec, pol, {})
+    for name, (body, kwargs) in SPECS.items():
+        kw = dict(kwargs)
+        if "unavailable" in kw:
+            kw["unavailable"] = frozenset(tuple(pair) for pair in kw["unavailable"])
+        out[name] = (TrainingJobSpec.model_validate(body), None, kw)
+    spec = TrainingJobSpec.model_validate({**RESNET, "maxDuration": "30h", "budgetUsd": 3000})
+    for key, pol in pols.items():
+        out[f"resnet-30h+{key}"] = (spec, pol, {})
+    return out
+
+
+def answer(spec: TrainingJobSpec, policy: Policy | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The planner's answer as ``gpuscaler plan --json`` prints it, without the timing, plus the
+    feasible plans in the planner's order."""
+    result = plan(spec, load_catalog(), policy, **kwargs)
+    out = plan_to_dict(result)
+    out.pop("planningSeconds")
+    out["feasibleOrder"] = [
+        f"{c.nodes} {c.instance.name} {c.capacity.value} {c.precision.value} {c.micro_batch}x{c.accumulation} "
+        f"z{c.zero_stage}{'c' if c.activation_checkpointing else ''} {c.expected_cost_usd:.2f} {c.expected_hours:.3f}"
+        for c in result.feasible
+    ]
+    return out
+
+
+def golden() -> dict[str, Any]:
+    """The reference answers, by case name."""
+    data: dict[str, Any] = json.loads(gzip.decompress(GOLDEN.read_bytes()))
+    return data
+
+
+def main() -> int:
+    """Print the answers, or write them to the golden file with ``--write``."""
+    ap = argparse.ArgumentParser(description="the planner's answers to the golden cases")
+    ap.add_argument("--write", action="store_true", help=f"write {GOLDEN.relative_to(ROOT)}")
+    args = ap.parse_args()
+    answers = {name: answer(*case) for name, case in cases().items()}
+    text = json.dumps(answers, indent=1, sort_keys=True) + "\n"
+    if args.write:
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_bytes(gzip.compress(text.encode(), mtime=0))
+        print(f"wrote {len(answers)} cases to {GOLDEN}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
