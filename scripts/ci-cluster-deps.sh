@@ -13,4 +13,4 @@ if ! "$PYTHON" -c "import gpuscaler.devcluster" 2>/dev/null; then
   echo "ci-cluster-deps: gpuscaler is not importable; run: pip install -e '.[dev]'" >&2
   exit 1
 fi
-exec "$PYTHON" -m gpuscaler.devcluster build "$@"
+exec "$PYTHON" -m gpuscaler.devcluster build --with kueue,jobset "$@"

@@ -32,6 +32,8 @@ from gpuscaler.runtime.kube_reporter import ENV_POD_NAME, ENV_POD_NAMESPACE
 GPU_RESOURCE = "nvidia.com/gpu"
 RANK_LABEL = "gpuscaler.io/rank"
 ATTEMPT_LABEL = "gpuscaler.io/attempt"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+"""The rank of a pod an Indexed Job made (``runtime: jobset``), when it has no rank label."""
 NO_RANK = -1
 """The rank of a pod whose rank label is missing or not a number: no rank (never the writer)."""
 PODINFO_VOLUME = "gpuscaler-podinfo"
@@ -313,7 +315,7 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
     name = meta.get("name", "")
     reported = parse_reports(name, ann)
-    rank = _int(labels.get(RANK_LABEL))
+    rank = _int(labels.get(RANK_LABEL, labels.get(COMPLETION_INDEX_LABEL)))
     disruption = next(
         (
             str(c.get("reason") or "DisruptionTarget")
