@@ -31,7 +31,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -435,7 +435,7 @@ def build_kwok(tmp: Path, log: Log, logfile: Path) -> None:
 
 
 def _copy_manifests(
-    module: str, version: str, files: dict[str, Sequence[str]], tmp: Path, logfile: Path
+    module: str, version: str, files: Mapping[str, Sequence[str]], tmp: Path, logfile: Path
 ) -> None:
     """Copy YAML files of ``module@version`` (from the Go module cache) into ``tmp/out/manifests``.
 
@@ -460,7 +460,7 @@ JOBSET_MODULE = "sigs.k8s.io/jobset"
 
 
 def _build_controller(
-    component: Component, module: str, package: str, files: dict[str, Sequence[str]], tmp: Path, log: Log,
+    component: Component, module: str, package: str, files: Mapping[str, Sequence[str]], tmp: Path, log: Log,
     logfile: Path,
 ) -> None:
     """A controller's binary from ``package`` of ``module`` at the component's version, and the
