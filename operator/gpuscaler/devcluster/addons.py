@@ -16,6 +16,12 @@ from kustomize and cert-manager is done here instead:
 - its own certificate management and leader election are off; it talks to the API server with the
   admin kubeconfig.
 
+Kueue v0.17 without its own cert management loads a metrics serving cert from the fixed path
+``/etc/kueue/metrics/certs`` (``cmd/kueue/main.go``) and exits when it is missing, even with its
+metrics server off (``metrics.bindAddress: "0"``, as here). :func:`ensure_kueue_metrics_cert`
+puts a pair signed by the dev cluster's CA there when none is there yet; it is loaded, never
+served. A machine where that directory cannot be written cannot run the Kueue add-on.
+
 Kueue manages the ``batch/job``, ``jobset.x-k8s.io/jobset`` and ``pod`` integrations (the ones
 gpuscaler submits), only for objects that name a queue (``manageJobsWithoutQueueName`` false), and
 not in ``kube-system`` or ``kueue-system``. Its on-demand visibility API server (an aggregated API
@@ -27,6 +33,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import os
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -110,6 +118,32 @@ def jobset_config(ports: Ports, cert_dir: Path) -> str:
         "internalCertManagement": {"enable": False},
     }
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+"""Where Kueue v0.17 reads its metrics cert when its internal cert management is off (fixed in its main.go)."""
+
+
+def ensure_kueue_metrics_cert(ca: certs.CertPair, directory: Path = KUEUE_METRICS_CERT_DIR) -> None:
+    """Put a cert pair where Kueue loads its metrics cert, unless one is there (see the module docstring).
+
+    Raises:
+        AddonError: the directory cannot be written (Kueue would exit at start).
+    """
+    if (directory / "tls.crt").exists() and (directory / "tls.key").exists():
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".gpuscaler-", dir=directory))
+        pair = certs.webhook_serving_cert(tmp, ca, "kueue-metrics")
+        os.replace(pair.key, directory / "tls.key")
+        os.replace(pair.cert, directory / "tls.crt")
+        tmp.rmdir()
+    except OSError as err:
+        raise AddonError(
+            f"Kueue v0.17 needs a cert pair in {directory} (read at start even with metrics off) and it "
+            f"cannot be written here ({err}); create tls.crt and tls.key there (any valid pair) and retry"
+        ) from err
 
 
 def _probe_kueue(api: Any, namespace: str) -> None:
@@ -365,6 +399,8 @@ def start(cluster: Cluster, names: Sequence[str], timeout: float = 180.0) -> Non
         _install_crds(api, bodies)
         _wait_established(api, [b["metadata"]["name"] for b in bodies], deadline)
         work = cluster.data_dir / addon.name
+        if addon.name == "kueue":
+            ensure_kueue_metrics_cert(cluster.pki.ca)
         cert_dir = work / "certs"
         certs.webhook_serving_cert(cert_dir, cluster.pki.ca, addon.name)
         config = work / "config.yaml"
