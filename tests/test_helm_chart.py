@@ -773,7 +773,7 @@ def test_kueue_and_jobset_toggles_add_exactly_their_rules(namespaced: bool, kueu
     batch = {t for t in cluster | namespaced_rules if t[0] in ("kueue.x-k8s.io", "jobset.x-k8s.io")}
     want = (KUEUE_RULES | KUEUE_CLUSTER_RULES if kueue else set()) | (JOBSET_RULES if jobset else set())
     assert batch == want
-    assert (KUEUE_RULES <= namespaced_rules) is kueue and (JOBSET_RULES <= namespaced_rules) is jobset
-    assert (KUEUE_CLUSTER_RULES <= cluster) is kueue  # cluster-scoped objects: always the ClusterRole
+    assert (namespaced_rules >= KUEUE_RULES) is kueue and (namespaced_rules >= JOBSET_RULES) is jobset
+    assert (cluster >= KUEUE_CLUSTER_RULES) is kueue  # cluster-scoped objects: always the ClusterRole
     # the operator never writes Kueue's objects: Kueue owns admission
     assert not any(g == "kueue.x-k8s.io" and v not in ("get", "list", "watch") for g, _, v in batch)

@@ -17,7 +17,7 @@ from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, InsufficientCapacityError, JobRef, NodeRequest, ProviderError
 from gpuscaler.cloud.eks import CAPACITY_TAG, INSTANCE_TAG, NODEGROUP_LABEL, EksProvider, EksTemplate
-from gpuscaler.cloud.provider import node_state
+from gpuscaler.cloud.nodes import node_state
 from gpuscaler.planner import plan
 
 CAT = load_catalog()

@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuscaler.inputs import StrictModel, shown
+from gpuscaler.names import QUEUE_NAME_LABEL
 
 API_GROUP = "gpuscaler.io"
 API_VERSION = "v1alpha1"
@@ -72,8 +73,6 @@ class WorkerRuntime(StrEnum):
     """One JobSet (JobSet controller, jobset.x-k8s.io/v1alpha2) with one replicated job of N workers."""
 
 
-QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
-"""Kueue's standard label naming the LocalQueue of a job; honoured on a TrainingJob like ``spec.queueName``."""
 QUEUE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 """A LocalQueue name (Kueue's queue-name label value, which must also be a DNS-1123 label)."""
 

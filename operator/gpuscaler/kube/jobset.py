@@ -33,8 +33,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Final
 
-from gpuscaler.api.trainingjob import QUEUE_NAME_LABEL
 from gpuscaler.kube import workers as w
+from gpuscaler.names import ATTEMPT_LABEL, COMPLETION_INDEX_LABEL, JOB_LABEL, QUEUE_NAME_LABEL, RANK_LABEL
 from gpuscaler.runtime import constants as rc
 
 GROUP: Final = "jobset.x-k8s.io"
@@ -43,10 +43,6 @@ PLURAL: Final = "jobsets"
 KIND: Final = "JobSet"
 REPLICATED_JOB: Final = "workers"
 """The one replicated job of the gang."""
-JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
-"""Label the JobSet controller puts on its Jobs and pods."""
-COMPLETION_INDEX: Final = w.COMPLETION_INDEX_LABEL
-"""Annotation and label of an Indexed Job's pod: its index (the worker's rank)."""
 FAILED_RULE: Final = "TrainingFailed"
 """The failurePolicy rule that fails the JobSet when the training code failed."""
 MAX_NAME: Final = 40
@@ -72,7 +68,7 @@ def master_addr(plan: w.WorkerPlan) -> str:
 
 
 def _env(plan: w.WorkerPlan, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rank_from_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+    rank_from_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_LABEL}']"}}
     out: list[dict[str, Any]] = []
     for e in env:
         if e.get("name") == "NODE_RANK":
@@ -89,7 +85,7 @@ def pod_template(plan: w.WorkerPlan) -> dict[str, Any]:
     without what makes a pod one rank (its name, rank label, hostname), and the rank from the index."""
     pod = w.worker_pod(plan, 0)
     meta = pod["metadata"]
-    labels = {k: v for k, v in meta["labels"].items() if k != w.RANK_LABEL}
+    labels = {k: v for k, v in meta["labels"].items() if k != RANK_LABEL}
     spec = copy.deepcopy(pod["spec"])
     spec.pop("hostname", None)
     spec.pop("subdomain", None)  # the JobSet controller sets it to network.subdomain
@@ -137,7 +133,7 @@ def jobset(plan: w.WorkerPlan, *, queue: str | None = None, max_restarts: int = 
         },
         "template": template,
     }
-    labels = {"gpuscaler.io/job": plan.job_label, w.ATTEMPT_LABEL: str(plan.attempt), **w.MANAGED_BY}
+    labels = {JOB_LABEL: plan.job_label, ATTEMPT_LABEL: str(plan.attempt), **w.MANAGED_BY}
     if queue:
         labels[QUEUE_NAME_LABEL] = queue
     name = jobset_name(plan.job_name, plan.attempt)

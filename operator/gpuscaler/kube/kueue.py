@@ -43,27 +43,31 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuscaler.api.trainingjob import QUEUE_NAME_LABEL
 from gpuscaler.catalog import CapacityType, InstanceType
+from gpuscaler.names import (
+    AZURE_PRIORITY_LABEL,
+    CAPACITY_TYPE_LABEL,
+    EKS_CAPACITY_LABEL,
+    GKE_SPOT_LABEL,
+    GPU_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    INSTANCE_TYPE_LABEL,
+    POD_GROUP_NAME_LABEL,
+    POD_GROUP_TOTAL_ANNOTATION,
+    QUEUE_NAME_LABEL,
+)
 
 GROUP: Final = "kueue.x-k8s.io"
 VERSION: Final = "v1beta2"
 WORKLOADS: Final = "workloads"
 RESOURCE_FLAVORS: Final = "resourceflavors"
-POD_GROUP_NAME_LABEL: Final = "kueue.x-k8s.io/pod-group-name"
-POD_GROUP_TOTAL_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
-ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
-"""Scheduling gate Kueue puts on a queued pod until it admits the pod's group."""
-GPU_RESOURCE: Final = "nvidia.com/gpu"
-
-INSTANCE_TYPE_LABEL: Final = "node.kubernetes.io/instance-type"
-GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
-GPU_ID_LABEL: Final = "gpuscaler.io/gpu"
+GPU_ID_LABEL: Final = GPU_LABEL
 CAPACITY_LABELS: Final[dict[str, dict[str, CapacityType]]] = {
-    "karpenter.sh/capacity-type": {"spot": CapacityType.SPOT, "on-demand": CapacityType.ON_DEMAND},
-    "eks.amazonaws.com/capacityType": {"SPOT": CapacityType.SPOT, "ON_DEMAND": CapacityType.ON_DEMAND},
-    "cloud.google.com/gke-spot": {"true": CapacityType.SPOT, "false": CapacityType.ON_DEMAND},
-    "kubernetes.azure.com/scalesetpriority": {"spot": CapacityType.SPOT, "regular": CapacityType.ON_DEMAND},
+    CAPACITY_TYPE_LABEL: {"spot": CapacityType.SPOT, "on-demand": CapacityType.ON_DEMAND},
+    EKS_CAPACITY_LABEL: {"SPOT": CapacityType.SPOT, "ON_DEMAND": CapacityType.ON_DEMAND},
+    GKE_SPOT_LABEL: {"true": CapacityType.SPOT, "false": CapacityType.ON_DEMAND},
+    AZURE_PRIORITY_LABEL: {"spot": CapacityType.SPOT, "regular": CapacityType.ON_DEMAND},
 }
 """Node labels that say a node's capacity type, per cloud, and what each value means."""
 
