@@ -182,7 +182,7 @@ def workload_state(body: Mapping[str, Any]) -> WorkloadState:
         reason = "waiting for admission checks: " + "; ".join(checks) if checks else "quota reserved"
     else:
         c = conds.get("QuotaReserved") or conds.get("Pending") or {}
-        reason = str(c.get("message") or c.get("reason") or "waiting for Kueue to reserve quota")
+        reason = str(c.get("message") or c.get("reason") or "not yet considered by Kueue")
     return WorkloadState(
         name=str((body.get("metadata") or {}).get("name", "")),
         admitted=admitted,

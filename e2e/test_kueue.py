@@ -1,0 +1,247 @@
+"""gpuscaler's gang against the REAL Kueue and JobSet controllers (built from their Go modules).
+
+One dev cluster with the ``kueue`` and ``jobset`` add-ons (:mod:`gpuscaler.devcluster.addons`) per
+module, with fake spot and on-demand p4d.24xlarge nodes. The JobSets are the ones
+:func:`gpuscaler.kube.jobset.jobset` builds from a worker plan; what is checked is what the real
+controllers do with them: Kueue admits the gang as one Workload on the flavor whose node labels
+match the planned offering (:func:`gpuscaler.kube.kueue.matching_flavors`, computed from the
+catalog, not from Kueue's answer), a gang without quota waits and the Workload's conditions say why
+(:func:`gpuscaler.kube.kueue.workload_state`), freed quota lets it run; a higher-priority gang
+preempts a running one and its Workload says so; the JobSet's failure policy ignores a preempted
+worker (exit code 75) and fails the JobSet on a training failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import any_cluster
+from e2e_helpers import E2ECluster, wait_for
+from gpuscaler.catalog import CapacityType, load_catalog
+from gpuscaler.devcluster import build
+from gpuscaler.devcluster.cluster import Cluster
+from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
+from gpuscaler.devcluster.stages import POD_COMPLETE_DELAY_ANNOTATION
+from gpuscaler.kube import jobset as js
+from gpuscaler.kube import kueue
+from gpuscaler.kube.workers import WorkerPlan
+from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOBSET_NAME_LABEL
+from gpuscaler.runtime import constants as rc
+
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+P4D = load_catalog().instance("p4d.24xlarge")
+GPUS_PER_NODE = P4D.gpu_count
+FLAVORS = {
+    "a100-spot": {INSTANCE_TYPE_LABEL: P4D.name, CAPACITY_TYPE_LABEL: "spot"},
+    "a100-od": {INSTANCE_TYPE_LABEL: P4D.name, CAPACITY_TYPE_LABEL: "on-demand"},
+}
+
+
+class Kueued:
+    """The module's cluster with Kueue and JobSet, and its API clients."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.api = cluster.api_client()
+        self.custom: Any = client.CustomObjectsApi(self.api)
+        self.core: Any = client.CoreV1Api(self.api)
+
+    def namespace(self) -> str:
+        name = f"kq-{uuid.uuid4().hex[:6]}"
+        self.core.create_namespace({"metadata": {"name": name}})
+        wait_for(
+            lambda: any(sa.metadata.name == "default" for sa in self.core.list_namespaced_service_account(name).items),
+            what=f"default ServiceAccount in {name}",
+        )
+        return name
+
+    def queue(self, namespace: str, cq: str, spot_quota: int, *, preemption: bool = False) -> str:
+        """A ClusterQueue ``cq`` with ``spot_quota`` GPUs on a100-spot (none on a100-od) and its LocalQueue."""
+        spec: dict[str, Any] = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [
+                        {"name": "a100-od", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 0}]},
+                        {"name": "a100-spot", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": spot_quota}]},
+                    ],
+                }
+            ],
+        }
+        if preemption:
+            spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+        self.custom.create_cluster_custom_object(
+            *KUEUE, "clusterqueues", {"apiVersion": "/".join(KUEUE), "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": spec}
+        )
+        body = {"apiVersion": "/".join(KUEUE), "kind": "LocalQueue", "metadata": {"name": "team"}, "spec": {"clusterQueue": cq}}
+        self.custom.create_namespaced_custom_object(*KUEUE, namespace, "localqueues", body)
+        return "team"
+
+    def submit(self, namespace: str, name: str, nodes: int, queue: str | None, priority: str | None = None) -> dict[str, Any]:
+        """The JobSet of a 2-node spot p4d plan, as the builder makes it (its pods stay Running)."""
+        plan = WorkerPlan(
+            job_name=name, namespace=namespace, job_label=f"{namespace}.{name}", owner={}, nodes=nodes,
+            gpus_per_node=GPUS_PER_NODE, precision="amp", micro_batch=32, accumulation=1, checkpoint_dir="/ckpt",
+            checkpoint_interval_s=600, checkpoint_keep=2, master_port=29500, attempt=1,
+            node_selector={INSTANCE_TYPE_LABEL: P4D.name, CAPACITY_TYPE_LABEL: "spot"},
+            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            default_image="python:3.11-slim",
+            template={
+                "metadata": {"annotations": {POD_COMPLETE_DELAY_ANNOTATION: "1h"}},
+                "spec": {"serviceAccountName": "default", "containers": [{"name": "train", "image": "trainer"}]},
+            },
+        )
+        body = js.jobset(plan, queue=queue)
+        body["metadata"].pop("ownerReferences")  # no TrainingJob here: the gang alone
+        if priority:
+            body["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = priority
+        made: dict[str, Any] = self.custom.create_namespaced_custom_object(js.GROUP, js.VERSION, namespace, js.PLURAL, body)
+        return made
+
+    def workload(self, namespace: str, jobset: dict[str, Any]) -> kueue.WorkloadState | None:
+        items = self.custom.list_namespaced_custom_object(*KUEUE, namespace, kueue.WORKLOADS)["items"]
+        mine = [w for w in items if kueue.owned_by(w, jobset["metadata"]["uid"])]
+        return kueue.workload_state(mine[0]) if mine else None
+
+    def pods(self, namespace: str, jobset: dict[str, Any]) -> list[Any]:
+        sel = f"{JOBSET_NAME_LABEL}={jobset['metadata']['name']}"
+        return list(self.core.list_namespaced_pod(namespace, label_selector=sel).items)
+
+    def running(self, namespace: str, jobset: dict[str, Any], n: int) -> list[Any]:
+        pods = [p for p in self.pods(namespace, jobset) if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return pods if len(pods) == n else []
+
+    def jobset_body(self, namespace: str, jobset: dict[str, Any]) -> dict[str, Any]:
+        got: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            js.GROUP, js.VERSION, namespace, js.PLURAL, jobset["metadata"]["name"]
+        )
+        return got
+
+
+@pytest.fixture(scope="module")
+def kq(dev_cluster: E2ECluster) -> Iterator[Kueued]:
+    """A private dev cluster with Kueue and JobSet, 4 spot and 2 on-demand p4d nodes, two flavors."""
+    any_cluster.require(dev_cluster, "private")
+    binaries = build.ensure_all(addons=("kueue", "jobset"))
+    cluster = Cluster(binaries, name=f"e2e-kueue-{os.getpid()}", addons=("jobset", "kueue"))
+    cluster.start()
+    try:
+        k = Kueued(cluster)
+        for pool, count, cap in (("spot", 4, CapacityType.SPOT), ("od", 2, CapacityType.ON_DEMAND)):
+            made = create_node_pool(k.api, f"p4d-{pool}", P4D.name, count, capacity_type=cap.value)
+            wait_nodes_ready(k.api, made.node_names)
+        for name, labels in FLAVORS.items():
+            body = {"apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": {"nodeLabels": labels}}
+            k.custom.create_cluster_custom_object(*KUEUE, kueue.RESOURCE_FLAVORS, body)
+        yield k
+        k.api.close()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def ns(kq: Kueued) -> Iterator[str]:
+    """A fresh namespace of the module's cluster; its JobSets (and so their nodes) go with it."""
+    name = kq.namespace()
+    yield name
+    for body in kq.custom.list_namespaced_custom_object(js.GROUP, js.VERSION, name, js.PLURAL)["items"]:
+        kq.custom.delete_namespaced_custom_object(
+            js.GROUP, js.VERSION, name, js.PLURAL, body["metadata"]["name"], propagation_policy="Foreground"
+        )
+    wait_for(lambda: not kq.core.list_namespaced_pod(name).items, timeout=90, what=f"the pods of {name} gone")
+    kq.core.delete_namespace(name)
+
+
+def test_admitted_on_the_planned_flavor_waits_without_quota_and_runs_once_freed(kq: Kueued, ns: str) -> None:
+    queue = kq.queue(ns, "gpu-cq-quota", spot_quota=2 * GPUS_PER_NODE)
+    flavors = [kueue.Flavor.from_object(f) for f in kq.custom.list_cluster_custom_object(*KUEUE, kueue.RESOURCE_FLAVORS)["items"]]
+    expected = kueue.matching_flavors(flavors, P4D, CapacityType.SPOT)
+    assert expected == ["a100-spot"]
+
+    first = kq.submit(ns, "first", 2, queue)
+    st = wait_for(lambda: (w := kq.workload(ns, first)) is not None and w.admitted and w, timeout=90, what="first admitted")
+    assert st.flavor == expected[0] and st.cluster_queue == "gpu-cq-quota"
+    pods = wait_for(lambda: kq.running(ns, first, 2), timeout=90, what="first's 2 workers Running")
+    nodes = {n.metadata.name: n for n in kq.core.list_node().items}
+    for p in pods:  # on the planned offering: spot p4d nodes
+        labels = nodes[p.spec.node_name].metadata.labels
+        assert labels[INSTANCE_TYPE_LABEL] == P4D.name and labels[CAPACITY_TYPE_LABEL] == "spot"
+    assert js.jobset_phase(kq.jobset_body(ns, first)) == "Active"
+
+    second = kq.submit(ns, "second", 2, queue)
+    waiting = wait_for(
+        lambda: (w := kq.workload(ns, second)) is not None and "insufficient" in w.reason and w, timeout=60, what="a reason"
+    )
+    assert not waiting.admitted
+    assert "insufficient unused quota for nvidia.com/gpu in flavor a100-spot" in waiting.reason
+    assert kueue.queued_message(queue, waiting).startswith(f"Queued in LocalQueue {queue}: couldn't assign flavors")
+    assert js.jobset_phase(kq.jobset_body(ns, second)) == "Suspended" and kq.pods(ns, second) == []
+
+    kq.custom.delete_namespaced_custom_object(
+        js.GROUP, js.VERSION, ns, js.PLURAL, first["metadata"]["name"], propagation_policy="Foreground"
+    )
+    st2 = wait_for(lambda: (w := kq.workload(ns, second)) is not None and w.admitted and w, timeout=120, what="second admitted")
+    assert st2.flavor == "a100-spot"
+    wait_for(lambda: kq.running(ns, second, 2), timeout=90, what="second's workers Running")
+
+
+def test_a_higher_priority_gang_preempts_and_the_workload_says_so(kq: Kueued, ns: str) -> None:
+    queue = kq.queue(ns, "gpu-cq-prio", spot_quota=2 * GPUS_PER_NODE, preemption=True)
+    for name, value in (("low-prio", 10), ("high-prio", 1000)):
+        body = {"apiVersion": "/".join(KUEUE), "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value}
+        kq.custom.create_cluster_custom_object(*KUEUE, "workloadpriorityclasses", body)
+    low = kq.submit(ns, "low", 2, queue, priority="low-prio")
+    wait_for(lambda: kq.running(ns, low, 2), timeout=120, what="low's workers Running")
+    high = kq.submit(ns, "high", 2, queue, priority="high-prio")
+    evicted = wait_for(lambda: (w := kq.workload(ns, low)) is not None and w.evicted and w, timeout=90, what="low evicted")
+    assert evicted.reason.startswith("evicted (Preempted)")
+    # Kueue suspends the preempted JobSet: its workers get SIGTERM (the runtime's checkpoint signal) and go
+    wait_for(lambda: kq.pods(ns, low) == [], timeout=90, what="low's workers gone")
+    wait_for(lambda: (w := kq.workload(ns, high)) is not None and w.admitted, timeout=90, what="high admitted")
+    wait_for(lambda: kq.running(ns, high, 2), timeout=90, what="high's workers Running")
+    requeued = kq.workload(ns, low)
+    assert requeued is not None and not requeued.admitted  # back in the queue, not lost
+
+
+def _fail(kq: Kueued, ns: str, pod: Any, exit_code: int) -> None:
+    """End a worker as the kubelet would report a container exiting with ``exit_code``."""
+    now = pod.status.start_time.isoformat()
+    status = {
+        "phase": "Failed",
+        "containerStatuses": [
+            {
+                "name": "train", "image": "trainer", "imageID": "", "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "startedAt": now, "finishedAt": now}},
+            }
+        ],
+    }
+    kq.core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": status})
+
+
+def test_failure_policy_ignores_a_preempted_worker_and_fails_on_a_training_failure(kq: Kueued, ns: str) -> None:
+    gang = kq.submit(ns, "policy", 2, queue=None)  # no queue: the JobSet starts at once
+    pods = wait_for(lambda: kq.running(ns, gang, 2), timeout=90, what="workers Running")
+    preempted = pods[0]
+    _fail(kq, ns, preempted, rc.EXIT_PREEMPTED)
+    # ignored: the Job replaces the worker, the JobSet neither fails nor restarts
+    wait_for(
+        lambda: [p for p in kq.running(ns, gang, 2) if p.metadata.name != preempted.metadata.name],
+        timeout=90,
+        what="a replacement worker",
+    )
+    body = kq.jobset_body(ns, gang)
+    assert js.jobset_phase(body) == "Active" and (body.get("status") or {}).get("restarts", 0) == 0
+    victim = kq.running(ns, gang, 2)[0]
+    _fail(kq, ns, victim, 1)
+    failed = wait_for(lambda: js.jobset_phase(b := kq.jobset_body(ns, gang)) == "Failed" and b, timeout=90, what="JobSet Failed")
+    conditions = {c["type"]: c for c in failed["status"]["conditions"]}
+    # our rule's action (with no rule matching, the JobSet would restart instead: RestartJobSet)
+    assert conditions["Failed"]["reason"] == "FailJobSetFailurePolicyAction"
+    assert (failed.get("status") or {}).get("restarts", 0) == 0
