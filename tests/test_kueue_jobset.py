@@ -13,7 +13,7 @@ from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.kube import jobset as js
 from gpuscaler.kube import kueue
 from gpuscaler.kube.workers import DISRUPTION_TARGET, PODINFO_VOLUME, WorkerPlan, pod_state, worker_pod
-from gpuscaler.names import POD_GROUP_NAME_LABEL, POD_GROUP_TOTAL_ANNOTATION, QUEUE_NAME_LABEL, RANK_LABEL
+from gpuscaler.names import QUEUE_NAME_LABEL, RANK_LABEL
 from gpuscaler.runtime import constants as rc
 
 CAT = load_catalog()
@@ -188,13 +188,6 @@ def test_flavor_matching_follows_the_documented_labels() -> None:
 def test_flavor_from_a_resource_flavor_object() -> None:
     f = kueue.Flavor.from_object({"metadata": {"name": "x"}, "spec": {"nodeLabels": {"a": "b"}}})
     assert f == kueue.Flavor("x", {"a": "b"})
-
-
-def test_pod_group_labels_a_worker_pod() -> None:
-    pod = kueue.pod_group(worker_pod(plan(), 1), queue="team-a", group=kueue.pod_group_name("resnet", 3), total=2)
-    assert pod["metadata"]["labels"][QUEUE_NAME_LABEL] == "team-a"
-    assert pod["metadata"]["labels"][POD_GROUP_NAME_LABEL] == "resnet-a3"
-    assert pod["metadata"]["annotations"][POD_GROUP_TOTAL_ANNOTATION] == "2"
 
 
 # --- workloads ------------------------------------------------------------------------------

@@ -78,12 +78,6 @@ JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
 """JobSet controller: on the Jobs and pods of a JobSet, its name."""
 QUEUE_NAME_LABEL: Final = "kueue.x-k8s.io/queue-name"
 """Kueue: the LocalQueue of a job (set by users; honoured on a TrainingJob like ``spec.queueName``)."""
-POD_GROUP_NAME_LABEL: Final = "kueue.x-k8s.io/pod-group-name"
-"""Kueue: the pod group (one Workload) a pod belongs to."""
-POD_GROUP_TOTAL_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
-"""Kueue: how many pods the pod group has (Kueue admits them all at once)."""
-KUEUE_ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
-"""Kueue: the scheduling gate on a queued pod until Kueue admits its group."""
 
 # ---------------------------------------------------------------------------------------- taints
 

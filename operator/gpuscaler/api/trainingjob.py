@@ -68,7 +68,7 @@ class WorkerRuntime(StrEnum):
     """How the gang of workers runs (docs/kueue-jobset.md)."""
 
     PODS = "pods"
-    """One pod per node, created by the operator (and, with a queue, a Kueue pod group)."""
+    """One pod per node, created by the operator (a job with a queue runs as a JobSet instead)."""
     JOBSET = "jobset"
     """One JobSet (JobSet controller, jobset.x-k8s.io/v1alpha2) with one replicated job of N workers."""
 
@@ -305,7 +305,7 @@ class TrainingJobSpec(Model):
     )
     runtime: WorkerRuntime = Field(
         default=WorkerRuntime.PODS,
-        description="pods: one pod per node (default); jobset: one JobSet of N workers (needs the JobSet controller).",
+        description="pods: one pod per node (default); jobset: one JobSet of N workers (needs the JobSet controller). A job with a queue always runs as a JobSet.",
     )
 
     @field_validator("queue_name")

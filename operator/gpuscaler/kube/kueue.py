@@ -24,9 +24,8 @@ type and capacity type), so Kueue itself can only assign a flavor compatible wit
 matching here names the flavor the plan expects (``status.queue.expectedFlavor``) and checks the
 one Kueue assigned.
 
-**Pod groups.** With ``runtime: pods``, the worker pods of one gang start form one Kueue pod
-group (labels ``kueue.x-k8s.io/queue-name`` and ``kueue.x-k8s.io/pod-group-name``, annotation
-``kueue.x-k8s.io/pod-group-total-count``): Kueue gates them until it admits all of them at once.
+**The unit Kueue admits** is the gang's JobSet (:mod:`gpuscaler.kube.jobset`), labelled
+``kueue.x-k8s.io/queue-name`` and created suspended: one Workload, all workers or none.
 
 **Workload state.** :func:`workload_state` reads a Workload's conditions (``QuotaReserved``,
 ``Admitted``, ``Evicted``, ``Preempted``) and admission into an admitted flag, the ClusterQueue
@@ -38,7 +37,6 @@ Pure functions; the caller lists Workloads and ResourceFlavors.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -53,9 +51,6 @@ from gpuscaler.names import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     INSTANCE_TYPE_LABEL,
-    POD_GROUP_NAME_LABEL,
-    POD_GROUP_TOTAL_ANNOTATION,
-    QUEUE_NAME_LABEL,
 )
 
 GROUP: Final = "kueue.x-k8s.io"
@@ -114,20 +109,6 @@ def matching_flavors(
     found = [f for f in flavors if f.matches(instance, capacity)]
     found.sort(key=lambda f: (INSTANCE_TYPE_LABEL not in f.node_labels, f.name))
     return [f.name for f in found]
-
-
-def pod_group(pod: dict[str, Any], *, queue: str, group: str, total: int) -> dict[str, Any]:
-    """A worker pod as a member of the Kueue pod group ``group`` of ``total`` pods in ``queue``."""
-    out = copy.deepcopy(pod)
-    meta = out.setdefault("metadata", {})
-    meta.setdefault("labels", {}).update({QUEUE_NAME_LABEL: queue, POD_GROUP_NAME_LABEL: group})
-    meta.setdefault("annotations", {})[POD_GROUP_TOTAL_ANNOTATION] = str(total)
-    return out
-
-
-def pod_group_name(job_name: str, attempt: int) -> str:
-    """The pod group of one gang start (also the name Kueue gives its Workload)."""
-    return f"{job_name}-a{attempt}"[:63].rstrip("-")
 
 
 @dataclass(frozen=True)
