@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ import any_cluster
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.devcluster import build
-from gpuscaler.devcluster.cluster import Cluster
+from gpuscaler.devcluster.cluster import Cluster, apply_crds
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
 from gpuscaler.devcluster.stages import POD_COMPLETE_DELAY_ANNOTATION
 from gpuscaler.kube import jobset as js
@@ -33,6 +34,17 @@ from gpuscaler.kube import kueue
 from gpuscaler.kube.workers import WorkerPlan
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOBSET_NAME_LABEL
 from gpuscaler.runtime import constants as rc
+from test_operator import (
+    ROOT,
+    OperatorProcess,
+    apply,
+    get_job,
+    job_manifest,
+    job_nodes,
+    job_pods,
+    kubectl,
+    wait_phase,
+)
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 P4D = load_catalog().instance("p4d.24xlarge")
@@ -41,6 +53,15 @@ FLAVORS = {
     "a100-spot": {INSTANCE_TYPE_LABEL: P4D.name, CAPACITY_TYPE_LABEL: "spot"},
     "a100-od": {INSTANCE_TYPE_LABEL: P4D.name, CAPACITY_TYPE_LABEL: "on-demand"},
 }
+
+
+def quota(gpus: int) -> list[dict[str, Any]]:
+    """A flavor's quotas in a ClusterQueue: ``gpus`` GPUs, CPU and memory beyond any test's need."""
+    return [
+        {"name": "nvidia.com/gpu", "nominalQuota": gpus},
+        {"name": "cpu", "nominalQuota": 1000},
+        {"name": "memory", "nominalQuota": "10Ti"},
+    ]
 
 
 class Kueued:
@@ -61,16 +82,17 @@ class Kueued:
         )
         return name
 
-    def queue(self, namespace: str, cq: str, spot_quota: int, *, preemption: bool = False) -> str:
-        """A ClusterQueue ``cq`` with ``spot_quota`` GPUs on a100-spot (none on a100-od) and its LocalQueue."""
+    def queue(self, namespace: str, cq: str, spot_quota: int, *, od_quota: int = 0, preemption: bool = False) -> str:
+        """A ClusterQueue ``cq`` with ``spot_quota`` GPUs on a100-spot and ``od_quota`` on a100-od
+        (CPU and memory plenty), and its LocalQueue ``team``."""
         spec: dict[str, Any] = {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
             "resourceGroups": [
                 {
-                    "coveredResources": ["nvidia.com/gpu"],
+                    "coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
                     "flavors": [
-                        {"name": "a100-od", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 0}]},
-                        {"name": "a100-spot", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": spot_quota}]},
+                        {"name": "a100-od", "resources": quota(od_quota)},
+                        {"name": "a100-spot", "resources": quota(spot_quota)},
                     ],
                 }
             ],
@@ -245,3 +267,68 @@ def test_failure_policy_ignores_a_preempted_worker_and_fails_on_a_training_failu
     # our rule's action (with no rule matching, the JobSet would restart instead: RestartJobSet)
     assert conditions["Failed"]["reason"] == "FailJobSetFailurePolicyAction"
     assert (failed.get("status") or {}).get("restarts", 0) == 0
+
+
+# ------------------------------------------------------------------------- the operator with Kueue
+
+
+@pytest.fixture
+def kq_operator(kq: Kueued, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator (``gpuscaler run``) for ``ns`` on the Kueue cluster, gpuscaler's CRDs installed."""
+    env = kq.cluster.env()
+    apply_crds(env, [ROOT / "crds" / "trainingjob.yaml", ROOT / "crds" / "gpuscalingpolicy.yaml"],
+               ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"])
+    e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
+    op = OperatorProcess(e2e, ns, tmp_path / "operator.log")
+    op.start()
+    yield op
+    kubectl(e2e, "delete", "trainingjobs", "--all", "-n", ns, "--timeout=60s", check=False)
+    op.stop()
+    print((tmp_path / "operator.log").read_text(errors="replace")[-6000:])
+
+
+def test_operator_queues_a_job_until_kueue_admits_it_then_runs_and_deletes_its_jobset(
+    kq: Kueued, ns: str, kq_operator: OperatorProcess
+) -> None:
+    custom = kq.custom
+    queue = kq.queue(ns, "gpu-cq-operator", spot_quota=0, od_quota=0)  # no quota yet
+    manifest = job_manifest("queued", instance=P4D.name, gpus=2 * GPUS_PER_NODE)
+    manifest["spec"]["queueName"] = queue
+    # kwok finishes a Job's pods at once unless told to keep them Running (the JobSet's pods are a Job's)
+    manifest["spec"]["template"]["metadata"] = {"annotations": {POD_COMPLETE_DELAY_ANNOTATION: "1h"}}
+    e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, kq.cluster.env(), kq.cluster.binaries, kq.cluster)
+    apply(e2e, ns, manifest)
+    job = wait_for(
+        lambda: "insufficient" in ((j := get_job(custom, ns, "queued")).get("status") or {}).get("queue", {}).get("reason", "") and j,
+        timeout=90,
+        what="the job Queued with Kueue's reason",
+    )
+    status = job["status"]
+    assert status["phase"] == "Queued" and status["queue"]["expectedFlavor"] == "a100-od"
+    assert "insufficient" in status["message"] and status["message"].startswith(f"Queued in LocalQueue {queue}")
+    assert job_nodes(kq.core, ns, "queued") == []  # nothing provisioned before admission
+    table = kubectl(e2e, "get", "trainingjobs", "-n", ns).stdout
+    assert "Queued" in table and "insufficient" in table  # the Waiting column
+
+    kq.custom.patch_cluster_custom_object(  # the platform team frees quota
+        *KUEUE, "clusterqueues", "gpu-cq-operator",
+        {"spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
+                                      "flavors": [{"name": "a100-od", "resources": quota(2 * GPUS_PER_NODE)},
+                                                  {"name": "a100-spot", "resources": quota(0)}]}]}},
+    )
+    running = wait_phase(custom, ns, "queued", "Running", timeout=180)
+    assert running["status"]["queue"]["admitted"] and running["status"]["queue"]["flavor"] == "a100-od"
+    nodes = job_nodes(kq.core, ns, "queued")
+    assert len(nodes) == 2 and all(n.metadata.labels[CAPACITY_TYPE_LABEL] == "on-demand" for n in nodes)
+    jobset = js.jobset_name("queued", running["status"]["attempt"])
+    pods = job_pods(kq.core, ns, "queued")
+    assert len(pods) == 2 and {p.metadata.labels[JOBSET_NAME_LABEL] for p in pods} == {jobset}
+    assert {p.spec.node_name for p in pods} == {n.metadata.name for n in nodes}
+
+    kubectl(e2e, "delete", "trainingjob", "queued", "-n", ns, "--timeout=90s")
+    wait_for(
+        lambda: not kq.custom.list_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL)["items"],
+        timeout=90,
+        what="the JobSet deleted with the job",
+    )
+    wait_for(lambda: not job_nodes(kq.core, ns, "queued"), timeout=90, what="the job's nodes released")
