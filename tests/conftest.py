@@ -4,7 +4,8 @@ Factories with defaults plus overrides (after Karpenter's test factories): :func
 :func:`make_job`, :func:`node_body`, :func:`planner_with`; the fake worker client
 :class:`FakeWorkers`; and :class:`World`, the loop with a clock and the cluster it observes, used
 by every test that drives :class:`gpuscaler.controller.reconcile.Reconciler`. The fake providers
-are the package's own (:mod:`gpuscaler.cloud.fake`). Test modules import these from here, never
+are the package's own (:mod:`gpuscaler.cloud.fake`); :class:`FakeCore` stands in for the
+Kubernetes API of the providers that adopt nodes. Test modules import these from here, never
 from one another.
 """
 
@@ -13,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, PlanStatus, TrainingJobStatus
@@ -23,7 +27,7 @@ from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance
 from gpuscaler.controller.reconcile import Job, LoopConfig, Reconciler, plan_status
 from gpuscaler.kube.workers import pod_state
-from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, PRICE_ANNOTATION
+from gpuscaler.names import CAPACITY_TYPE_LABEL, EKS_NODEGROUP_LABEL, INSTANCE_TYPE_LABEL, PRICE_ANNOTATION
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.policy import Policy
 from gpuscaler.settings import Settings
@@ -265,3 +269,50 @@ SPOT_NODE: dict[str, Any] = {"instance_type": "g4dn.xlarge", "capacity_type": "s
 def spot_world(**settings: Any) -> World:
     """The world of the interruption tests: workers Running at once on Ready spot nodes."""
     return World(pod_phase="Running", node=SPOT_NODE, **settings)
+
+
+class FakeCore:
+    """A CoreV1Api stand-in holding Node objects (client models), for the providers that adopt
+    nodes (eks, gke); records patches, refuses a stale resourceVersion."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, client.V1Node] = {}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    def register(self, name: str, group: str, instance_id: str) -> None:
+        """What a kubelet does when an instance of the group boots."""
+        self.nodes[name] = client.V1Node(
+            metadata=client.V1ObjectMeta(
+                name=name, labels={EKS_NODEGROUP_LABEL: group}, annotations={}, resource_version="1"
+            ),
+            spec=client.V1NodeSpec(provider_id=f"aws:///us-east-1a/{instance_id}"),
+        )
+
+    def list_node(self, label_selector: str = "") -> Any:
+        want = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
+        items = [
+            n
+            for n in self.nodes.values()
+            if all((n.metadata.labels or {}).get(k) == v for k, v in want.items())
+        ]
+        return client.V1NodeList(items=items)
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> None:
+        self.patches.append((name, body))
+        node = self.nodes.get(name)
+        if node is None:
+            raise ApiException(status=404, reason="Not Found")
+        meta = body["metadata"]
+        if meta.get("resourceVersion") not in (None, node.metadata.resource_version):
+            raise ApiException(status=409, reason="Conflict")
+        for k, v in (meta.get("labels") or {}).items():
+            if v is None:
+                node.metadata.labels.pop(k, None)
+            else:
+                node.metadata.labels[k] = v
+        for k, v in (meta.get("annotations") or {}).items():
+            if v is None:
+                node.metadata.annotations.pop(k, None)
+            else:
+                node.metadata.annotations[k] = v
+        node.metadata.resource_version = str(int(node.metadata.resource_version) + 1)

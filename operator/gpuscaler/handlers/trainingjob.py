@@ -8,9 +8,9 @@ patch, Events and metrics. Domain errors become kopf errors in :mod:`gpuscaler.h
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +23,7 @@ from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
 from gpuscaler.cloud import JobRef, NodePoolProvider, job_label_value, make_provider
 from gpuscaler.cloud.nodes import node_state
+from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.outcomes import invalid_spec, policy_invalid, policy_unavailable
 from gpuscaler.controller.policy import (
     Governance,
@@ -71,6 +72,17 @@ class Operator:
 _operator: Operator | None = None
 
 
+@dataclass(frozen=True)
+class TimedPlanner:
+    """A planner whose every call is timed into ``gpuscaler_planner_latency_seconds``."""
+
+    planner: Planner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> PlanResult:
+        with metrics.PLANNER.time():
+            return self.planner(*args, **kwargs)
+
+
 def build(settings: Settings, api: Any) -> Operator:
     """The operator's collaborators from settings and an ``ApiClient``."""
     catalog = load_catalog()
@@ -82,18 +94,7 @@ def build(settings: Settings, api: Any) -> Operator:
     provider = make_provider(settings.provider_name, settings, api)
     workers = Workers(api)
 
-    def planner(
-        spec: TrainingJobSpec,
-        name: str,
-        deadline_h: float | None,
-        unavailable: frozenset[tuple[str, str]],
-        /,
-        efficiency: Mapping[str, float] | None = None,
-        governance: Governance | None = None,
-    ) -> PlanResult:
-        with metrics.PLANNER.time():
-            return gated_plan(spec, catalog, name, deadline_h, unavailable, efficiency, governance)
-
+    planner = TimedPlanner(functools.partial(gated_plan, catalog=catalog))
     config = LoopConfig.from_settings(settings)
     admission = WorkerAdmission(
         KubePolicyApi(api), settings.worker_admission_policy, settings.worker_admission_policy_name, settings.namespace
