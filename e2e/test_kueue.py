@@ -34,6 +34,7 @@ from gpuscaler.kube import kueue
 from gpuscaler.kube.workers import WorkerPlan
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOBSET_NAME_LABEL
 from gpuscaler.runtime import constants as rc
+from spot_harness import Harness
 from test_operator import (
     ROOT,
     OperatorProcess,
@@ -45,6 +46,7 @@ from test_operator import (
     kubectl,
     wait_phase,
 )
+from test_spot import POLICY, STEP_S, finish, progressed, running_node, spot_job, taint
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 P4D = load_catalog().instance("p4d.24xlarge")
@@ -279,7 +281,9 @@ def kq_operator(kq: Kueued, ns: str, tmp_path: Path) -> Iterator[OperatorProcess
     apply_crds(env, [ROOT / "crds" / "trainingjob.yaml", ROOT / "crds" / "gpuscalingpolicy.yaml"],
                ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"])
     e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
-    op = OperatorProcess(e2e, ns, tmp_path / "operator.log")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)  # checkpoints every 10 s allowed (the spot test's interval)
+    op = OperatorProcess(e2e, ns, tmp_path / "operator.log", GPUSCALER_POLICY_FILE=str(policy))
     op.start()
     yield op
     kubectl(e2e, "delete", "trainingjobs", "--all", "-n", ns, "--timeout=60s", check=False)
@@ -332,3 +336,37 @@ def test_operator_queues_a_job_until_kueue_admits_it_then_runs_and_deletes_its_j
         what="the JobSet deleted with the job",
     )
     wait_for(lambda: not job_nodes(kq.core, ns, "queued"), timeout=90, what="the job's nodes released")
+
+
+def test_runtime_jobset_survives_a_spot_notice_through_a_replan_and_goes_with_the_job(
+    kq: Kueued, ns: str, kq_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    steps = 700
+    manifest = spot_job("js", steps, runtime="jobset")
+    manifest["spec"]["template"]["metadata"] = {"annotations": {POD_COMPLETE_DELAY_ANNOTATION: "1h"}}
+    e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, kq.cluster.env(), kq.cluster.binaries, kq.cluster)
+    apply(e2e, ns, manifest)
+    # the training container, played by real runtime processes (e2e/spot_harness.py)
+    h = Harness(kq.core, ns, "js", tmp_path / "js", str(kq.cluster.kubeconfig), steps, step_sleep=STEP_S).start()
+    try:
+        running = wait_phase(kq.custom, ns, "js", "Running", timeout=90)
+        first = js.jobset_name("js", running["status"]["attempt"])
+        assert {p.metadata.labels[JOBSET_NAME_LABEL] for p in job_pods(kq.core, ns, "js")} == {first}
+        progressed(h, 150)
+        node = running_node(kq.core, ns, "js")
+        taint(kq.core, node, "aws-node-termination-handler/spot-itn")
+        st = finish(kq.custom, h, ns, "js", steps)  # same weights as an uninterrupted run, few steps redone
+    finally:
+        h.stop()
+    assert st["interruptions"] == 1 and st["interruptionHistory"][0]["checkpointAcked"], st
+    assert st["interruptionHistory"][0]["instanceType"] != st["instanceType"]  # re-planned elsewhere
+    last = js.jobset_name("js", st["attempt"])
+    assert last != first
+    names = [b["metadata"]["name"] for b in kq.custom.list_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL)["items"]]
+    assert names == [last]  # the first gang's JobSet went at the re-plan; the new shape is a new JobSet
+    kubectl(e2e, "delete", "trainingjob", "js", "-n", ns, "--timeout=90s")
+    wait_for(
+        lambda: not kq.custom.list_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL)["items"],
+        timeout=90,
+        what="the JobSet deleted with the job",
+    )
