@@ -13,6 +13,7 @@ worker (exit code 75) and fails the JobSet on a training failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 import any_cluster
 from e2e_helpers import E2ECluster, wait_for
@@ -108,13 +110,16 @@ class Kueued:
         self.custom.create_namespaced_custom_object(*KUEUE, namespace, "localqueues", body)
         return "team"
 
-    def submit(self, namespace: str, name: str, nodes: int, queue: str | None, priority: str | None = None) -> dict[str, Any]:
-        """The JobSet of a 2-node spot p4d plan, as the builder makes it (its pods stay Running)."""
+    def submit(
+        self, namespace: str, name: str, nodes: int, queue: str | None, priority: str | None = None,
+        instance: str = P4D.name,
+    ) -> dict[str, Any]:
+        """The JobSet of a spot plan of ``nodes`` x ``instance``, as the builder makes it (its pods stay Running)."""
         plan = WorkerPlan(
             job_name=name, namespace=namespace, job_label=f"{namespace}.{name}", owner={}, nodes=nodes,
-            gpus_per_node=GPUS_PER_NODE, precision="amp", micro_batch=32, accumulation=1, checkpoint_dir="/ckpt",
+            gpus_per_node=load_catalog().instance(instance).gpu_count, precision="amp", micro_batch=32, accumulation=1, checkpoint_dir="/ckpt",
             checkpoint_interval_s=600, checkpoint_keep=2, master_port=29500, attempt=1,
-            node_selector={INSTANCE_TYPE_LABEL: P4D.name, CAPACITY_TYPE_LABEL: "spot"},
+            node_selector={INSTANCE_TYPE_LABEL: instance, CAPACITY_TYPE_LABEL: "spot"},
             tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             default_image="python:3.11-slim",
             template={
@@ -370,3 +375,54 @@ def test_runtime_jobset_survives_a_spot_notice_through_a_replan_and_goes_with_th
         timeout=90,
         what="the JobSet deleted with the job",
     )
+
+
+def test_a_kueue_preemption_of_a_running_job_checkpoints_and_requeues_with_no_lost_steps(
+    kq: Kueued, ns: str, kq_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    t4 = "g4dn.xlarge"  # spot_job's first choice
+    with contextlib.suppress(ApiException):  # cluster-scoped: made once per cluster
+        kq.custom.create_cluster_custom_object(*KUEUE, kueue.RESOURCE_FLAVORS, {
+            "apiVersion": "/".join(KUEUE), "kind": "ResourceFlavor", "metadata": {"name": "t4-spot"},
+            "spec": {"nodeLabels": {INSTANCE_TYPE_LABEL: t4, CAPACITY_TYPE_LABEL: "spot"}}})
+        for name, value in (("low-prio", 10), ("high-prio", 1000)):
+            kq.custom.create_cluster_custom_object(*KUEUE, "workloadpriorityclasses", {
+                "apiVersion": "/".join(KUEUE), "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value})
+    spec = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{"coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
+                                "flavors": [{"name": "t4-spot", "resources": quota(1)}]}]}
+    kq.custom.create_cluster_custom_object(
+        *KUEUE, "clusterqueues", {"apiVersion": "/".join(KUEUE), "kind": "ClusterQueue", "metadata": {"name": "t4-cq"}, "spec": spec})
+    kq.custom.create_namespaced_custom_object(*KUEUE, ns, "localqueues", {
+        "apiVersion": "/".join(KUEUE), "kind": "LocalQueue", "metadata": {"name": "t4"}, "spec": {"clusterQueue": "t4-cq"}})
+    steps = 700
+    manifest = spot_job("low", steps, queueName="t4")
+    manifest["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": "low-prio"}
+    manifest["spec"]["template"]["metadata"] = {"annotations": {POD_COMPLETE_DELAY_ANNOTATION: "1h"}}
+    e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, kq.cluster.env(), kq.cluster.binaries, kq.cluster)
+    apply(e2e, ns, manifest)
+    h = Harness(kq.core, ns, "low", tmp_path / "low", str(kq.cluster.kubeconfig), steps, step_sleep=STEP_S).start()
+    try:
+        wait_phase(kq.custom, ns, "low", "Running", timeout=120)
+        progressed(h, 150)
+        high = kq.submit(ns, "high", 1, "t4", priority="high-prio", instance=t4)  # the same quota, higher priority
+        requeued = wait_for(
+            lambda: (j := get_job(kq.custom, ns, "low"))["status"].get("queue", {}).get("evictions", 0) >= 1 and j,
+            timeout=90, what="low evicted by Kueue",
+        )
+        assert "Preempted" in " ".join(event_messages(kq.core, ns, "low"))
+        wait_phase(kq.custom, ns, "low", "Queued", timeout=90)  # back in the queue, the next attempt's JobSet
+        assert requeued["status"]["interruptions"] >= 1
+        kq.custom.delete_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL, high["metadata"]["name"])
+        st = finish(kq.custom, h, ns, "low", steps, timeout=240)  # weights as uninterrupted; few steps redone
+    finally:
+        h.stop()
+    assert st["queue"]["evictions"] == 1 and st["queue"]["flavor"] == "t4-spot"
+    runs = h.steps_reached()
+    assert len(runs) >= 2 and runs[1][1] is not None and runs[1][1] >= 150  # resumed from the SIGTERM checkpoint
+
+
+def event_messages(core: Any, ns: str, name: str) -> list[str]:
+    events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob")
+    return [e.message or "" for e in events.items]

@@ -118,6 +118,12 @@ def test_jobset_is_one_indexed_job_of_n_workers_with_the_pod_of_runtime_pods() -
     assert env[rc.ENV_MICRO_BATCH]["value"] == "32"
 
 
+def test_extra_labels_reach_the_jobset_but_never_override_gpuscalers() -> None:
+    body = js.jobset(plan(), queue="q", labels={"kueue.x-k8s.io/priority-class": "high", QUEUE_NAME_LABEL: "other"})
+    labels = body["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/priority-class"] == "high" and labels[QUEUE_NAME_LABEL] == "q"
+
+
 def test_without_a_queue_the_jobset_starts_at_once() -> None:
     body = js.jobset(plan(), queue=None)
     assert body["spec"]["suspend"] is False and QUEUE_NAME_LABEL not in body["metadata"]["labels"]

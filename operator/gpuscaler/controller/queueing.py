@@ -58,9 +58,16 @@ def uses_jobset(job: Job) -> bool:
     return job.spec.runtime is WorkerRuntime.JOBSET or queue_of(job) is not None
 
 
-def start_jobset(gangs: GangClient, wp: WorkerPlan, queue: str | None, max_restarts: int) -> bool:
-    """Create the gang's JobSet (suspended for Kueue when ``queue``); False when it was there."""
-    return gangs.create_jobset(js.jobset(wp, queue=queue, max_restarts=max_restarts))
+KUEUE_LABEL_PREFIX = "kueue.x-k8s.io/"
+"""TrainingJob labels passed on to its JobSet (Kueue reads them there: priority-class, queue-name)."""
+
+
+def start_jobset(gangs: GangClient, job: Job, wp: WorkerPlan, queue: str | None, max_restarts: int) -> bool:
+    """Create the gang's JobSet (suspended for Kueue when ``queue``), with the job's ``kueue.x-k8s.io/``
+    labels (a ``kueue.x-k8s.io/priority-class`` on the TrainingJob is the gang's priority); False
+    when it was there."""
+    labels = {k: v for k, v in job.labels.items() if k.startswith(KUEUE_LABEL_PREFIX)}
+    return gangs.create_jobset(js.jobset(wp, queue=queue, max_restarts=max_restarts, labels=labels))
 
 
 def stop_jobset(gangs: GangClient, job: Job, attempt: int) -> bool:
@@ -103,7 +110,7 @@ def enqueue(
         reason="submitted; waiting for Kueue" + ("" if expected else " (no ResourceFlavor matches the plan's offering)"),
         evictions=evictions,
     )
-    start_jobset(gangs, wp, queue, max_restarts)
+    start_jobset(gangs, ctx.job, wp, queue, max_restarts)
     st.message = kueue.queued_message(queue, None)
     ctx.event("Normal", "Queued", f"gang submitted to LocalQueue {queue} as JobSet {js.jobset_name(ctx.job.name, st.attempt)}")
     return True

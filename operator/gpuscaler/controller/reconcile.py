@@ -906,7 +906,7 @@ class Reconciler:
         if queueing.queue_of(ctx.job) is not None:
             return
         self._worker_identity(ctx, wp)
-        if queueing.start_jobset(self.gangs, wp, None, self.config.backoff_limit):
+        if queueing.start_jobset(self.gangs, ctx.job, wp, None, self.config.backoff_limit):
             ctx.event(
                 "Normal", "WorkersCreated",
                 f"created JobSet {jobset_name(wp.job_name, wp.attempt)} of {request.count} worker(s) (attempt {wp.attempt})",

@@ -94,7 +94,9 @@ def pod_template(plan: w.WorkerPlan) -> dict[str, Any]:
     return {"metadata": {"labels": labels, "annotations": meta["annotations"]}, "spec": spec}
 
 
-def jobset(plan: w.WorkerPlan, *, queue: str | None = None, max_restarts: int = 3) -> dict[str, Any]:
+def jobset(
+    plan: w.WorkerPlan, *, queue: str | None = None, max_restarts: int = 3, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The JobSet of one gang start.
 
     Args:
@@ -102,6 +104,8 @@ def jobset(plan: w.WorkerPlan, *, queue: str | None = None, max_restarts: int = 
         queue: the Kueue LocalQueue; the JobSet is then created suspended, for Kueue to admit.
         max_restarts: gang restarts the JobSet controller may do on failures that are not the
             training code's (pods lost without an exit code of their own).
+        labels: more labels of the JobSet (the TrainingJob's ``kueue.x-k8s.io/`` ones, such as
+            ``kueue.x-k8s.io/priority-class``); gpuscaler's own and the queue label win.
 
     Returns:
         The JobSet manifest, owned by the TrainingJob.
@@ -133,7 +137,7 @@ def jobset(plan: w.WorkerPlan, *, queue: str | None = None, max_restarts: int = 
         },
         "template": template,
     }
-    labels = {JOB_LABEL: plan.job_label, ATTEMPT_LABEL: str(plan.attempt), **w.MANAGED_BY}
+    labels = {**(labels or {}), JOB_LABEL: plan.job_label, ATTEMPT_LABEL: str(plan.attempt), **w.MANAGED_BY}
     if queue:
         labels[QUEUE_NAME_LABEL] = queue
     name = jobset_name(plan.job_name, plan.attempt)
