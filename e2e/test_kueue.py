@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +39,7 @@ from gpuscaler.kube.workers import WorkerPlan
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOBSET_NAME_LABEL
 from gpuscaler.runtime import constants as rc
 from spot_harness import Harness
+from test_helm_install import install, sa_kubeconfig
 from test_operator import (
     ROOT,
     OperatorProcess,
@@ -426,3 +429,53 @@ def test_a_kueue_preemption_of_a_running_job_checkpoints_and_requeues_with_no_lo
 def event_messages(core: Any, ns: str, name: str) -> list[str]:
     events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob")
     return [e.message or "" for e in events.items]
+
+
+def test_the_charts_kueue_and_jobset_rbac_runs_a_queued_job(kq: Kueued, ns: str, tmp_path: Path) -> None:
+    """``helm install`` with kueue.enabled and jobset.enabled; the operator under the chart's
+    ServiceAccount queues, runs and deletes a job with no RBAC denial."""
+    env = kq.cluster.env()
+    e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
+    rel = install(e2e, ns, "--set", "kueue.enabled=true", "--set", "jobset.enabled=true")
+    try:
+        assert rel.can("create", "jobsets.jobset.x-k8s.io", ns) and rel.can("delete", "jobsets.jobset.x-k8s.io", ns)
+        assert rel.can("watch", "workloads.kueue.x-k8s.io", ns) and rel.can("list", "resourceflavors.kueue.x-k8s.io")
+        assert not rel.can("create", "workloads.kueue.x-k8s.io", ns) and not rel.can("patch", "clusterqueues.kueue.x-k8s.io")
+        queue = kq.queue(ns, "gpu-cq-helm", spot_quota=0, od_quota=2 * GPUS_PER_NODE)
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(POLICY)
+        op_env = {k: v for k, v in env.items() if not k.startswith("GPUSCALER_")}
+        op_env.update(rel.deployment_env())  # the settings exactly as the chart renders them
+        op_env.update(
+            KUBECONFIG=str(sa_kubeconfig(e2e, rel, tmp_path / "sa.kubeconfig")),
+            GPUSCALER_NAMESPACE=ns, GPUSCALER_HEALTH_PORT="0", GPUSCALER_METRICS_PORT="0",
+            GPUSCALER_RECONCILE_INTERVAL_S="0.5", GPUSCALER_KWOK_PROVISIONING_DELAY_S="1", PYTHONUNBUFFERED="1",
+        )
+        log = tmp_path / "operator.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=out, stderr=out)
+        try:
+            manifest = job_manifest("helm", instance=P4D.name, gpus=2 * GPUS_PER_NODE)
+            manifest["spec"]["queueName"] = queue
+            manifest["spec"]["template"]["metadata"] = {"annotations": {POD_COMPLETE_DELAY_ANNOTATION: "1h"}}
+            apply(e2e, ns, manifest)
+            running = wait_phase(kq.custom, ns, "helm", "Running", timeout=180)
+            assert running["status"]["queue"]["admitted"] and running["status"]["queue"]["flavor"] == "a100-od"
+            kubectl(e2e, "delete", "trainingjob", "helm", "-n", ns, "--timeout=90s")
+            wait_for(
+                lambda: not kq.custom.list_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL)["items"],
+                timeout=90, what="the JobSet deleted with the job",
+            )
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            text = log.read_text(errors="replace")
+            print(text[-4000:])
+        forbidden = [line for line in text.splitlines() if "Forbidden" in line or " 403" in line]
+        assert not forbidden, "the operator hit RBAC denials:\n" + "\n".join(forbidden[:10])
+    finally:
+        kubectl(e2e, "delete", "trainingjobs", "--all", "-n", ns, "--timeout=60s", check=False)
+        subprocess.run(["helm", "uninstall", rel.name, "-n", ns], env=env, capture_output=True, check=False, timeout=120)
