@@ -136,3 +136,34 @@ def test_runtime_jobset_without_a_queue_runs_one_jobset_and_no_pods_of_its_own()
     assert "ServiceAccount/gpuscaler-worker" in w.workers.objects
     jobset_pods(w, gangs, job.ref.label)
     w.run_to(job, Phase.RUNNING)
+
+
+def test_with_the_quota_fallback_a_plan_without_quota_gives_way_to_the_next_that_meets_the_deadline() -> None:
+    w = World(pod_phase="Running", kueue_quota_fallback=True)
+    gangs = FakeGangs([])
+    w.loop.gangs = gangs
+    job = make_job(GANG_SPEC, queueName="team-a")
+    w.step(job)
+    assert w.status.plan is not None
+    first = (w.status.plan.instance_type, w.status.plan.capacity_type)
+    gangs.workload = state(reason=WAITING)
+    reasons = w.step(job)
+    assert "ReplannedWithinQuota" in reasons
+    plan = w.status.plan
+    assert plan is not None and (plan.instance_type, plan.capacity_type) != first
+    assert plan.why.startswith("chosen within the Kueue quota left:") and WAITING in plan.why
+    assert w.status.phase is Phase.QUEUED and w.status.attempt == 2
+    assert gangs.deleted == [js.jobset_name(job.name, 1)] and list(gangs.jobsets) == [js.jobset_name(job.name, 2)]
+    assert any(u.instance_type == first[0] and u.reason.startswith("no Kueue quota") for u in w.status.unavailable)
+
+
+def test_without_the_fallback_the_job_waits_for_the_planned_flavor() -> None:
+    w, gangs = world_with_gangs()
+    job = make_job(GANG_SPEC, queueName="team-a")
+    w.step(job)
+    assert w.status.plan is not None
+    planned = w.status.plan.summary
+    gangs.workload = state(reason=WAITING)
+    for _ in range(3):
+        assert "ReplannedWithinQuota" not in w.step(job)
+    assert w.status.phase is Phase.QUEUED and w.status.plan.summary == planned and w.status.attempt == 1

@@ -14,6 +14,10 @@ The loop (:mod:`gpuscaler.controller.reconcile`) calls in here at four points:
   interruption. Kueue suspends the JobSet, so its workers get SIGTERM, on which the runtime
   checkpoints (the same handshake as a spot notice without a notice); the loop counts it, deletes
   the JobSet, and the next gang goes back into the queue from that checkpoint.
+- :func:`no_quota`, with the setting ``kueueQuotaFallback``: while the gang waits because the
+  planned offering's flavor has no quota left, the loop withdraws it, leaves that offering out of
+  plans for the capacity back-off and queues the next plan that meets the deadline (its ``why``
+  says so); without a plan that does, the job waits for the back-off to end.
 - :func:`start_jobset` / :func:`stop_jobset` instead of creating / deleting worker pods for
   ``runtime: jobset``: one JobSet per gang start, named per attempt, deleted (foreground: its Jobs
   and pods with it) when the gang stops, and re-created with the new shape after a re-plan. The
@@ -149,6 +153,19 @@ def evicted(gangs: GangClient | None, ctx: StepContext) -> bool:
     st.message = f"Kueue {state.reason}; the workers checkpoint on SIGTERM and the gang goes back into {st.queue.name}"
     ctx.event("Warning", "Evicted", st.message[:1000])
     return True
+
+
+def no_quota(ctx: StepContext) -> str | None:
+    """Kueue's reason when the gang waits because the planned flavor has no quota left, else None.
+
+    Read from the reason the last step stored (``status.queue``): a gang Kueue could not fit
+    ("couldn't assign flavors ... insufficient ... quota ...") and that holds no reservation.
+    """
+    queue = ctx.status.queue
+    if queue is None or queue.admitted or queue.workload is None:
+        return None
+    reason = queue.reason
+    return reason if "insufficient" in reason and "quota" in reason else None
 
 
 def _workload(gangs: GangClient | None, ctx: StepContext) -> kueue.WorkloadState | None:

@@ -131,6 +131,8 @@ class LoopConfig:
     """Seconds to wait for all planned nodes (or workers) before releasing them and re-planning."""
     capacity_backoff_s: float
     """Seconds an offering that ran short of capacity is left out of plans."""
+    kueue_quota_fallback: bool
+    """Queued jobs: re-plan without an offering whose Kueue flavor has no quota left (queueing.no_quota)."""
     backoff_limit: int
     """Worker failures retried before the job is Failed."""
     master_port: int
@@ -542,6 +544,32 @@ class Reconciler:
             ctx.status.phase = Phase.PROVISIONING
             ctx.status.provisioning_started_at = ctx.now
             self._provisioning(ctx, request, nodes)
+            return
+        why = queueing.no_quota(ctx) if self.config.kueue_quota_fallback else None
+        if why is not None:
+            self._plan_within_quota(ctx, nodes, why)
+
+    def _plan_within_quota(self, ctx: StepContext, nodes: list[NodeState], why: str) -> None:
+        """The planned offering's flavor has no Kueue quota left: withdraw the gang, leave the
+        offering out for the back-off, and queue the next plan that meets the deadline (if any)."""
+        st = ctx.status
+        assert st.plan is not None
+        before = st.plan.summary
+        self._stop_gang(ctx, nodes)
+        st.unavailable.append(
+            UnavailableOffering(
+                instance_type=st.plan.instance_type,
+                capacity_type=st.plan.capacity_type,
+                until=ctx.now + timedelta(seconds=self.config.capacity_backoff_s),
+                reason=f"no Kueue quota: {why}",
+            )
+        )
+        st.plan = None
+        st.phase = Phase.PLANNING
+        if self._plan(ctx) and st.plan is not None:
+            st.plan.why = f"chosen within the Kueue quota left: {before} has none ({why}); {st.plan.why}"
+            ctx.event("Normal", "ReplannedWithinQuota", f"{before} -> {st.plan.summary}: {why}"[:1000])
+            self._begin_gang(ctx)
 
     def _split_nodes(self, request: NodeRequest, nodes: list[NodeState]) -> tuple[list[NodeState], list[NodeState]]:
         """The live nodes of the current plan, and those of an earlier plan (to release), as the
