@@ -479,3 +479,33 @@ def test_the_charts_kueue_and_jobset_rbac_runs_a_queued_job(kq: Kueued, ns: str,
     finally:
         kubectl(e2e, "delete", "trainingjobs", "--all", "-n", ns, "--timeout=60s", check=False)
         subprocess.run(["helm", "uninstall", rel.name, "-n", ns], env=env, capture_output=True, check=False, timeout=120)
+
+
+def test_quota_fallback_moves_a_queued_job_to_the_plan_kueue_has_quota_for(kq: Kueued, ns: str, tmp_path: Path) -> None:
+    """With kueueQuotaFallback, the cheapest plan (p4d spot) has no quota left, so the job moves to
+    the next plan that meets the deadline (p4d on-demand), which Kueue admits and which runs."""
+    queue = kq.queue(ns, "gpu-cq-fallback", spot_quota=0, od_quota=2 * GPUS_PER_NODE)
+    env = kq.cluster.env()
+    e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
+    apply_crds(env, [ROOT / "crds" / "trainingjob.yaml", ROOT / "crds" / "gpuscalingpolicy.yaml"],
+               ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"])
+    op = OperatorProcess(e2e, ns, tmp_path / "operator.log", GPUSCALER_KUEUE_QUOTA_FALLBACK="true")
+    op.start()
+    try:
+        manifest = job_manifest("fallback", instance=P4D.name, gpus=2 * GPUS_PER_NODE)
+        manifest["spec"]["constraints"]["spot"] = "allowed"
+        manifest["spec"]["queueName"] = queue
+        manifest["spec"]["template"]["metadata"] = {"annotations": {POD_COMPLETE_DELAY_ANNOTATION: "1h"}}
+        apply(e2e, ns, manifest)
+        running = wait_phase(kq.custom, ns, "fallback", "Running", timeout=180)
+        st = running["status"]
+        assert st["capacityType"] == "on-demand" and st["queue"]["flavor"] == "a100-od"
+        assert st["plan"]["why"].startswith("chosen within the Kueue quota left: ")
+        assert "insufficient" in st["plan"]["why"] and "spot" in st["plan"]["why"].split(" has none")[0]
+        [left_out] = [u for u in st["unavailable"] if u["reason"].startswith("no Kueue quota")]
+        assert left_out["instanceType"] == P4D.name and left_out["capacityType"] == "spot"
+        assert st["attempt"] == 2  # the spot plan's JobSet was withdrawn, the on-demand one queued
+        kubectl(e2e, "delete", "trainingjob", "fallback", "-n", ns, "--timeout=90s")
+    finally:
+        op.stop()
+        print((tmp_path / "operator.log").read_text(errors="replace")[-4000:])
