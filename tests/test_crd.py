@@ -76,7 +76,7 @@ def test_status_subresource_and_printer_columns() -> None:
     version = crd.trainingjob_crd()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Phase", "GPUs", "Type", "Capacity", "Cost", "ETA", "Age"]
+    assert names == ["Phase", "GPUs", "Type", "Capacity", "Cost", "ETA", "Waiting", "Age"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["phase"]["enum"][0] == "Pending"
     assert set(status["conditions"]["items"]["required"]) >= {"type", "status", "lastTransitionTime"}

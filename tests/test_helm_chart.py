@@ -752,3 +752,28 @@ def test_every_dashboard_metric_is_defined_in_the_code() -> None:
     assert len(used) >= 8, used
     unknown = {n: t for n, t in used.items() if n not in defined and not n.startswith(EXTERNAL_PREFIXES)}
     assert not unknown, f"dashboard panels query metrics no code defines: {unknown}"
+
+
+KUEUE_RULES = {("kueue.x-k8s.io", res, v) for res in ("workloads", "localqueues") for v in ("get", "list", "watch")}
+KUEUE_CLUSTER_RULES = {
+    ("kueue.x-k8s.io", res, v) for res in ("resourceflavors", "clusterqueues") for v in ("get", "list", "watch")
+}
+JOBSET_RULES = {("jobset.x-k8s.io", "jobsets", v) for v in ("get", "list", "watch", "create", "delete")}
+
+
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster", "namespaced"])
+@pytest.mark.parametrize(("kueue", "jobset"), [(False, False), (True, False), (False, True), (True, True)])
+def test_kueue_and_jobset_toggles_add_exactly_their_rules(namespaced: bool, kueue: bool, jobset: bool) -> None:
+    docs = render(
+        "--set", f"kueue.enabled={str(kueue).lower()}", "--set", f"jobset.enabled={str(jobset).lower()}",
+        "--set", f"rbac.namespaced={str(namespaced).lower()}",
+    )
+    cluster = set(rules(one(docs, "ClusterRole")))
+    namespaced_rules = set(rules(one(docs, "Role"))) if namespaced else cluster
+    batch = {t for t in cluster | namespaced_rules if t[0] in ("kueue.x-k8s.io", "jobset.x-k8s.io")}
+    want = (KUEUE_RULES | KUEUE_CLUSTER_RULES if kueue else set()) | (JOBSET_RULES if jobset else set())
+    assert batch == want
+    assert (namespaced_rules >= KUEUE_RULES) is kueue and (namespaced_rules >= JOBSET_RULES) is jobset
+    assert (cluster >= KUEUE_CLUSTER_RULES) is kueue  # cluster-scoped objects: always the ClusterRole
+    # the operator never writes Kueue's objects: Kueue owns admission
+    assert not any(g == "kueue.x-k8s.io" and v not in ("get", "list", "watch") for g, _, v in batch)

@@ -71,6 +71,14 @@ GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 """The extended resource of the NVIDIA device plugin, and the key of the GPU nodes' taint."""
 
+COMPLETION_INDEX_LABEL: Final = "batch.kubernetes.io/job-completion-index"
+"""Kubernetes (Indexed Jobs): a pod's completion index, as a label and an annotation; the rank of a
+``runtime: jobset`` worker."""
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+"""JobSet controller: on the Jobs and pods of a JobSet, its name."""
+QUEUE_NAME_LABEL: Final = "kueue.x-k8s.io/queue-name"
+"""Kueue: the LocalQueue of a job (set by users; honoured on a TrainingJob like ``spec.queueName``)."""
+
 # ---------------------------------------------------------------------------------------- taints
 
 GPU_TAINT_KEY: Final = GPU_RESOURCE

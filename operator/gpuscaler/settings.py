@@ -40,6 +40,13 @@ class Settings(BaseSettings):
         ge=0,
         description="Seconds an offering that ran short of capacity is left out of plans.",
     )
+    kueue_quota_fallback: bool = Field(
+        default=False,
+        description=(
+            "Queued jobs: when Kueue has no quota left for the planned offering's flavor, re-plan without it "
+            "(for capacityBackoffS) and take the next plan that meets the deadline, saying so in the plan's why."
+        ),
+    )
     gpu_toleration_key: str = Field(
         default=names.GPU_RESOURCE, description="Taint key of GPU nodes that workers tolerate."
     )

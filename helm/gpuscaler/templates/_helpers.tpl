@@ -134,3 +134,37 @@ it); whole numbers are written without an exponent (Helm reads every number as a
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+RBAC rules of the batch integrations, on the namespaced objects of the watched namespaces (a
+ClusterRole in cluster mode, the Role in namespaced mode). docs/kueue-jobset.md lists them.
+*/}}
+{{- define "gpuscaler.batchRules" -}}
+{{- if .Values.kueue.enabled }}
+# Application (kueue.enabled): the gang's Kueue Workload is read for admission, the assigned
+# flavor and why it waits or was evicted; LocalQueues are read to say a named queue is missing.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads, localqueues]
+  verbs: [get, list, watch]
+{{- end }}
+{{- if .Values.jobset.enabled }}
+# Application (jobset.enabled): the gang of a runtime: jobset job is one JobSet, created, read
+# and deleted (re-created with the new shape after a re-plan; deleted with the job).
+- apiGroups: [jobset.x-k8s.io]
+  resources: [jobsets]
+  verbs: [get, list, watch, create, delete]
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules of the Kueue integration on cluster-scoped objects (always in the ClusterRole).
+*/}}
+{{- define "gpuscaler.kueueClusterRules" -}}
+{{- if .Values.kueue.enabled }}
+# Application (kueue.enabled): ResourceFlavors are read to name the flavor matching the plan's
+# GPU type and capacity type (their node labels), ClusterQueues to report quota in the reason.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors, clusterqueues]
+  verbs: [get, list, watch]
+{{- end }}
+{{- end }}

@@ -87,6 +87,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Capacity", "type": "string", "jsonPath": ".status.capacityType", "description": "on-demand or spot."},
     {"name": "Cost", "type": "number", "jsonPath": ".status.costUsd", "description": "US dollars so far."},
     {"name": "ETA", "type": "string", "jsonPath": ".status.eta", "description": "Time left."},
+    {"name": "Waiting", "type": "string", "jsonPath": ".status.queue.reason", "description": "Why Kueue has not admitted the gang (queued jobs only)."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -30,6 +30,8 @@ class Phase(StrEnum):
     """Accepted, not planned yet; or planned and suspended (``spec.suspend``)."""
     PLANNING = "Planning"
     """The planner is choosing (or re-choosing, after a capacity shortage) a plan."""
+    QUEUED = "Queued"
+    """Planned; the gang waits in its Kueue LocalQueue for admission (``status.queue.reason`` says why)."""
     PROVISIONING = "Provisioning"
     """The node pool is growing to the planned nodes."""
     STARTING = "Starting"
@@ -206,10 +208,25 @@ class ObservedStatus(StatusModel):
     )
 
 
+class QueueStatus(StatusModel):
+    """The job's gang in Kueue: which queue, which Workload, admitted or why it waits."""
+
+    name: str = Field(description="The LocalQueue (spec.queueName or the kueue.x-k8s.io/queue-name label).")
+    workload: str | None = Field(default=None, description="The Kueue Workload of the current gang, once Kueue made it.")
+    admitted: bool = Field(default=False, description="Kueue admitted the gang (quota reserved and admission checks passed).")
+    cluster_queue: str | None = Field(default=None, description="The ClusterQueue that admitted it.")
+    flavor: str | None = Field(default=None, description="The ResourceFlavor Kueue assigned to nvidia.com/gpu.")
+    expected_flavor: str | None = Field(
+        default=None, description="The ResourceFlavor that matches the plan's GPU type and capacity type (docs/kueue-jobset.md)."
+    )
+    reason: str = Field(default="", description="Why the gang waits or was evicted, from the Workload's conditions (a printer column).")
+    evictions: int = Field(default=0, ge=0, description="Kueue evictions and preemptions of this job so far.")
+
+
 class TrainingJobStatus(StatusModel):
     """The observed state of a TrainingJob (the ``status`` subresource)."""
 
-    phase: Phase = Field(default=Phase.PENDING, description="Pending, Planning, Provisioning, Starting, Running, Checkpointing, Recovering, Succeeded or Failed.")
+    phase: Phase = Field(default=Phase.PENDING, description="Pending, Planning, Queued, Provisioning, Starting, Running, Checkpointing, Recovering, Succeeded or Failed.")
     message: str = Field(default="", description="What is happening now, or why it failed.")
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
@@ -236,4 +253,5 @@ class TrainingJobStatus(StatusModel):
     recovery_seconds: float = Field(default=0, ge=0, description="Seconds from notices to Running again, in total.")
     unavailable: list[UnavailableOffering] = Field(default_factory=list, description="Offerings in capacity back-off.")
     nodes: list[str] = Field(default_factory=list, description="Names of the nodes the job holds.")
+    queue: QueueStatus | None = Field(default=None, description="Kueue admission of the gang (jobs with a queue only).")
     observed: ObservedStatus | None = Field(default=None, description="Observed performance vs the plan's prediction (progress annotations; Prometheus when configured).")

@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuscaler.inputs import StrictModel, shown
+from gpuscaler.names import QUEUE_NAME_LABEL
 
 API_GROUP = "gpuscaler.io"
 API_VERSION = "v1alpha1"
@@ -61,6 +62,19 @@ class PrecisionName(StrEnum):
     AMP = "amp"
     BF16 = "bf16"
     FP8 = "fp8"
+
+
+class WorkerRuntime(StrEnum):
+    """How the gang of workers runs (docs/kueue-jobset.md)."""
+
+    PODS = "pods"
+    """One pod per node, created by the operator (a job with a queue runs as a JobSet instead)."""
+    JOBSET = "jobset"
+    """One JobSet (JobSet controller, jobset.x-k8s.io/v1alpha2) with one replicated job of N workers."""
+
+
+QUEUE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A LocalQueue name (Kueue's queue-name label value, which must also be a DNS-1123 label)."""
 
 
 class TransformerSpec(Model):
@@ -278,6 +292,31 @@ class TrainingJobSpec(Model):
         default=None,
         description="Worker pod template (a core/v1 PodTemplateSpec): image, command, env, volumes.",
     )
+    queue_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        json_schema_extra={"pattern": QUEUE_NAME_PATTERN},
+        description=(
+            "Kueue LocalQueue (in the job's namespace) that admits the job's workers; the label "
+            "kueue.x-k8s.io/queue-name on the TrainingJob says the same. Nodes are provisioned only "
+            "once Kueue admits the gang."
+        ),
+    )
+    runtime: WorkerRuntime = Field(
+        default=WorkerRuntime.PODS,
+        description="pods: one pod per node (default); jobset: one JobSet of N workers (needs the JobSet controller). A job with a queue always runs as a JobSet.",
+    )
+
+    @field_validator("queue_name")
+    @classmethod
+    def _queue(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(QUEUE_NAME_PATTERN, v):
+            raise ValueError(
+                f"queueName {shown(v)} is not a LocalQueue name: lower-case letters, digits and '-', "
+                "starting and ending with a letter or digit, at most 63 characters"
+            )
+        return v
 
     @field_validator("max_duration")
     @classmethod
@@ -322,3 +361,35 @@ class TrainingJob(Model):
     kind: Literal["TrainingJob"] = "TrainingJob"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: TrainingJobSpec
+
+    @model_validator(mode="after")
+    def _one_queue(self) -> TrainingJob:
+        effective_queue(self.spec.queue_name, getattr(self.metadata, "labels", None))
+        return self
+
+
+def effective_queue(queue_name: str | None, labels: Any) -> str | None:
+    """The LocalQueue a job names: ``spec.queueName``, else its ``kueue.x-k8s.io/queue-name`` label.
+
+    Args:
+        queue_name: ``spec.queueName``.
+        labels: the TrainingJob's ``metadata.labels`` (a mapping, or None).
+
+    Returns:
+        The queue name, or None when the job names no queue (it is not admitted through Kueue).
+
+    Raises:
+        ValueError: the label is not a queue name, or the label and ``spec.queueName`` differ.
+    """
+    label = (labels or {}).get(QUEUE_NAME_LABEL) if isinstance(labels, dict) else None
+    if label is not None and (not isinstance(label, str) or not re.fullmatch(QUEUE_NAME_PATTERN, label)):
+        raise ValueError(
+            f"metadata.labels[{QUEUE_NAME_LABEL}] {shown(label)} is not a LocalQueue name: lower-case "
+            "letters, digits and '-', starting and ending with a letter or digit"
+        )
+    if queue_name is not None and label is not None and label != queue_name:
+        raise ValueError(
+            f"spec.queueName {shown(queue_name)} and label {QUEUE_NAME_LABEL}={shown(label)} name different "
+            "queues; give one, or the same in both"
+        )
+    return queue_name if queue_name is not None else label

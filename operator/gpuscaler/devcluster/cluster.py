@@ -158,7 +158,8 @@ def terminate(pids: dict[str, int], executables: dict[str, str] | None = None, t
     Only pids still running the recorded executable are signalled, so a reused pid is left alone.
     """
     execs = executables or {}
-    order = [c for c in reversed(COMPONENTS) if c in pids]
+    # add-ons (Kueue, JobSet: not in COMPONENTS) first, with the components that depend on etcd
+    order = [c for c in pids if c not in COMPONENTS] + [c for c in reversed(COMPONENTS) if c in pids]
     waves = [[c for c in order if c != "etcd"], [c for c in order if c == "etcd"]]
     for wave in waves:
         live = {c: pids[c] for c in wave if pid_alive(pids[c], execs.get(c))}
@@ -251,8 +252,11 @@ class Cluster:
         log: Log = _stderr,
         keep_data: bool = False,
         extra_args: dict[str, list[str]] | None = None,
+        addons: tuple[str, ...] = (),
     ) -> None:
         self.binaries = binaries or find_binaries()
+        self.addons = addons
+        """Add-ons (``kueue``, ``jobset``) started with the cluster (:mod:`gpuscaler.devcluster.addons`)."""
         self.name = name
         self.state_dir = (state_dir or state_root()) / name
         self.detach = detach
@@ -353,6 +357,21 @@ class Cluster:
         if self.data_dir is not None and not self.keep_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
+    def start_addons(self, names: tuple[str, ...], timeout: float = 180.0) -> None:
+        """Start Kueue and/or JobSet controllers in this running cluster (see
+        :func:`gpuscaler.devcluster.addons.start`); they stop with the cluster.
+
+        Raises:
+            ClusterError: an add-on is unknown, not built, or did not become ready.
+        """
+        from gpuscaler.devcluster import addons
+
+        try:
+            addons.start(self, names, timeout=timeout)
+        except addons.AddonError as err:
+            raise ClusterError(str(err)) from err
+        self._save_state()
+
     def wait(self) -> str:
         """Block until a component exits (foreground ``up``); return its name."""
         while True:
@@ -381,7 +400,9 @@ class Cluster:
 
                 signal.signal(sig, handler)
 
-    def _spawn(self, component: str, argv: list[str]) -> None:
+    def spawn(self, component: str, argv: list[str]) -> None:
+        """Start ``argv`` as the cluster's component ``component``: its own session, its log in
+        ``<data dir>/logs/<component>.log``, recorded in the state file and stopped with the cluster."""
         assert self.data_dir is not None
         argv = [*argv, *self.extra_args.get(component, [])]
         logf = (self.data_dir / "logs" / f"{component}.log").open("ab")
@@ -426,9 +447,11 @@ class Cluster:
             return ""
         return "\n".join(f"    {t}" for t in text)
 
-    def _wait_for(
+    def wait_for(
         self, component: str, check: Callable[[], bool], deadline: float, label: str | None = None
     ) -> None:
+        """Poll ``check`` until it is true; raise :class:`ClusterError` (with the component's log
+        tail) if ``component`` exits first or ``deadline`` (``time.monotonic()``) passes."""
         t0 = time.monotonic()
         while True:
             proc = self.procs.get(component)
@@ -456,7 +479,7 @@ class Cluster:
         # etcd
         etcd_url = f"http://127.0.0.1:{p['etcd']}"
         peer_url = f"http://127.0.0.1:{p['etcd-peer']}"
-        self._spawn(
+        self.spawn(
             "etcd",
             [
                 str(b.etcd),
@@ -472,10 +495,10 @@ class Cluster:
                 "--log-level=warn",
             ],
         )
-        self._wait_for("etcd", lambda: '"health":"true"' in _probe(f"{etcd_url}/health", None)[1], deadline)
+        self.wait_for("etcd", lambda: '"health":"true"' in _probe(f"{etcd_url}/health", None)[1], deadline)
 
         # kube-apiserver
-        self._spawn(
+        self.spawn(
             "kube-apiserver",
             [
                 str(b.kube_apiserver),
@@ -510,7 +533,7 @@ class Cluster:
         admin = pki.clients["admin"]
         ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
         ctx.load_cert_chain(str(admin.cert), str(admin.key))
-        self._wait_for(
+        self.wait_for(
             "kube-apiserver",
             lambda: _probe(f"{self.server}/readyz", ctx)[0] == 200,
             deadline,
@@ -530,7 +553,7 @@ class Cluster:
         os.replace(tmp_kc, self.kubeconfig)
 
         # scheduler, controller-manager, kwok: start together
-        self._spawn(
+        self.spawn(
             "kube-scheduler",
             [
                 str(b.kube_scheduler),
@@ -543,7 +566,7 @@ class Cluster:
                 "--leader-elect=false",
             ],
         )
-        self._spawn(
+        self.spawn(
             "kube-controller-manager",
             [
                 str(b.kube_controller_manager),
@@ -570,7 +593,7 @@ class Cluster:
         )
         kwok_cfg = d / "kwok.yaml"
         kwok_cfg.write_text(stages.kwok_config())
-        self._spawn(
+        self.spawn(
             "kwok",
             [
                 str(b.kwok),
@@ -586,15 +609,19 @@ class Cluster:
         insecure = _insecure_ctx()
         for comp in ("kube-scheduler", "kube-controller-manager"):
             url = f"https://127.0.0.1:{p[comp]}/healthz"
-            self._wait_for(comp, lambda url=url: _probe(url, insecure)[0] == 200, deadline)  # type: ignore[misc]
+            self.wait_for(comp, lambda url=url: _probe(url, insecure)[0] == 200, deadline)  # type: ignore[misc]
         kwok_url = f"http://127.0.0.1:{p['kwok']}/healthz"
-        self._wait_for("kwok", lambda: _probe(kwok_url, None)[0] == 200, deadline)
+        self.wait_for("kwok", lambda: _probe(kwok_url, None)[0] == 200, deadline)
         # The service-account controller creates "default" in every namespace; pods need it.
         sa_url = f"{self.server}/api/v1/namespaces/default/serviceaccounts/default"
-        self._wait_for(
+        self.wait_for(
             "kube-controller-manager", lambda: _probe(sa_url, ctx)[0] == 200, deadline, "default ServiceAccount"
         )
         self._save_state()
+        if self.addons:
+            t_addons = time.monotonic()
+            self.start_addons(self.addons, timeout=max(60.0, deadline - t_addons))
+            self.startup_seconds["addons"] = time.monotonic() - t_addons
 
 
 # --------------------------------------------------------------------------------------------

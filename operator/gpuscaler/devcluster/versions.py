@@ -19,6 +19,20 @@ ETCD_VERSION: Final = "v3.5.35"
 KWOK_VERSION: Final = "v0.8.0"
 """``sigs.k8s.io/kwok``: fake kubelet for the fake GPU nodes."""
 
+KUEUE_VERSION: Final = "v0.17.1"
+"""``sigs.k8s.io/kueue``: the Kueue controller (``cmd/kueue``), its CRDs and webhooks (``--with kueue``).
+
+The newest release the Go module proxy serves here (v0.17.0 and v0.17.1; no v0.17.2 or v0.18.x);
+its go.mod asks for Go 1.25, so it builds with the Go 1.26 toolchain."""
+
+JOBSET_VERSION: Final = "v0.12.0"
+"""``sigs.k8s.io/jobset``: the JobSet controller (the module's root ``main`` package), its CRD and
+webhooks (``--with jobset``).
+
+The proxy lists no versions of this module but serves exact ones: v0.11.0, v0.11.1 and v0.12.0
+answer, v0.11.2, v0.12.1 and v0.13.0 do not; v0.12.0 (go.mod: Go 1.26.0) is the newest
+that does and builds with Go 1.26."""
+
 HELM_VERSION: Final = "v3.22.0"
 """``helm.sh/helm/v3``: built with ``go install`` when the wheel below is not wanted."""
 

@@ -44,6 +44,7 @@ from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
 from gpuscaler.kube.client import Workers, load_config
+from gpuscaler.kube.gangs import Gangs
 from gpuscaler.kube.workers import pod_state, service_name
 from gpuscaler.names import FINALIZER, JOB_LABEL
 from gpuscaler.observe.controller import from_settings as observer_from_settings
@@ -106,6 +107,7 @@ def build(settings: Settings, api: Any) -> Operator:
         config,
         observer=observer_from_settings(settings, catalog),
         admission=admission.refusal,
+        gangs=Gangs(api),
     )
     return Operator(settings, catalog, policies, provider, workers, reconciler, {}, admission)
 
@@ -221,7 +223,8 @@ def reconcile(
             out = invalid_spec(current, err, generation)
             _teardown(op, namespace, name, pods, nodes, logger)
         else:
-            out = _step(op, Job(namespace, name, uid, generation, _creation(meta), spec), current, pods, nodes, kwargs)
+            job = Job(namespace, name, uid, generation, _creation(meta), spec, dict(meta.get("labels") or {}))
+            out = _step(op, job, current, pods, nodes, kwargs)
     old = current.model_dump(mode="json", by_alias=True, exclude_none=True)
     new = out.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     change = status_change(dict(status), new) if status else "state"
@@ -265,6 +268,8 @@ def _teardown(op: Operator, namespace: str, name: str, pods: list[Any], nodes: l
     for p in pods:
         op.workers.delete_pod(namespace, p.name)
     op.workers.delete_service(namespace, service_name(name))
+    if isinstance(op.reconciler.gangs, Gangs):  # runtime: jobset and queued jobs: their JobSets, every attempt
+        op.reconciler.gangs.delete_jobsets_of(namespace, job_label_value(namespace, name))
     gone = op.provider.release_nodes(JobRef(namespace, name), [n for n in nodes if not n.deleting])
     if gone:
         logger.info("released %d node(s): %s", len(gone), ", ".join(gone))

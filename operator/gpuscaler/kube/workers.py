@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuscaler.kube.reports import Rejected
 from gpuscaler.kube.reports import parse as parse_reports
-from gpuscaler.names import ATTEMPT_LABEL, GPU_RESOURCE, JOB_LABEL, RANK_LABEL
+from gpuscaler.names import ATTEMPT_LABEL, COMPLETION_INDEX_LABEL, GPU_RESOURCE, JOB_LABEL, RANK_LABEL
 from gpuscaler.runtime import constants as rc
 from gpuscaler.runtime.kube_reporter import ENV_POD_NAME, ENV_POD_NAMESPACE
 
@@ -311,7 +311,7 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
     name = meta.get("name", "")
     reported = parse_reports(name, ann)
-    rank = _int(labels.get(RANK_LABEL))
+    rank = _int(labels.get(RANK_LABEL, labels.get(COMPLETION_INDEX_LABEL)))
     disruption = next(
         (
             str(c.get("reason") or "DisruptionTarget")
