@@ -47,6 +47,7 @@ import yaml
 
 from gpuscaler.devcluster import certs
 from gpuscaler.devcluster.build import MANIFESTS_DIR
+from gpuscaler.errors import InvalidInputError, TemporaryError
 
 if TYPE_CHECKING:
     from gpuscaler.devcluster.cluster import Cluster
@@ -61,8 +62,12 @@ KUEUE_NAMESPACE = "kueue-system"
 JOBSET_NAMESPACE = "jobset-system"
 
 
-class AddonError(RuntimeError):
+class AddonError(TemporaryError, RuntimeError):
     """An add-on could not be started (the message carries its log tail)."""
+
+
+class UnknownAddonError(InvalidInputError, AddonError):
+    """An add-on name that is not one of :data:`ADDON_SPECS`, or one that is not built."""
 
 
 @dataclass(frozen=True)
@@ -377,11 +382,11 @@ def start(cluster: Cluster, names: Sequence[str], timeout: float = 180.0) -> Non
     assert cluster.data_dir is not None and cluster.pki is not None
     unknown = sorted(set(names) - set(ADDON_SPECS))
     if unknown:
-        raise AddonError(f"unknown add-on {', '.join(unknown)}: choose from {', '.join(ADDON_SPECS)}")
+        raise UnknownAddonError(f"unknown add-on {', '.join(unknown)}: choose from {', '.join(ADDON_SPECS)}")
     wanted = [a for n, a in ADDON_SPECS.items() if n in names]
     missing = [a.name for a in wanted if a.name not in cluster.binaries.addons]
     if missing:
-        raise AddonError(
+        raise UnknownAddonError(
             f"not built: {', '.join(missing)}; run `gpuscaler dev-cluster build --with {','.join(missing)}`"
         )
     deadline = time.monotonic() + timeout
