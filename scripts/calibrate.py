@@ -29,8 +29,8 @@ throughput metric pools the held-out rows' absolute errors.
 Reproducibility: the solver runs to tight tolerances on one BLAS thread, and numpy/scipy are pinned
 in the dev extra (what CI installs), so a refit gives the committed values to ~1e-6. ``--check``
 allows a documented tolerance on top (CHECK_LOG_TOLERANCE on each fitted value, CHECK_MAPE_TOLERANCE
-points on every error figure, in sample and cross-validated), so another solver version does not
-fail CI while any real change to the model, the data or the fit does. A refit takes ~3 s of CPU, the
+points on the in-sample errors, CHECK_CV_TOLERANCE points on the cross-validated ones), so another
+solver version does not fail CI while any real change to the model, the data or the fit does. A refit takes ~3 s of CPU, the
 cross-validation (20 refits) ~40 s: the fit evaluates the model through :class:`Batch`, the
 vectorised twin of ``combine`` (tests hold the two equal).
 """
@@ -62,7 +62,7 @@ from scipy.optimize import least_squares  # noqa: E402
 
 from gpuscaler.perfmodel import calibration  # noqa: E402
 from gpuscaler.perfmodel.model import StepTerms, combine  # noqa: E402
-from gpuscaler.perfmodel.parameters import FamilyParams, FittedParams, fitted_to_dict  # noqa: E402
+from gpuscaler.perfmodel.parameters import FamilyParams, FittedParams, constants, fitted_to_dict  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "operator/gpuscaler/perfmodel/data"
 OUT = DATA / "fitted.json"
@@ -85,18 +85,23 @@ FAMILY_FIELDS = (
     "host_s_per_item",
     "simt_fraction",
 )
-# Per family: start, lower and upper bound of each field: efficiencies in (0, 1], DRAM traffic
+# Per family: start, lower and upper bound of each field: efficiencies in (0, 1] (tensor: below), DRAM traffic
 # 0.1-50 x the stored activations, fp32 share of it under autocast 0.01-1, per-step cost 10 us -
 # 0.5 s, per-micro-batch launch cost at most 20 ms (a physical prior: the forward and backward of a
 # ~24-layer model launch ~1,000-3,000 kernels at ~5-10 us each), host time per item 10 ns - 1 ms,
 # share of FLOPs off the tensor cores 0.01% - 50% (start 2%).
+# The tensor efficiency is at most the measured maximum achievable matmul fraction of the A100
+# reference (constants.yaml reference_matmul_efficiency, ml-engineering MAMF 0.869): no family's
+# convolutions and GEMMs beat the best square BF16 matmul on the same GPU.
 FAMILY_START = (0.5, 0.6, 2.0, 0.005, 0.005, 0.3, 1e-5, 0.02)
 FAMILY_LO = (0.01, 0.01, 0.1, 1e-5, 1e-5, 0.01, 1e-8, 1e-4)
-FAMILY_HI = (1.0, 1.0, 50.0, 0.02, 0.5, 1.0, 1e-3, 0.5)
+FAMILY_HI = (constants()["compute"]["reference_matmul_efficiency"], 1.0, 50.0, 0.02, 0.5, 1.0, 1e-3, 0.5)
 MAX_NFEV = 2000
-SOLVER_TOLERANCES = {"ftol": 1e-12, "xtol": 1e-12, "gtol": 1e-12}
-"""Tight stopping tolerances: the fit stops at the optimum, not wherever a solver version's path
-happens to slow down, so fitted values agree across numpy/scipy versions far inside CHECK_TOLERANCE."""
+SOLVER_SETTINGS: dict[str, Any] = {"ftol": 1e-12, "xtol": 1e-12, "gtol": 1e-12, "x_scale": "jac"}
+"""Tight stopping tolerances and Jacobian-scaled steps: the fit stops at the optimum, not wherever a
+solver version's path happens to slow down (with unit scaling the A100-only fold stopped on xtol
+with a gradient norm of 3e-2 at a 0.3% higher cost), so fitted values agree across numpy/scipy
+versions far inside CHECK_LOG_TOLERANCE."""
 
 
 def unpack(x: np.ndarray, families: list[str], frameworks: list[str], workloads: list[str]) -> FittedParams:
@@ -157,7 +162,12 @@ class Batch:
         self.samples = self.b * self.k * self.gpus * col("samples_per_item")
 
     def throughput(
-        self, fam: np.ndarray, fw: np.ndarray, wl: np.ndarray, overlap: float, sync_s: float
+        self,
+        fam: np.ndarray,
+        fw: np.ndarray,
+        wl: np.ndarray,
+        overlap: float,
+        sync_s: float,
     ) -> np.ndarray:
         """Throughput of every row.
 
@@ -197,10 +207,15 @@ class Batch:
 
 
 def fit(rows: list[calibration.Row]) -> FittedParams:
-    """Least-squares fit of every free parameter on ``rows``."""
+    """Least-squares fit of every free parameter on ``rows``.
+
+    The solver vector (log space): per family FAMILY_FIELDS; per framework other than PyTorch its
+    throughput scale; per workload its scale; the overlap (a logit) and the synchronisation cost.
+    """
     families = sorted({r.workload.family for r in rows})
     frameworks = sorted({r.cfg.framework for r in rows} - {"pytorch"})
     workloads = sorted({r.workload.id for r in rows})
+    nf, nw = len(frameworks), len(workloads)
     x0: list[float] = []
     lo: list[float] = []
     hi: list[float] = []
@@ -208,11 +223,11 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
         x0 += [math.log(v) for v in FAMILY_START]
         lo += [math.log(v) for v in FAMILY_LO]
         hi += [math.log(v) for v in FAMILY_HI]
-    x0 += [0.0] * (len(frameworks) + len(workloads)) + [0.0, math.log(0.002)]
-    lo += [math.log(0.5)] * len(frameworks) + [math.log(0.25)] * len(workloads) + [-6.0, math.log(1e-6)]
-    hi += [math.log(2.0)] * len(frameworks) + [math.log(4.0)] * len(workloads) + [6.0, math.log(0.1)]
+    x0 += [0.0] * (nf + nw) + [0.0, math.log(0.002)]
+    lo += [math.log(0.5)] * nf + [math.log(0.25)] * nw + [-6.0, math.log(1e-6)]
+    hi += [math.log(2.0)] * nf + [math.log(4.0)] * nw + [6.0, math.log(0.1)]
     n_fam = len(FAMILY_FIELDS) * len(families)
-    w_offset = n_fam + len(frameworks)
+    w_offset = n_fam + nf
     log_measured = np.log(np.array([r.measured for r in rows]))
     fam_start = np.array(x0[:n_fam])
     batch = Batch([r.terms for r in rows])
@@ -223,15 +238,15 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
     def residuals(x: np.ndarray) -> np.ndarray:
         fam = np.exp(x[:n_fam]).reshape(len(families), len(FAMILY_FIELDS))
         fw[free_fw] = np.exp(x[n_fam:w_offset])
-        wl = np.exp(x[w_offset : w_offset + len(workloads)])
+        wl = np.exp(x[w_offset : w_offset + nw])
         overlap = 1 / (1 + math.exp(-x[-2]))
         pred = batch.throughput(fam, fw, wl, overlap, math.exp(x[-1]))
-        prior = math.sqrt(REG) * x[w_offset : w_offset + len(workloads)]
+        prior = math.sqrt(REG) * x[w_offset : w_offset + nw]
         fam_prior = math.sqrt(REG_FAMILY) * (x[:n_fam] - fam_start)
         return np.concatenate([np.log(pred) - log_measured, prior, fam_prior])
 
     result = least_squares(
-        residuals, np.array(x0), bounds=(lo, hi), method="trf", max_nfev=MAX_NFEV, **SOLVER_TOLERANCES
+        residuals, np.array(x0), bounds=(lo, hi), method="trf", max_nfev=MAX_NFEV, **SOLVER_SETTINGS
     )
     return unpack(result.x, families, frameworks, workloads)
 
@@ -304,9 +319,15 @@ CHECK_LOG_TOLERANCE = 0.01
 numpy/scipy/BLAS moves values by ~1e-6 (one vs two BLAS threads, measured); a change to the model,
 the data or the fit's settings moves at least one by far more."""
 CHECK_MAPE_TOLERANCE = 0.1
-"""--check: largest change of an error figure, in percentage points (in-sample MAPE and median,
-every cross-validated MAPE, median and log sigma): 0.1 pp, far above a solver's hair and far below
-any change to the model worth reporting (figures are quoted to 0.1%)."""
+"""--check: largest change of the in-sample MAPE and median, in percentage points: 0.1 pp, far above
+a solver's hair and below any change to the model worth reporting (figures are quoted to 0.1%)."""
+CHECK_CV_TOLERANCE = 1.0
+"""--check: largest change of a cross-validated MAPE, median or log sigma, in points (x100 for the
+log sigma). The 20 held-out refits are less determined than the full fit (a fold without AMP rows
+cannot pin the AMP parameters; the max() of exposed communication has kinks), so a refit on another
+summation order lands elsewhere in a flat valley: two BLAS threads instead of one moved 11 of the
+96 figures by 0.1-0.83 points, every fitted.json value by far less than 1% (measured). A model change
+worth keeping moves the pooled figures by more."""
 CHECKED_META = ("fit_mape_pct", "fit_median_ape_pct")
 CHECKED_CV = ("mape", "median_ape", "log_sigma")
 
@@ -348,7 +369,7 @@ def fitted_drift(committed: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
 
 
 def cv_drift(committed: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
-    """What differs beyond CHECK_MAPE_TOLERANCE between committed and fresh cross-validation errors
+    """What differs beyond CHECK_CV_TOLERANCE between committed and fresh cross-validation errors
     (every metric of every scheme; pair counts must match exactly).
 
     Returns:
@@ -365,7 +386,7 @@ def cv_drift(committed: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
         if k.endswith(".n"):
             bad = a != b
         else:
-            bad = k.rsplit(".", 1)[-1] in CHECKED_CV and abs(float(a) - float(b)) * 100 > CHECK_MAPE_TOLERANCE  # type: ignore[arg-type]
+            bad = k.rsplit(".", 1)[-1] in CHECKED_CV and abs(float(a) - float(b)) * 100 > CHECK_CV_TOLERANCE  # type: ignore[arg-type]
         if bad:
             problems.append(f"{k}: committed {a}, refit {b}")
     return problems
@@ -442,7 +463,7 @@ def main() -> int:
         action="store_true",
         help=(
             "refit and cross-validate; fail if a fitted value moved by more than CHECK_LOG_TOLERANCE or an "
-            "error figure by more than CHECK_MAPE_TOLERANCE points"
+            "error figure by more than CHECK_MAPE_TOLERANCE (in sample) / CHECK_CV_TOLERANCE points"
         ),
     )
     ap.add_argument("--holdout", action="store_true", help="print the cross-validated errors only")
@@ -465,8 +486,8 @@ def main() -> int:
             print(f"{len(problems)} value(s) drifted beyond the tolerances: run python scripts/calibrate.py", file=sys.stderr)
             return 1
         print(
-            f"fitted.json and cross_validation.json are up to date (values within {CHECK_LOG_TOLERANCE:.0%}, "
-            f"error figures within {CHECK_MAPE_TOLERANCE} points)"
+            f"fitted.json and cross_validation.json are up to date (fitted values within {CHECK_LOG_TOLERANCE:.0%}, "
+            f"in-sample errors within {CHECK_MAPE_TOLERANCE} and cross-validated within {CHECK_CV_TOLERANCE} points)"
         )
         return 0
     OUT.write_text(json.dumps(out, indent=2) + "\n")

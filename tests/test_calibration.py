@@ -100,14 +100,14 @@ def test_vectorised_fit_path_equals_the_model() -> None:
 
 
 def test_a_refit_on_another_solver_path_passes_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A solver that takes another path to the optimum (here: Jacobian-scaled steps, a different
+    """A solver that takes another path to the optimum (here: unit-scaled steps, a different
     start) lands within the tolerances --check allows, so a numpy/scipy change does not fail CI."""
     cal = _calibrate()
     rows, skipped = calibration.load_rows()
     solve = cal.least_squares
 
     def other_path(fun: Any, x0: Any, **kw: Any) -> Any:
-        return solve(fun, x0 + 0.05, x_scale="jac", **kw)
+        return solve(fun, x0 + 0.05, **{**kw, "x_scale": 1.0})
 
     monkeypatch.setattr(cal, "least_squares", other_path)
     fresh = cal.fitted_document(cal.fit(rows), rows, skipped, cal.inputs_sha256(rows))
@@ -149,10 +149,10 @@ def test_the_check_of_cross_validated_errors() -> None:
     cv = _cv()
     assert cal.cv_drift(cv, copy.deepcopy(cv)) == []
     hair = copy.deepcopy(cv)
-    hair["metrics"]["gpu_ratio"]["mape"] += 0.0004  # 0.04 points
+    hair["metrics"]["gpu_ratio"]["mape"] += 0.008  # 0.8 points: another BLAS thread count moved one so far
     assert cal.cv_drift(cv, hair) == []
     drift = copy.deepcopy(cv)
-    drift["schemes"]["gpu_transfer"]["scaling"]["mape"] += 0.005  # half a point
+    drift["schemes"]["gpu_transfer"]["scaling"]["mape"] += 0.015  # 1.5 points
     assert [p.split(":")[0] for p in cal.cv_drift(cv, drift)] == ["schemes.gpu_transfer.scaling.mape"]
     fewer = copy.deepcopy(cv)
     fewer["metrics"]["amp_speedup"]["n"] -= 1
