@@ -47,7 +47,9 @@ known (PyTorch DataLoader rate per vCPU, x the DALI factor with ``data_loader="d
 
 The parameter-free part of this (rates, bytes, link times) is :func:`step_terms`; the fitted part
 is :func:`combine`. Calibration computes the terms of each measured row once and refits only the
-combination.
+combination. The micro-batch-independent parts (memory of weights, gradients and optimizer state;
+achievable rates per GPU, precision and family; all-reduce time per link) are memoised, since the
+planner evaluates thousands of micro-batches and node counts of the same few workloads and GPUs.
 """
 
 from __future__ import annotations
