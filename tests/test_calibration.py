@@ -1,17 +1,24 @@
 """The committed calibration: the cross-validation file has the schema others read and was computed
-from the rows and model terms of this checkout; the held-out schemes really hold rows out."""
+from the rows and model terms of this checkout; the held-out schemes really hold rows out; the fit's
+fast path is the model itself; ``calibrate.py --check`` tolerates a solver's hair and fails on drift."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
 import sys
+import tomllib
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from gpuscaler.perfmodel import calibration
+import pytest
+
+from gpuscaler.perfmodel import calibration, fitted
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,3 +67,101 @@ def test_every_scheme_holds_rows_out_and_keeps_rows_in() -> None:
         for _, held_out in parts:
             test = [held_out(r) for r in rows]
             assert 0 < sum(test) < len(rows)
+
+
+# ------------------------------------------------------------------ reproducibility of the fit
+
+
+def _fitted_json() -> dict[str, Any]:
+    text = (resources.files("gpuscaler.perfmodel") / "data" / "fitted.json").read_text("utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def test_vectorised_fit_path_equals_the_model() -> None:
+    """The fit evaluates the model through calibrate.Batch; it gives what ``combine`` gives, also
+    away from the committed values (every family, framework and workload parameter moved)."""
+    cal = _calibrate()
+    rows, _ = calibration.load_rows()
+    p = fitted()
+    moved = replace(
+        p,
+        families={
+            k: replace(f, tensor_efficiency=f.tensor_efficiency * 0.7, launch_overhead_s=f.launch_overhead_s * 2)
+            for k, f in p.families.items()
+        },
+        framework_scale={k: v * 1.1 for k, v in p.framework_scale.items()},
+        workload_scale={k: v * 0.9 for k, v in p.workload_scale.items()},
+        overlap=0.5,
+    )
+    batch = cal.Batch([r.terms for r in rows])
+    for params in (p, moved):
+        assert list(batch.predict(params)) == pytest.approx(calibration.predict(rows, params), rel=1e-12)
+
+
+def test_a_refit_on_another_solver_path_passes_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A solver that takes another path to the optimum (here: unit-scaled steps, a different
+    start) lands within the tolerances --check allows, so a numpy/scipy change does not fail CI."""
+    cal = _calibrate()
+    rows, skipped = calibration.load_rows()
+    solve = cal.least_squares
+
+    def other_path(fun: Any, x0: Any, **kw: Any) -> Any:
+        return solve(fun, x0 + 0.05, **{**kw, "x_scale": 1.0})
+
+    monkeypatch.setattr(cal, "least_squares", other_path)
+    fresh = cal.fitted_document(cal.fit(rows), rows, skipped, cal.inputs_sha256(rows))
+    committed = _fitted_json()
+    assert cal.fitted_drift(committed, fresh) == []
+    # ... and it did take another path: the values are not bit-identical.
+    assert fresh["families"] != committed["families"]
+
+
+def test_the_check_fails_on_real_drift() -> None:
+    cal = _calibrate()
+    committed = _fitted_json()
+    assert cal.fitted_drift(committed, copy.deepcopy(committed)) == []
+
+    hair = copy.deepcopy(committed)
+    hair["families"]["cnn"]["tensor_efficiency"] *= 1 + 1e-5
+    hair["meta"]["fit_mape_pct"] += 0.01
+    assert cal.fitted_drift(committed, hair) == []
+
+    drift = copy.deepcopy(committed)
+    drift["families"]["cnn"]["tensor_efficiency"] *= 1.03
+    assert [p.split(":")[0] for p in cal.fitted_drift(committed, drift)] == ["families.cnn.tensor_efficiency"]
+
+    worse = copy.deepcopy(committed)
+    worse["meta"]["fit_mape_pct"] += 0.5
+    assert [p.split(":")[0] for p in cal.fitted_drift(committed, worse)] == ["meta.fit_mape_pct"]
+
+    new_param = copy.deepcopy(committed)
+    new_param["workload_scale"]["gpt2-small"] = 1.0
+    assert cal.fitted_drift(committed, new_param) == ["workload_scale.gpt2-small: parameter set changed"]
+
+    other_data = copy.deepcopy(committed)
+    other_data["meta"]["data_sha256"] = "0" * 64
+    assert cal.fitted_drift(committed, other_data)
+
+
+def test_the_check_of_cross_validated_errors() -> None:
+    cal = _calibrate()
+    cv = _cv()
+    assert cal.cv_drift(cv, copy.deepcopy(cv)) == []
+    hair = copy.deepcopy(cv)
+    hair["metrics"]["gpu_ratio"]["mape"] += 0.008  # 0.8 points: another BLAS thread count moved one so far
+    assert cal.cv_drift(cv, hair) == []
+    drift = copy.deepcopy(cv)
+    drift["schemes"]["gpu_transfer"]["scaling"]["mape"] += 0.015  # 1.5 points
+    assert [p.split(":")[0] for p in cal.cv_drift(cv, drift)] == ["schemes.gpu_transfer.scaling.mape"]
+    fewer = copy.deepcopy(cv)
+    fewer["metrics"]["amp_speedup"]["n"] -= 1
+    assert [p.split(":")[0] for p in cal.cv_drift(cv, fewer)] == ["metrics.amp_speedup.n"]
+
+
+def test_ci_installs_the_solver_the_fit_was_made_with() -> None:
+    """The dev extra (scripts/test.sh installs it) pins numpy and scipy to what fitted.json records."""
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    pins = dict(p.split("==") for p in dev if p.startswith(("numpy", "scipy")))
+    assert set(pins) == {"numpy", "scipy"}, f"numpy and scipy must be pinned with == in the dev extra: {dev}"
+    assert _fitted_json()["meta"]["solver"] == f"numpy {pins['numpy']}, scipy {pins['scipy']}"

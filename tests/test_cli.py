@@ -93,3 +93,20 @@ def test_validate_reports_the_three_relative_errors() -> None:
 def test_catalog_lists(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["catalog", "instances"]) == 0
     assert "p4d.24xlarge" in capsys.readouterr().out
+
+
+def test_catalog_workloads_show_what_a_batch_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    """Token-unit workloads take batches in sequences or sentence pairs, and the catalog says so."""
+    assert main(["catalog", "workloads"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "batch unit" in table[0]
+    gnmt = next(line for line in table if line.startswith("gnmt "))
+    assert "tokens" in gnmt and "sentence pairs" in gnmt
+    assert main(["catalog", "workloads", "--json"]) == 0
+    rows = {w["id"]: w for w in json.loads(capsys.readouterr().out)["workloads"]}
+    assert (rows["transformerxl-base"]["batch_unit"], rows["transformerxl-base"]["unit"]) == ("sequences", "tokens")
+    assert rows["transformerxl-base"]["samples_per_item"] == rows["transformerxl-base"]["seq_len"] == 192
+    assert (rows["resnet50"]["batch_unit"], rows["resnet50"]["samples_per_item"]) == ("images", 1)
+    for what in ("gpus", "instances"):
+        assert main(["catalog", what, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[what]

@@ -117,3 +117,48 @@ def test_fit_error_is_reported_and_bounded() -> None:
     assert rep.overall.median < 20
     assert rep.scaling.median < 15
     assert set(rep.by["gpu"]) == {"A100-40GB", "A100-80GB", "V100-16GB", "V100-32GB"}
+
+
+def _grid() -> list[tuple[str, str, ParallelConfig]]:
+    """Configurations that differ from each other in one field at a time, across every field the
+    model's memos could key on (precision, GPUs, nodes, sharding, checkpointing, links, network)."""
+    out = []
+    for wid in ("resnet50", "maskrcnn", "bert-large-seq512", "transformerxl-base", "llama-7b"):
+        for gid in ("V100-16GB", "A100-80GB", "H100-80GB-SXM", "L4", "MI300X"):
+            for prec in (Precision.FP32, Precision.AMP, Precision.FP8):
+                for gpn, nodes, net in ((1, 1, None), (8, 1, None), (8, 2, 400.0), (8, 2, 3200.0), (4, 4, 100.0)):
+                    for zero, ckpt in ((0, False), (0, True), (3, True)):
+                        for link, link_gbs in ((None, None), ("pcie4", 31.5)):
+                            out.append((wid, gid, ParallelConfig(
+                                micro_batch=4, precision=prec, gpus_per_node=gpn, nodes=nodes, network_gbps=net,
+                                zero_stage=zero, activation_checkpointing=ckpt, intra_link=link,
+                                intra_link_gbs=link_gbs, accumulation=2,
+                            )))  # fmt: skip
+    return out
+
+
+def _outcome(wid: str, gid: str, cfg: ParallelConfig) -> str:
+    try:
+        return repr(estimate(CAT.workload(wid), CAT.gpu(gid), cfg))
+    except PrecisionUnsupportedError as e:
+        return str(e)
+
+
+def test_memoised_terms_never_answer_for_another_configuration() -> None:
+    """The model memoises its micro-batch-independent parts for planning speed: every estimate is
+    the same whether computed first on empty memos or after all the others filled them in the
+    opposite order (a field missing from a memo's key would hand one configuration another's
+    answer), and the same as with the memos off."""
+    from gpuscaler.perfmodel import model
+
+    memos = (model._memory_form, model._rates, model._allreduce_cached)
+    grid = _grid()
+    cold = []
+    for wid, gid, cfg in grid:
+        for memo in memos:
+            memo.cache_clear()
+        cold.append(_outcome(wid, gid, cfg))
+    warm = [_outcome(wid, gid, cfg) for wid, gid, cfg in reversed(grid)][::-1]
+    assert warm == cold
+    assert sum(memo.cache_info().hits for memo in memos) > len(grid)  # the memos were used
+    assert len(set(cold)) > len(grid) // 2  # the grid's configurations really differ

@@ -21,7 +21,7 @@ import sys
 import textwrap
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from dataclasses import field as _field
 from typing import Any
 
@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from gpuscaler import __version__
 from gpuscaler.api import TrainingJob
-from gpuscaler.catalog import CatalogError, Precision, UnknownIdError, load_catalog
+from gpuscaler.catalog import CatalogError, Precision, UnknownIdError, Workload, load_catalog
 from gpuscaler.errors import ErrorKind, GpuscalerError
 from gpuscaler.inputs import (
     InputError,
@@ -710,8 +710,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------- catalog
 
 
+def _workload_dict(w: Workload) -> dict[str, object]:
+    """A workload profile as ``catalog workloads --json`` prints it."""
+    return {
+        "id": w.id,
+        "aliases": list(w.aliases),
+        "family": w.family,
+        "unit": w.unit,
+        "batch_unit": w.item,
+        "samples_per_item": w.samples_per_item,
+        "params": w.params,
+        "flops_per_sample": w.flops_per_sample,
+        "activation_bytes_per_sample": w.activation_bytes_per_sample,
+        "seq_len": w.seq_len,
+        "optimizer": w.optimizer,
+        "default_global_batch": w.default_global_batch,
+        "samples_per_epoch": w.samples_per_epoch,
+        "source": w.source,
+    }
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     cat = load_catalog()
+    if args.json:
+        if args.what == "workloads":
+            items: list[dict[str, object]] = [_workload_dict(w) for w in cat.workloads]
+        else:
+            items = [asdict(x) for x in (cat.gpus if args.what == "gpus" else cat.instances)]
+        print(to_json({args.what: items}))
+        return 0
     if args.what == "gpus":
         rows: list[list[object]] = [
             [
@@ -769,6 +796,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                 w.id,
                 w.family,
                 w.unit,
+                w.item,
                 f"{w.params / 1e6:,.1f}M",
                 f"{w.flops_per_sample / 1e9:,.2f}",
                 f"{w.activation_bytes_per_sample / 1e6:,.1f}",
@@ -778,7 +806,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         ]
         print(
             _table(
-                ["workload", "family", "unit", "params", "GFLOPs/sample", "act MB/sample", "optimizer"], rows
+                ["workload", "family", "unit", "batch unit", "params", "GFLOPs/sample", "act MB/sample", "optimizer"],
+                rows,
             )
         )
     return 0
@@ -844,6 +873,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("catalog", help="list GPUs, instance types or workloads")
     sc.add_argument("what", choices=["gpus", "instances", "workloads"])
+    sc.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON ({WHAT: [...]}); workloads carry batch_unit, what a batch counts",
+    )
     sc.set_defaults(func=cmd_catalog)
 
     for register in _extensions():

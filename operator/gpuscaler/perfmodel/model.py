@@ -47,13 +47,16 @@ known (PyTorch DataLoader rate per vCPU, x the DALI factor with ``data_loader="d
 
 The parameter-free part of this (rates, bytes, link times) is :func:`step_terms`; the fitted part
 is :func:`combine`. Calibration computes the terms of each measured row once and refits only the
-combination.
+combination. The micro-batch-independent parts (memory of weights, gradients and optimizer state;
+achievable rates per GPU, precision and family; all-reduce time per link) are memoised, since the
+planner evaluates thousands of micro-batches and node counts of the same few workloads and GPUs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gpuscaler.catalog.models import GPU, Precision, Workload
 from gpuscaler.errors import InvalidInputError
@@ -63,6 +66,10 @@ GIB = 1024.0**3
 GB = 1e9
 SIXTEEN_BIT = ("fp16", "bf16", "fp8")
 DATA_LOADERS = ("pytorch", "dali")
+CACHE_SIZE = 8192
+"""Entries of each memo of the parameter-free, micro-batch-independent parts (per workload, GPU and
+precision or link): the planner evaluates thousands of micro-batches and node counts of the same
+few, so the memos hold a whole plan's working set."""
 
 
 class PrecisionUnsupportedError(InvalidInputError, ValueError):
@@ -195,21 +202,24 @@ def hardware_precision(gpu: GPU, precision: Precision) -> tuple[str, float]:
     return "fp8", gpu.fp8_tflops
 
 
-def memory_per_gpu(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> MemoryBreakdown:
-    """Bytes per GPU: weights, gradients, optimizer state (+ master weights), activations, overhead."""
+@lru_cache(maxsize=CACHE_SIZE)
+def _memory_form(
+    workload: Workload, precision: Precision, n: int, zero_stage: int, checkpointing: bool
+) -> tuple[float, float, float, float, float]:
+    """The micro-batch-independent part of :func:`memory_per_gpu`: weights, gradients and optimizer
+    bytes, stored activation bytes per item and the precision's activation scale."""
     c = constants()["memory"]
-    p = cfg.precision.value
-    n = cfg.gpus
+    p = precision.value
     params = workload.params
-    shard_opt = n if cfg.zero_stage >= 1 else 1
-    shard_grad = n if cfg.zero_stage >= 2 else 1
-    shard_w = n if cfg.zero_stage >= 3 else 1
+    shard_opt = n if zero_stage >= 1 else 1
+    shard_grad = n if zero_stage >= 2 else 1
+    shard_w = n if zero_stage >= 3 else 1
     weights = params * c["weight_bytes"][p] / shard_w
     grads = params * c["grad_bytes"][p] / shard_grad
     opt_bytes = c["optimizer_state_bytes"].get(workload.optimizer, 8) + c["master_weight_bytes"][p]
     optimizer = params * opt_bytes / shard_opt
     act_scale = c["activation_scale"][p]
-    if cfg.activation_checkpointing:
+    if checkpointing:
         if workload.shape is not None:
             per_item = workload.shape.checkpointed_activation_bytes_per_sequence()
         else:
@@ -220,6 +230,15 @@ def memory_per_gpu(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> MemoryB
             )
     else:
         per_item = workload.activation_bytes_per_sample * workload.samples_per_item
+    return weights, grads, optimizer, per_item, act_scale
+
+
+def memory_per_gpu(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> MemoryBreakdown:
+    """Bytes per GPU: weights, gradients, optimizer state (+ master weights), activations, overhead."""
+    weights, grads, optimizer, per_item, act_scale = _memory_form(
+        workload, cfg.precision, cfg.gpus, cfg.zero_stage, cfg.activation_checkpointing
+    )
+    c = constants()["memory"]
     activations = cfg.micro_batch * per_item * act_scale
     overhead = c["framework_overhead_gb"] * GB + c["fragmentation"] * activations
     capacity = gpu.memory_gb * GB * c["usable_fraction"]
@@ -256,24 +275,46 @@ def intra_node_busbw(gpu: GPU, cfg: ParallelConfig) -> float:
 
 def _allreduce(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> tuple[float, float]:
     """All-reduce seconds per step and the part of it (the last DDP bucket) that cannot overlap."""
-    n = cfg.gpus
-    if n <= 1:
+    if cfg.gpus <= 1:
         return 0.0, 0.0
+    return _allreduce_cached(
+        workload.params,
+        gpu,
+        cfg.gpus_per_node,
+        cfg.nodes,
+        cfg.zero_stage >= 3,
+        cfg.intra_link_gbs,
+        cfg.intra_link,
+        cfg.network_gbps,
+    )
+
+
+@lru_cache(maxsize=CACHE_SIZE)
+def _allreduce_cached(
+    params: float,
+    gpu: GPU,
+    g: int,
+    m: int,
+    zero3: bool,
+    intra_link_gbs: float | None,
+    intra_link: str | None,
+    network_gbps: float | None,
+) -> tuple[float, float]:
+    """:func:`_allreduce` of the fields it depends on: ``g`` GPUs per node, ``m`` nodes."""
     c = constants()["communication"]
-    grad_bytes = workload.params * c["allreduce_grad_bytes"]
-    volume = 3.0 if cfg.zero_stage >= 3 else 2.0  # ZeRO-3 adds a weight all-gather
+    grad_bytes = params * c["allreduce_grad_bytes"]
+    volume = 3.0 if zero3 else 2.0  # ZeRO-3 adds a weight all-gather
     t = 0.0
-    g = cfg.gpus_per_node
     if g > 1:
-        bw = intra_node_busbw(gpu, cfg)
+        link = ParallelConfig(1, gpus_per_node=g, intra_link_gbs=intra_link_gbs, intra_link=intra_link)
+        bw = intra_node_busbw(gpu, link)
         t += volume * (g - 1) / g * grad_bytes / bw + 2 * (g - 1) * c["hop_latency_s"]["intra"]
-    m = cfg.nodes
     if m > 1:
-        if not cfg.network_gbps:
+        if not network_gbps:
             raise ValueError(
                 "a multi-node configuration needs the instance's network bandwidth (network_gbps)"
             )
-        bw = cfg.network_gbps / 8.0 * GB * c["network_efficiency"]
+        bw = network_gbps / 8.0 * GB * c["network_efficiency"]
         t += volume * (m - 1) / m * grad_bytes / bw + 2 * (m - 1) * c["hop_latency_s"]["inter"]
     tail = t * min(1.0, c["ddp_bucket_bytes"] / grad_bytes)
     return t, tail
@@ -348,6 +389,28 @@ class StepTerms:
     batch_unit: str
 
 
+@lru_cache(maxsize=CACHE_SIZE)
+def _rates(gpu: GPU, precision: Precision, family: str) -> tuple[str, float, float]:
+    """What ``precision`` runs as on ``gpu`` for ``family``, its achievable FLOPS before wave
+    quantization (peak x derate x MAMF relative to the reference) and the non-tensor FP32 FLOPS.
+
+    Raises:
+        PrecisionUnsupportedError: the GPU lacks the precision.
+    """
+    cc = constants()["compute"]
+    hw, peak = hardware_precision(gpu, precision)
+    if hw == "fp8" and family not in cc["fp8_families"]:
+        hw, peak = ("bf16" if gpu.has_bf16 else "fp16"), gpu.fp16_tflops
+    derate = clock_derate(gpu)
+    rate = peak * 1e12 * derate
+    if hw != "fp32-simt":
+        ref = cc["reference_matmul_efficiency"]
+        rate *= (gpu.matmul_efficiency or ref) / ref
+        if hw == "fp8":
+            rate *= cc["fp8_relative_efficiency"]
+    return hw, rate, gpu.fp32_tflops * 1e12 * derate
+
+
 def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
     """The parameter-free terms of running ``workload`` on ``gpu`` as ``cfg`` says.
 
@@ -361,17 +424,8 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
     if cfg.data_loader not in DATA_LOADERS:
         raise ValueError(f"data_loader {cfg.data_loader!r}: use one of {', '.join(DATA_LOADERS)}")
     cc = constants()["compute"]
-    hw, peak = hardware_precision(gpu, cfg.precision)
-    if hw == "fp8" and workload.family not in cc["fp8_families"]:
-        hw, peak = ("bf16" if gpu.has_bf16 else "fp16"), gpu.fp16_tflops
-    derate = clock_derate(gpu)
-    rate = peak * 1e12 * derate
+    hw, rate, simt_rate = _rates(gpu, cfg.precision, workload.family)
     tensor = hw != "fp32-simt"
-    if tensor:
-        ref = cc["reference_matmul_efficiency"]
-        rate *= (gpu.matmul_efficiency or ref) / ref
-        if hw == "fp8":
-            rate *= cc["fp8_relative_efficiency"]
     rate *= wave_efficiency(workload, gpu, cfg.micro_batch)
     sixteen = hw in SIXTEEN_BIT
     nchw = sixteen and not cfg.channels_last and workload.family in cc["channels_last_families"]
@@ -399,7 +453,7 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
         samples_per_item=per_item,
         flops_per_item=flops,
         rate=rate,
-        simt_rate=gpu.fp32_tflops * 1e12 * derate,
+        simt_rate=simt_rate,
         tensor=tensor,
         sixteen_bit=sixteen,
         layout=cc["channels_last_speedup"] if nchw else 1.0,
