@@ -30,6 +30,16 @@ export PATH="$VENV/bin:$PATH" PYTHON GPUSCALER_REQUIRE_TORCH=1
 echo "==> installing gpuscaler and its dev dependencies into $VENV"
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev,train]'
 
+# Karpenter's kwok controller (e2e only; its build is registered by e2e/karpenter_helpers.py)
+# builds beside the static checks instead of inside the first test that needs it.
+echo "==> Karpenter's kwok controller for the e2e suite: built in the background (cached after the first build)"
+KARPENTER_LOG="$(mktemp)"
+(cd e2e && "$PYTHON" -c \
+  'import karpenter_helpers as k; from gpuscaler.devcluster import build; build.ensure(k.KARPENTER_KWOK)') \
+  >"$KARPENTER_LOG" 2>&1 &
+KARPENTER_PID=$!
+trap 'kill "$BUILD_PID" "$KARPENTER_PID" 2>/dev/null; rm -f "$BUILD_LOG" "$KARPENTER_LOG"' EXIT
+
 echo "==> static checks: ruff, mypy --strict, import-linter layers"
 "$PYTHON" -m ruff check operator tests e2e scripts benchmarks
 "$PYTHON" -m mypy
@@ -51,6 +61,13 @@ scripts/ci-prometheus.sh
 
 echo "==> shellcheck; e2e on an existing cluster (a dev cluster started separately, as a user's)"
 PYTHON="$PYTHON" scripts/ci-existing-cluster.sh
+
+echo "==> Karpenter's kwok controller (the background build's log, to its end)"
+tail -n +1 -f --pid="$KARPENTER_PID" "$KARPENTER_LOG"
+if ! wait "$KARPENTER_PID"; then
+  echo "building Karpenter's kwok controller failed (log above)" >&2
+  exit 1
+fi
 
 echo "==> tests: unit and end-to-end"
 set +e
