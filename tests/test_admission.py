@@ -14,7 +14,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.api.status import Phase
-from gpuscaler.handlers.reconcile import ADMISSION_CONDITION, Reconciler
+from gpuscaler.controller.reconcile import ADMISSION_CONDITION, Reconciler
 from gpuscaler.kube import admission
 from gpuscaler.kube.admission import POLICY_KIND, RECHECK_S, WorkerAdmission, contains, manifests
 from gpuscaler.kube.workers import WORKER_SERVICE_ACCOUNT

@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 from gpuscaler.api import Objective, TrainingJobSpec
 from gpuscaler.api.status import ObservedStatus, Phase, PlanStatus, Progress, TrainingJobStatus
 from gpuscaler.cloud import NodeState
-from gpuscaler.handlers import interruptions as spot
+from gpuscaler.controller import interruptions as spot
+from gpuscaler.controller.reconcile import Job, LoopConfig, Reconciler, plan_status
 from gpuscaler.handlers import metrics
-from gpuscaler.handlers.reconcile import Job, LoopConfig, Reconciler, plan_status
 from gpuscaler.kube.workers import pod_state
 from gpuscaler.planner import choose_recovery, plan, remaining_spec, survivors_spec
 from gpuscaler.policy import Policy

@@ -10,7 +10,7 @@ import pytest
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Condition, ObservedStatus, TrainingJobStatus
 from gpuscaler.catalog import load_catalog
-from gpuscaler.handlers.reconcile import plan_status
+from gpuscaler.controller.reconcile import plan_status
 from gpuscaler.observe.assess import (
     Expectation,
     JobMetrics,

@@ -10,7 +10,7 @@ import pytest
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Condition, TrainingJobStatus
 from gpuscaler.catalog import load_catalog
-from gpuscaler.handlers.reconcile import plan_status
+from gpuscaler.controller.reconcile import plan_status
 from gpuscaler.observe.controller import JobContext, ObserveConfig, Observer
 from gpuscaler.planner import plan, remaining_spec
 from gpuscaler.policy import Policy

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
-from gpuscaler.handlers.policy import PolicySource, PolicyUnavailableError
-from gpuscaler.handlers.reconcile import Outcome
-from gpuscaler.handlers.trainingjob import POLICY_INVALID, invalid_spec, policy_invalid, policy_unavailable
+from gpuscaler.controller.outcomes import POLICY_INVALID, invalid_spec, policy_invalid, policy_unavailable
+from gpuscaler.controller.policy import PolicySource, PolicyUnavailableError
+from gpuscaler.controller.reconcile import Outcome
 
 
 def rewrite(path: Path, text: str) -> None:

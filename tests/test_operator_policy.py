@@ -12,11 +12,10 @@ import pytest
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import load_catalog
-from gpuscaler.handlers.policy import (
+from gpuscaler.controller.policy import (
     Governance,
     PolicySource,
     PolicyViolationError,
-    current,
     gated_plan,
     namespace_usage,
 )
@@ -32,11 +31,7 @@ def spec(**kw: Any) -> TrainingJobSpec:
 
 
 def run(s: TrainingJobSpec, policy: Policy, usage: NamespaceUsage | None = None) -> Any:
-    token = current.set(Governance(policy, usage or NamespaceUsage()))
-    try:
-        return gated_plan(s, CAT, "job", None, frozenset())
-    finally:
-        current.reset(token)
+    return gated_plan(s, CAT, "job", None, frozenset(), governance=Governance(policy, usage or NamespaceUsage()))
 
 
 def test_no_governance_plans_like_the_cli() -> None:

@@ -13,7 +13,7 @@ from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import load_catalog
 from gpuscaler.cloud import InsufficientCapacityError, JobRef, NodeRequest, NodeState, Scheduling, node_names
 from gpuscaler.cloud.provider import job_label_value
-from gpuscaler.handlers.reconcile import Job, LoopConfig, Reconciler, format_duration, status_change
+from gpuscaler.controller.reconcile import Job, LoopConfig, Reconciler, format_duration, status_change
 from gpuscaler.kube.workers import PodState, pod_state, worker_pod
 from gpuscaler.planner import plan
 from gpuscaler.policy import Policy

@@ -13,7 +13,7 @@ import pytest
 
 from gpuscaler.api.status import Phase
 from gpuscaler.cloud import NodeState
-from gpuscaler.handlers.reconcile import preemption
+from gpuscaler.controller.reconcile import preemption
 from gpuscaler.kube.workers import pod_state
 from gpuscaler.runtime import constants as rc
 from test_operator_reconcile import World, make_job

@@ -1,7 +1,7 @@
 """One recovery decision: the same cases through the operator's re-plan and the simulator's strategy.
 
 ``gpuscaler.planner.recovery.recover`` is called by the reconcile loop (through
-``handlers.interruptions.replan``) and by the simulator's ``gpuscaler`` strategy; each feeds it its
+``controller.interruptions.replan``) and by the simulator's ``gpuscaler`` strategy; each feeds it its
 own planner (the loop's, the simulator's memoised one) and its own state (status, books). The table
 below drives both and asserts the same plan for the rest, and what that plan must be.
 """
@@ -15,8 +15,8 @@ import pytest
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase
-from gpuscaler.handlers import interruptions as spot
-from gpuscaler.handlers.reconcile import Job, plan_status
+from gpuscaler.controller import interruptions as spot
+from gpuscaler.controller.reconcile import Job, plan_status
 from gpuscaler.planner import Candidate, Interrupted, Situation, plan, recover
 from gpuscaler.policy import Policy
 from gpuscaler.policy.models import SpotRules

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpuscaler.api.status import NoticeStatus, Phase, Progress, TrainingJobStatus
-from gpuscaler.handlers.reconcile import REPORTS_CONDITION, Job
+from gpuscaler.controller.reconcile import REPORTS_CONDITION, Job
 from gpuscaler.kube import reports
 from gpuscaler.kube.workers import NO_RANK, pod_state
 from gpuscaler.runtime import constants as rc
@@ -227,7 +227,7 @@ def test_without_a_real_checkpoint_the_handshake_waits_for_the_deadline() -> Non
 
 def test_loss_refinement_uses_the_writers_checked_checkpoint() -> None:
     st = status(progress=Progress(step=130, checkpoint_step=100))
-    from gpuscaler.handlers import interruptions as spot
+    from gpuscaler.controller import interruptions as spot
     from test_interruptions import CFG
 
     spot.record(st, node="n0", signal="node-deleted", acked=False, now=T0, cfg=CFG)

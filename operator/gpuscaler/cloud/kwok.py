@@ -1,6 +1,6 @@
 """The kwok provider: a fake cloud that "launches" GPU nodes as kwok-played Node objects.
 
-Nodes are built by :mod:`gpuscaler.devcluster.nodes` from the catalog row of the instance type
+Nodes are built by :mod:`gpuscaler.cloud.kwok_nodes` from the catalog row of the instance type
 (GPU capacity, cloud labels, GPU taint), labelled ``gpuscaler.io/job=<ns>.<name>`` so scale-down
 finds them, annotated with their price, and registered NotReady: kwok makes them Ready after
 ``kwok_provisioning_delay_s`` (a cloud instance booting). ``kwok_capacity`` caps how many nodes
@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.cloud.kwok_nodes import GPU_TAINT, label_value, node_manifest
 from gpuscaler.cloud.provider import (
     CAPACITY_TYPE_LABEL,
     INSTANCE_TYPE_LABEL,
@@ -29,7 +30,6 @@ from gpuscaler.cloud.provider import (
     Scheduling,
     node_names,
 )
-from gpuscaler.devcluster.nodes import GPU_TAINT, label_value, node_manifest
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Final
 
-NODE_READY_DELAY_ANNOTATION: Final = "node-initialize.stage.kwok.x-k8s.io/delay"
-"""Node annotation: how long kwok waits before making the node Ready."""
+from gpuscaler.cloud.kwok_nodes import NODE_READY_DELAY_ANNOTATION
+
+__all__ = ["NODE_READY_DELAY_ANNOTATION", "POD_COMPLETE_DELAY_ANNOTATION", "STAGES_YAML"]
 
 POD_COMPLETE_DELAY_ANNOTATION: Final = "pod-complete.stage.kwok.x-k8s.io/delay"
 """Pod annotation: how long a Job's pod stays Running before kwok marks it Succeeded."""

@@ -1,6 +1,6 @@
 """kopf handlers of TrainingJobs: read the object, call the reconcile loop, write status and events.
 
-Registered in :mod:`gpuscaler.main`. The loop itself is :class:`gpuscaler.handlers.reconcile.Reconciler`;
+Registered in :mod:`gpuscaler.main`. The loop itself is :class:`gpuscaler.controller.reconcile.Reconciler`;
 these functions only translate: kopf bodies -> models, the indexes of the job's pods and nodes
 (kept by watches, so a reconcile makes no list calls) -> observed state, the outcome -> a status
 patch, Events and metrics. Domain errors become kopf errors in :mod:`gpuscaler.handlers.errors`.
@@ -22,29 +22,25 @@ from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
 from gpuscaler.cloud import JOB_LABEL, JobRef, NodePoolProvider, job_label_value, make_provider
-from gpuscaler.handlers import metrics
-from gpuscaler.handlers.errors import kopf_errors
-from gpuscaler.handlers.interruptions import SpotConfig, observe_node
-from gpuscaler.handlers.policy import (
+from gpuscaler.controller.interruptions import SpotConfig, observe_node
+from gpuscaler.controller.outcomes import invalid_spec, policy_invalid, policy_unavailable
+from gpuscaler.controller.policy import (
     Governance,
     PolicySource,
     PolicyUnavailableError,
-    PolicyViolationError,
     gated_plan,
     namespace_usage,
 )
-from gpuscaler.handlers.policy import current as governance
-from gpuscaler.handlers.reconcile import (
+from gpuscaler.controller.reconcile import (
     COST_REFRESH_S,
-    Event,
     Job,
     LoopConfig,
     Outcome,
     Reconciler,
-    set_condition,
     status_change,
 )
-from gpuscaler.inputs import format_validation, iter_fields
+from gpuscaler.handlers import metrics
+from gpuscaler.handlers.errors import kopf_errors
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
 from gpuscaler.kube.client import Workers, load_config
 from gpuscaler.kube.workers import pod_state, service_name
@@ -92,9 +88,10 @@ def build(settings: Settings, api: Any) -> Operator:
         unavailable: frozenset[tuple[str, str]],
         /,
         efficiency: Mapping[str, float] | None = None,
+        governance: Governance | None = None,
     ) -> PlanResult:
         with metrics.PLANNER.time():
-            return gated_plan(spec, catalog, name, deadline_h, unavailable, efficiency)
+            return gated_plan(spec, catalog, name, deadline_h, unavailable, efficiency, governance)
 
     config = LoopConfig(
         gang_timeout_s=settings.gang_timeout_s,
@@ -198,71 +195,6 @@ def governance_for(op: Operator, namespace: str, name: str, kwargs: dict[str, An
     return Governance(op.policies.for_namespace(namespace, bodies), usage)
 
 
-def policy_blocked(current: TrainingJobStatus, err: PolicyViolationError, generation: int) -> Outcome:
-    """The status of a job a policy stops: PolicyViolation with the rule and values, nothing provisioned."""
-    now = datetime.now(UTC)
-    st = current.model_copy(deep=True)
-    out = Outcome(st)
-    was = any(c.type == "PolicyViolation" and c.status == "True" for c in st.conditions)
-    set_condition(st, "PolicyViolation", True, err.rule, str(err), now, generation)
-    if st.phase in (Phase.PENDING, Phase.PLANNING):
-        st.phase = Phase.PENDING
-        st.message = f"not provisioned: {err}"
-    st.observed_generation = generation
-    if not was:
-        out.events.append(Event("Warning", "PolicyViolation", str(err)[:1000]))
-    return out
-
-
-def invalid_spec(current: TrainingJobStatus, err: ValidationError, generation: int) -> Outcome:
-    """The status of a job whose spec the models refuse (the CRD schema let it through: an older
-    CRD, a future field): Failed with the ``InvalidSpec`` condition naming each field, one Event."""
-    now = datetime.now(UTC)
-    st = current.model_copy(deep=True)
-    out = Outcome(st)
-    fields = ", ".join(dict.fromkeys(loc for loc, _, _ in iter_fields(err)))
-    message = format_validation(err, "spec").replace("\n  ", "; ").replace(":;", ":")
-    was = any(c.type == "Failed" and c.reason == "InvalidSpec" and c.status == "True" for c in st.conditions)
-    st.phase = Phase.FAILED
-    st.completion_time = st.completion_time or now
-    st.message = f"invalid spec ({fields}): {message}"[:1000]
-    set_condition(st, "Planned", False, "InvalidSpec", message, now, generation)
-    set_condition(st, "Failed", True, "InvalidSpec", message, now, generation)
-    st.observed_generation = generation
-    if not was:
-        out.events.append(Event("Warning", "InvalidSpec", st.message))
-    return out
-
-
-POLICY_INVALID = "PolicyInvalid"
-"""Condition type: a policy source (the file, a GPUScalingPolicy) is invalid; its last good version
-is in force, or, with none, the job is not planned."""
-
-
-def policy_invalid(st: TrainingJobStatus, errors: Mapping[str, str], out: Outcome, generation: int) -> None:
-    """Set (or clear) the ``PolicyInvalid`` condition from the policy source's errors; an Event when
-    it turns true."""
-    was = any(c.type == POLICY_INVALID and c.status == "True" for c in st.conditions)
-    if errors:
-        message = "; ".join(errors.values()).replace("\n  ", " ")[:1000]
-        set_condition(st, POLICY_INVALID, True, "InvalidPolicy", message, datetime.now(UTC), generation)
-        if not was:
-            out.events.append(Event("Warning", "InvalidPolicy", message))
-    elif was:
-        set_condition(st, POLICY_INVALID, False, "PoliciesValid", "every policy source is valid", datetime.now(UTC), generation)
-
-
-def policy_unavailable(current: TrainingJobStatus, err: PolicyUnavailableError, generation: int) -> Outcome:
-    """A job while no policy can be loaded: not planned (fail closed), phase kept until it can be."""
-    st = current.model_copy(deep=True)
-    out = Outcome(st)
-    if st.phase in (Phase.PENDING, Phase.PLANNING):
-        st.phase = Phase.PENDING
-        st.message = f"not planned: no valid policy in force: {err}"[:1000]
-    st.observed_generation = generation
-    return out
-
-
 def unfinished(status: kopf.Status, **_: Any) -> bool:
     """Timer filter: skip jobs that are done and hold no nodes."""
     return not (status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED) and not status.get("nodes"))
@@ -329,28 +261,11 @@ def _step(
 ) -> Outcome:
     """One reconcile step of a job with a valid spec, under the policies in force."""
     try:
-        token = governance.set(governance_for(op, job.namespace, job.name, kwargs))
+        governance = governance_for(op, job.namespace, job.name, kwargs)
     except PolicyUnavailableError as err:
         out = policy_unavailable(current, err, job.generation)
-        policy_invalid(out.status, op.policies.errors, out, job.generation)
-        return out
-    try:
-        out = op.reconciler.step(job, current, pods, nodes)
-    except PolicyViolationError as err:
-        out = policy_blocked(current, err, job.generation)
     else:
-        if any(c.type == "PolicyViolation" and c.status == "True" for c in out.status.conditions):
-            set_condition(
-                out.status,
-                "PolicyViolation",
-                False,
-                "Compliant",
-                "the job meets the policies in force",
-                datetime.now(UTC),
-                job.generation,
-            )
-    finally:
-        governance.reset(token)
+        out = op.reconciler.step(job, current, pods, nodes, governance)
     policy_invalid(out.status, op.policies.errors, out, job.generation)
     return out
 

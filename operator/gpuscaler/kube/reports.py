@@ -28,7 +28,7 @@ the checkpoint handshake and lets the gang stop and its nodes go. So nothing is 
   and release its nodes before the job has checkpointed.
 
 Rejected values are posted as a Warning Event and kept in the ``WorkerReports`` condition by the
-reconcile loop (:mod:`gpuscaler.handlers.reconcile`); this module is pure.
+reconcile loop (:mod:`gpuscaler.controller.reconcile`); this module is pure.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ below 2**53, so the value stays exact as a float and in JSON."""
 _INTEGER = re.compile(r"[0-9]{1,16}")
 _DECIMAL = re.compile(r"[0-9]{1,16}(\.[0-9]{1,16})?([eE]\+?[0-9]{1,2})?")
 _ACK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
-"""A checkpoint request id: what :func:`gpuscaler.handlers.interruptions.request_id` makes, or
+"""A checkpoint request id: what :func:`gpuscaler.controller.interruptions.request_id` makes, or
 any id of up to 63 characters of this alphabet."""
 SHOWN_CHARS = 40
 """A rejected value is quoted in Events and conditions up to this many characters."""

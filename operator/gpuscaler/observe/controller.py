@@ -1,6 +1,6 @@
 """Observed performance inside the reconcile loop: measure, correct the model, re-plan at a checkpoint.
 
-:class:`gpuscaler.handlers.reconcile.Reconciler` calls :meth:`Observer.step` on every tick of a
+:class:`gpuscaler.controller.reconcile.Reconciler` calls :meth:`Observer.step` on every tick of a
 Running job. The observer:
 
 1. acts on a pending re-plan as soon as the workers report a checkpoint newer than the one known

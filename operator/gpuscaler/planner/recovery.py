@@ -1,6 +1,6 @@
 """The one recovery decision: how to run the rest of a job after an interruption (or a shortage).
 
-Pure. Called by the operator (:func:`gpuscaler.handlers.interruptions.replan`, from the reconcile
+Pure. Called by the operator (:func:`gpuscaler.controller.interruptions.replan`, from the reconcile
 loop's Recovering phase) and by the simulator's ``gpuscaler`` strategy
 (:class:`gpuscaler.simulator.strategies.Gpuscaler`), so what the simulator measures is what the
 operator does. Each caller passes its own planner (:class:`PlanFn`): the operator's is the

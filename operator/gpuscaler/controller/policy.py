@@ -21,13 +21,14 @@ The gate wraps the planner the reconcile loop calls:
    to name the rule and the values;
 3. ``check_plan`` on the chosen plan, with what the namespace already holds (namespace GPU cap).
 
-A broken rule raises :class:`PolicyViolationError`; the handler turns it into the
-``PolicyViolation`` condition, keeps the job Pending and provisions nothing.
+A broken rule raises :class:`PolicyViolationError`; the reconcile step
+(:class:`gpuscaler.controller.reconcile.Reconciler`) turns it into the ``PolicyViolation``
+condition, keeps the job Pending and provisions nothing. The governance reaches the gate as an
+argument: the handler reads it for each step and passes it to the loop, which passes it on.
 """
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -195,13 +196,6 @@ class Governance:
     usage: NamespaceUsage
 
 
-current: contextvars.ContextVar[Governance | None] = contextvars.ContextVar(
-    "gpuscaler_governance", default=None
-)
-"""Set by the handler around one reconcile step; read by :func:`gated_plan` (the loop's planner
-knows the job, not its namespace's policy)."""
-
-
 def gated_plan(
     spec: TrainingJobSpec,
     catalog: Catalog,
@@ -209,13 +203,27 @@ def gated_plan(
     deadline_h: float | None,
     unavailable: frozenset[tuple[str, str]],
     efficiency: Mapping[str, float] | None = None,
+    governance: Governance | None = None,
 ) -> PlanResult:
-    """Plan under the governance in :data:`current` (no policy when unset).
+    """Plan under ``governance`` (no policy when None), the gate of the module docstring.
+
+    Args:
+        spec: The job's spec.
+        catalog: The instance catalog.
+        name: The job's name.
+        deadline_h: Hours left to the deadline (None: no deadline).
+        unavailable: Offerings in back-off, as (instance type, capacity type).
+        efficiency: Observed/model efficiency per GPU id (None: the model as is).
+        governance: The policy governing the job and its namespace's usage (the loop passes
+            what the handler read for this step).
+
+    Returns:
+        The planner's result under the policy.
 
     Raises:
         PolicyViolationError: the spec or the plan breaks a rule, or only the policy stops the job.
     """
-    gov = current.get()
+    gov = governance
     policy = gov.policy if gov else Policy()
     usage = gov.usage if gov else NamespaceUsage()
     before = check_job(spec.model_dump(mode="json", by_alias=True, exclude_none=True), policy, usage, catalog)

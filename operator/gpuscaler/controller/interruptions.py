@@ -1,6 +1,6 @@
 """Spot interruptions: detect a node's notice, checkpoint within it, re-plan what is left, resume.
 
-Called by :class:`gpuscaler.handlers.reconcile.Reconciler` (its Running, Checkpointing, Recovering
+Called by :class:`gpuscaler.controller.reconcile.Reconciler` (its Running, Checkpointing, Recovering
 and Starting phases) and by the node index of :mod:`gpuscaler.handlers.trainingjob`
 (:func:`observe_node`). Nothing here talks to the API server except through the worker client the
 loop passes in; what is decided is kept in the job's status (``notice``, ``interruptionHistory``,
@@ -42,7 +42,7 @@ from gpuscaler.api.status import (
 )
 from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION, NodeState, node_state
-from gpuscaler.handlers import policy as governance
+from gpuscaler.controller.policy import Governance
 from gpuscaler.kube.reports import trusted_report
 from gpuscaler.kube.workers import PodState
 from gpuscaler.planner import Interrupted, PlanResult, Situation, recover
@@ -60,9 +60,12 @@ Note = tuple[str, str, str]
 class Planner(Protocol):
     """The loop's planner (the reconcile loop and the re-plan after a notice share it).
 
-    (spec, name, hours left to the deadline, unavailable offerings[, efficiency per GPU id]) -> plan.
-    ``efficiency`` (observed / model throughput per GPU id, from ``status.observed``) is passed only
-    when the job has one, so a four-argument planner still serves jobs that were never observed.
+    (spec, name, hours left to the deadline, unavailable offerings[, efficiency per GPU id]
+    [, governance]) -> plan. ``efficiency`` (observed / model throughput per GPU id, from
+    ``status.observed``) is passed only when the job has one, so a four-argument planner still
+    serves jobs that were never observed; ``governance`` (the policy in force and the namespace's
+    usage, :class:`gpuscaler.controller.policy.Governance`) only when the handler passed one to
+    the step, so a planner that knows no policy serves an ungoverned loop.
     """
 
     def __call__(
@@ -73,6 +76,7 @@ class Planner(Protocol):
         unavailable: frozenset[tuple[str, str]],
         /,
         efficiency: Mapping[str, float] | None = None,
+        governance: Governance | None = None,
     ) -> PlanResult: ...
 
 
@@ -134,7 +138,7 @@ NOTICE_SOURCES: tuple[NoticeSource, ...] = (
     NoticeSource("node-deleted", "gone", "", 0.0, "node deleted without notice"),
     # A worker was preempted (it checkpointed on SIGTERM and exited 75 or reported the preempted
     # phase, or its pod has DisruptionTarget: evicted, or its node drained) and no notice was
-    # seen: resume from that checkpoint (gpuscaler.handlers.reconcile.preemption).
+    # seen: resume from that checkpoint (gpuscaler.controller.reconcile.preemption).
     NoticeSource("worker-preempted", "exit", "", 0.0, "worker preempted (exit 75, runtime phase preempted, or DisruptionTarget)"),
 )
 """Every interruption signal gpuscaler understands. When several apply to one node, the earliest
@@ -458,12 +462,6 @@ def recovered(st: TrainingJobStatus, now: datetime) -> str:
 # ------------------------------------------------------------------------------ re-planning
 
 
-def spot_rules() -> SpotRules:
-    """The spot rules of the policy governing this reconcile (the handler sets it), else defaults."""
-    gov = governance.current.get()
-    return gov.policy.spot if gov is not None else SpotRules()
-
-
 @dataclass
 class Replan:
     """The outcome of re-planning after an interruption."""
@@ -506,7 +504,7 @@ def replan(
         unavailable: Offerings in back-off, the reclaimed one included.
         planner: The loop's planner.
         survivors: Ready nodes of the plan not under notice (0: none to continue on).
-        rules: Spot rules (default: the governing policy's).
+        rules: Spot rules of the governing policy (None: the defaults).
         efficiency: Observed/model efficiency factors per GPU id (``status.observed.efficiency_by_gpu``):
             every planner call of the re-plan uses the corrected model (None or empty: the model as is).
         spent_usd: What the job has cost so far (``status.costUsd``): the budget left is the rest's.
@@ -531,7 +529,7 @@ def replan(
         spent_usd=spent_usd,
         unavailable=unavailable,
         survivors=survivors,
-        rules=rules or spot_rules(),
+        rules=rules or SpotRules(),
     )
     rec = recover(situation, call)
     result = rec.result

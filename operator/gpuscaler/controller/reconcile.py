@@ -19,6 +19,7 @@ Phases (``status.phase``) and what moves them::
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -43,8 +44,9 @@ from gpuscaler.cloud import (
     NodeState,
     node_names,
 )
-from gpuscaler.handlers import interruptions as spot
-from gpuscaler.handlers.interruptions import Planner
+from gpuscaler.controller import interruptions as spot
+from gpuscaler.controller.interruptions import Planner
+from gpuscaler.controller.policy import Governance, PolicyViolationError
 from gpuscaler.kube.reports import TrustedReport, trusted_report
 from gpuscaler.kube.reports import summary as report_summary
 from gpuscaler.kube.workers import (
@@ -67,6 +69,8 @@ ADMISSION_CONDITION = "WorkerAdmissionPolicy"
 """Condition False while workers wait for the admission policy that confines their account."""
 REPORTS_CONDITION = "WorkerReports"
 """Condition False while a worker's annotation values are being ignored (gpuscaler.kube.reports)."""
+POLICY_VIOLATION = "PolicyViolation"
+"""Condition True while a policy rule stops the job (:class:`gpuscaler.controller.policy.PolicyViolationError`)."""
 CHECKPOINT_WAIT_S = 30.0
 """Longest wait for a requested checkpoint: GKE's notice is 30 s, so the handshake must fit in it."""
 
@@ -139,7 +143,7 @@ class LoopConfig:
     master_port: int = 29500
     default_image: str = "python:3.11-slim"
     spot: spot.SpotConfig = field(default_factory=spot.SpotConfig)
-    """Interruption handling (:mod:`gpuscaler.handlers.interruptions`)."""
+    """Interruption handling (:mod:`gpuscaler.controller.interruptions`)."""
 
 
 def format_duration(seconds: float) -> str:
@@ -221,6 +225,36 @@ def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatu
     )
 
 
+@dataclass
+class StepContext:
+    """One step of one job: what the loop observed, what it decides, and when.
+
+    Built once by :meth:`Reconciler.step`; every phase method takes it instead of the same
+    job, status, pods, nodes, outcome and clock reading.
+    """
+
+    job: Job
+    status: TrainingJobStatus
+    """The status being decided: a deep copy of the one read, the same object as ``out.status``."""
+    pods: list[PodState]
+    """The job's worker pods (pods another job with the same name owned are left out)."""
+    nodes: list[NodeState]
+    """Every node of the job as observed, priced (the current plan's and an earlier plan's)."""
+    now: datetime
+    """The clock, read once per step."""
+    out: Outcome
+    governance: Governance | None = None
+    """The policy governing the job and its namespace's usage (None: no policy, as the CLI plans)."""
+
+    def condition(self, ctype: str, status: bool, reason: str, message: str) -> None:
+        """Set a condition of the status now, at the job's generation (:func:`set_condition`)."""
+        set_condition(self.status, ctype, status, reason, message, self.now, self.job.generation)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        """Post an Event with this step's outcome."""
+        self.out.events.append(Event(type_, reason, message))
+
+
 class Reconciler:
     """One step of the loop for one job (see the module docstring for the phases)."""
 
@@ -250,51 +284,99 @@ class Reconciler:
     # ------------------------------------------------------------------------------ entry point
 
     def step(
-        self, job: Job, status: TrainingJobStatus, pods: list[PodState], nodes: list[NodeState]
+        self,
+        job: Job,
+        status: TrainingJobStatus,
+        pods: list[PodState],
+        nodes: list[NodeState],
+        governance: Governance | None = None,
     ) -> Outcome:
-        """Decide and act once; returns the status to write and the events to post."""
+        """Decide and act once; returns the status to write and the events to post.
+
+        Args:
+            job: The TrainingJob (its spec valid).
+            status: Its status as read.
+            pods: Its worker pods as observed.
+            nodes: Its nodes as observed.
+            governance: The policy in force for the job's namespace and what the namespace holds
+                (None: no policy). A rule the job breaks sets the ``PolicyViolation`` condition,
+                keeps it Pending and provisions nothing; once it complies the condition turns False.
+
+        Returns:
+            The new status and the events to post.
+        """
         now = self.clock()
         st = status.model_copy(deep=True)
+        ctx = StepContext(
+            job=job,
+            status=st,
+            pods=[p for p in pods if p.owner_uid in (None, job.uid)],
+            nodes=[self._priced(n) for n in nodes],  # nodes a cloud named may carry no price annotation
+            now=now,
+            out=Outcome(st),
+            governance=governance,
+        )
+        try:
+            self._step(ctx)
+        except PolicyViolationError as err:
+            return self._policy_blocked(job, status, err, now)
+        if any(c.type == POLICY_VIOLATION and c.status == "True" for c in st.conditions):
+            ctx.condition(POLICY_VIOLATION, False, "Compliant", "the job meets the policies in force")
+        return ctx.out
+
+    def _policy_blocked(self, job: Job, status: TrainingJobStatus, err: PolicyViolationError, now: datetime) -> Outcome:
+        """The status of a job a policy stops: PolicyViolation with the rule and values, nothing provisioned."""
+        st = status.model_copy(deep=True)
         out = Outcome(st)
-        pods = [p for p in pods if p.owner_uid in (None, job.uid)]
-        nodes = [self._priced(n) for n in nodes]  # nodes a cloud named may carry no price annotation
+        was = any(c.type == POLICY_VIOLATION and c.status == "True" for c in st.conditions)
+        set_condition(st, POLICY_VIOLATION, True, err.rule, str(err), now, job.generation)
+        if st.phase in (Phase.PENDING, Phase.PLANNING):
+            st.phase = Phase.PENDING
+            st.message = f"not provisioned: {err}"
+        st.observed_generation = job.generation
+        if not was:
+            out.events.append(Event("Warning", "PolicyViolation", str(err)[:1000]))
+        return out
+
+    def _step(self, ctx: StepContext) -> None:
+        job, st, now = ctx.job, ctx.status, ctx.now
         st.unavailable = [u for u in st.unavailable if u.until > now]
         st.observed_generation = job.generation
 
         if st.phase.finished:
-            self._release(job, st, [n for n in nodes if not n.deleting], out, now)
-            self._cost(st, nodes, out, now)
-            return out
+            self._release(ctx, [n for n in ctx.nodes if not n.deleting])
+            self._cost(ctx)
+            return
 
         if job.spec.suspend and st.phase not in (Phase.PENDING, Phase.PLANNING):
-            self._stop_gang(job, st, pods, nodes, out, now)
+            self._stop_gang(ctx, ctx.nodes)
             st.phase = Phase.PENDING
-            out.events.append(Event("Normal", "Suspended", "spec.suspend is true: workers and nodes released"))
+            ctx.event("Normal", "Suspended", "spec.suspend is true: workers and nodes released")
 
         replan = st.plan is None or (
             st.phase in (Phase.PENDING, Phase.PLANNING) and st.plan.generation != job.generation
         )
-        if replan and not self._plan(job, st, out, now):
-            self._cost(st, nodes, out, now)
-            return out
+        if replan and not self._plan(ctx):
+            self._cost(ctx)
+            return
 
         if st.phase in (Phase.PENDING, Phase.PLANNING):
             if job.spec.suspend:
-                set_condition(st, "Suspended", True, "Suspended", "planned only: spec.suspend is true", now, job.generation)
+                ctx.condition("Suspended", True, "Suspended", "planned only: spec.suspend is true")
                 st.message = "suspended: the plan is in status.plan; set spec.suspend to false to start"
-                self._cost(st, nodes, out, now)
-                return out
-            set_condition(st, "Suspended", False, "Started", "spec.suspend is false", now, job.generation)
-            if self._workers_refused(job, st, out, now):
-                self._cost(st, nodes, out, now)
-                return out
-            self._begin_gang(st, out, now, first=st.attempt == 0)
+                self._cost(ctx)
+                return
+            ctx.condition("Suspended", False, "Started", "spec.suspend is false")
+            if self._workers_refused(ctx):
+                self._cost(ctx)
+                return
+            self._begin_gang(ctx)
 
         assert st.plan is not None
         request = self._request(job, st.plan)
-        current, stale = self._split_nodes(request, nodes)
+        current, stale = self._split_nodes(request, ctx.nodes)
         if stale:  # nodes of an earlier plan (a re-plan moved the job elsewhere): scale down
-            self._release(job, st, stale, out, now)
+            self._release(ctx, stale)
 
         handler = {
             Phase.PROVISIONING: self._provisioning,
@@ -303,11 +385,10 @@ class Reconciler:
             Phase.CHECKPOINTING: self._checkpointing,
             Phase.RECOVERING: self._recovering,
         }[st.phase]
-        handler(job, st, request, pods, current, out, now)
-        self._progress(job, st, pods, out, now)
-        spot.refine_loss(st, pods, now)
-        self._cost(st, nodes, out, now)
-        return out
+        handler(ctx, request, current)
+        self._progress(ctx)
+        spot.refine_loss(st, ctx.pods, now)
+        self._cost(ctx)
 
     # ------------------------------------------------------------------------------- planning
 
@@ -321,24 +402,25 @@ class Reconciler:
             limits.append((job.created + total - now).total_seconds() / 3600)
         return max(min(limits), 0.01) if limits else None
 
-    def _plan(self, job: Job, st: TrainingJobStatus, out: Outcome, now: datetime) -> bool:
+    def _plan(self, ctx: StepContext) -> bool:
+        job, st, now = ctx.job, ctx.status, ctx.now
         unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
         t0 = time.perf_counter()
         try:
-            result = self._call_planner(job, st, now, unavailable)
+            result = self._call_planner(ctx, job, unavailable)
         except (JobError, UnknownIdError, PrecisionUnsupportedError) as err:  # the spec names what is not there
             st.phase = Phase.FAILED
             st.completion_time = now
             st.message = f"cannot plan: {err}"
-            set_condition(st, "Planned", False, "InvalidSpec", str(err), now, job.generation)
-            set_condition(st, "Failed", True, "InvalidSpec", str(err), now, job.generation)
-            out.events.append(Event("Warning", "InvalidSpec", st.message[:1000]))
+            ctx.condition("Planned", False, "InvalidSpec", str(err))
+            ctx.condition("Failed", True, "InvalidSpec", str(err))
+            ctx.event("Warning", "InvalidSpec", st.message[:1000])
             return False
-        out.plan_seconds = time.perf_counter() - t0
-        out.planned = True
+        ctx.out.plan_seconds = time.perf_counter() - t0
+        ctx.out.planned = True
         if result.chosen is None:
             why = result.why + ("; " + "; ".join(result.hints) if result.hints else "")
-            set_condition(st, "Planned", False, "Infeasible", why, now, job.generation)
+            ctx.condition("Planned", False, "Infeasible", why)
             if unavailable:  # only short of capacity for now: plan again when the back-off ends
                 st.phase = Phase.PLANNING
                 st.plan = None
@@ -347,44 +429,78 @@ class Reconciler:
             st.phase = Phase.FAILED
             st.completion_time = now
             st.message = f"infeasible: {why}"
-            set_condition(st, "Failed", True, "Infeasible", why, now, job.generation)
-            out.events.append(Event("Warning", "Infeasible", why[:1000]))
+            ctx.condition("Failed", True, "Infeasible", why)
+            ctx.event("Warning", "Infeasible", why[:1000])
             return False
-        st.plan = plan_status(result, job.generation, now)
-        if st.observed is not None:
-            st.plan.efficiency_factor = st.observed.efficiency_by_gpu.get(st.plan.gpu_type, 1.0)
-        st.gpus = st.plan.gpus
-        st.instance_type = st.plan.instance_type
-        st.capacity_type = st.plan.capacity_type
-        set_condition(st, "Planned", True, "Planned", st.plan.summary, now, job.generation)
+        plan = self._adopt(ctx, result, "Planned")
         msg = (
-            f"{st.plan.summary}: expected {st.plan.expected_hours:.2f} h, ${st.plan.expected_cost_usd:,.2f} "
-            f"at ${st.plan.usd_per_hour:,.2f}/h; {result.why}"
+            f"{plan.summary}: expected {plan.expected_hours:.2f} h, ${plan.expected_cost_usd:,.2f} "
+            f"at ${plan.usd_per_hour:,.2f}/h; {result.why}"
         )
-        out.events.append(Event("Normal", "Planned", msg[:1000]))
+        ctx.event("Normal", "Planned", msg[:1000])
         if st.phase is Phase.PLANNING:
             st.phase = Phase.PENDING
         return True
 
+    def _adopt(
+        self, ctx: StepContext, result: PlanResult, reason: str, *, total_samples: float | None = None, why: str | None = None
+    ) -> PlanStatus:
+        """Make the planner's chosen candidate the job's plan (status.plan and the fields that
+        mirror it, its observed efficiency factor, the Planned condition).
+
+        Args:
+            ctx: The step.
+            result: A planner result with a chosen candidate.
+            reason: The Planned condition's reason (``Planned``, ``Replanned``).
+            total_samples: The whole job's samples, kept when ``result`` planned only the rest.
+            why: The plan's ``why`` instead of the planner's (a re-plan's action).
+
+        Returns:
+            The new plan.
+        """
+        st = ctx.status
+        plan = plan_status(result, ctx.job.generation, ctx.now)
+        if total_samples is not None:
+            plan.total_samples = total_samples
+        if why is not None:
+            plan.why = why
+        plan.efficiency_factor = (st.observed.efficiency_by_gpu if st.observed else {}).get(plan.gpu_type, 1.0)
+        st.plan = plan
+        st.gpus, st.instance_type, st.capacity_type = plan.gpus, plan.instance_type, plan.capacity_type
+        ctx.condition("Planned", True, reason, plan.summary)
+        ctx.out.planned = True
+        return plan
+
+    def _planner(self, ctx: StepContext) -> Planner:
+        """The loop's planner under the step's governance (passed only when there is one, so a
+        planner that knows no policy still serves an ungoverned loop)."""
+        gov = ctx.governance
+        if gov is None:
+            return self.planner
+
+        return functools.partial(self.planner, governance=gov)
+
     def _call_planner(
         self,
+        ctx: StepContext,
         job: Job,
-        st: TrainingJobStatus,
-        now: datetime,
         unavailable: frozenset[tuple[str, str]],
         efficiency: Mapping[str, float] | None = None,
     ) -> PlanResult:
-        """The planner with the job's observed efficiency factors (when it has any)."""
+        """The planner on ``job`` (the step's, or the rest of it) with the job's observed
+        efficiency factors (when it has any)."""
+        st = ctx.status
         eff = efficiency if efficiency is not None else (st.observed.efficiency_by_gpu if st.observed else {})
+        planner = self._planner(ctx)
+        deadline_h = self._deadline_hours(job, ctx.now)
         if eff:
-            return self.planner(job.spec, job.name, self._deadline_hours(job, now), unavailable, efficiency=eff)
-        return self.planner(job.spec, job.name, self._deadline_hours(job, now), unavailable)
+            return planner(job.spec, job.name, deadline_h, unavailable, efficiency=eff)
+        return planner(job.spec, job.name, deadline_h, unavailable)
 
-    def _observe(
-        self, job: Job, st: TrainingJobStatus, pods: list[PodState], out: Outcome, now: datetime
-    ) -> None:
+    def _observe(self, ctx: StepContext, pods: list[PodState]) -> None:
         """Observed performance of a Running job (gpuscaler.observe): status.observed, bottleneck
         conditions, model correction; at a checkpoint, move the gang to a cheaper plan if one is pending."""
+        job, st, now = ctx.job, ctx.status, ctx.now
         assert self.observer is not None and st.plan is not None
         unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
         report = trusted_report(st, pods)
@@ -407,41 +523,38 @@ class Reconciler:
             st,
             ckpt,
             now,
-            lambda eff: self._call_planner(rest, st, now, unavailable, eff),
+            lambda eff: self._call_planner(ctx, rest, unavailable, eff),
             context,
         )
-        out.events.extend(Event(*e) for e in res.events)
+        ctx.out.events.extend(Event(*e) for e in res.events)
         if res.replan is None or res.replan.chosen is None:
             return
         before = st.plan.summary
-        st.plan = plan_status(res.replan, job.generation, now)
-        st.plan.total_samples = total
-        st.plan.efficiency_factor = (st.observed.efficiency_by_gpu if st.observed else {}).get(st.plan.gpu_type, 1.0)
-        st.gpus, st.instance_type, st.capacity_type = st.plan.gpus, st.plan.instance_type, st.plan.capacity_type
-        set_condition(st, "Planned", True, "Replanned", st.plan.summary, now, job.generation)
+        plan = self._adopt(ctx, res.replan, "Replanned", total_samples=total)
         st.phase = Phase.RECOVERING  # workers go, then the gang starts on the new plan from the checkpoint
-        st.message = f"moving from {before} to {st.plan.summary} at checkpoint step {ckpt}"
-        set_condition(st, "Running", False, "Replanned", st.message, now, job.generation)
-        out.planned = True
+        st.message = f"moving from {before} to {plan.summary} at checkpoint step {ckpt}"
+        ctx.condition("Running", False, "Replanned", st.message)
 
-    def _workers_refused(self, job: Job, st: TrainingJobStatus, out: Outcome, now: datetime) -> bool:
+    def _workers_refused(self, ctx: StepContext) -> bool:
         """Whether workers may not start under the gpuscaler-worker account now (its admission
         policy missing: gpuscaler.kube.admission); then the job waits, with a condition and an Event."""
+        job, st = ctx.job, ctx.status
         why = self.admission() if self.admission is not None and uses_worker_account(job.spec.template) else None
         had = next((c for c in st.conditions if c.type == ADMISSION_CONDITION), None)
         if why is None:
             if had is not None and had.status == "False":
-                set_condition(st, ADMISSION_CONDITION, True, "PolicyInstalled", "the worker admission policy is in force", now, job.generation)
+                ctx.condition(ADMISSION_CONDITION, True, "PolicyInstalled", "the worker admission policy is in force")
             return False
         st.message = f"not starting workers: {why}"
         if had is None or had.status == "True":
-            out.events.append(Event("Warning", "WorkerAdmissionPolicyMissing", st.message[:1000]))
-        set_condition(st, ADMISSION_CONDITION, False, "PolicyMissing", why[:1000], now, job.generation)
+            ctx.event("Warning", "WorkerAdmissionPolicyMissing", st.message[:1000])
+        ctx.condition(ADMISSION_CONDITION, False, "PolicyMissing", why[:1000])
         return True
 
-    def _begin_gang(self, st: TrainingJobStatus, out: Outcome, now: datetime, first: bool) -> None:
+    def _begin_gang(self, ctx: StepContext) -> None:
+        st = ctx.status
         st.phase = Phase.PROVISIONING
-        st.provisioning_started_at = now
+        st.provisioning_started_at = ctx.now
         st.attempt += 1
         st.message = "provisioning nodes"
 
@@ -483,92 +596,71 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------- phases
 
-    def _gang_timed_out(self, st: TrainingJobStatus, now: datetime) -> bool:
-        started = st.provisioning_started_at or now
-        return (now - started).total_seconds() > self.config.gang_timeout_s
+    def _gang_timed_out(self, ctx: StepContext) -> bool:
+        started = ctx.status.provisioning_started_at or ctx.now
+        return (ctx.now - started).total_seconds() > self.config.gang_timeout_s
 
-    def _give_up_offering(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-        why: str,
-    ) -> None:
+    def _give_up_offering(self, ctx: StepContext, nodes: list[NodeState], why: str) -> None:
         """Release a partial gang, back off its offering, and re-plan without it."""
+        st = ctx.status
         assert st.plan is not None
-        self._stop_gang(job, st, pods, nodes, out, now)
+        self._stop_gang(ctx, nodes)
         st.unavailable.append(
             UnavailableOffering(
                 instance_type=st.plan.instance_type,
                 capacity_type=st.plan.capacity_type,
-                until=now + timedelta(seconds=self.config.capacity_backoff_s),
+                until=ctx.now + timedelta(seconds=self.config.capacity_backoff_s),
                 reason=why,
             )
         )
-        out.events.append(
-            Event(
-                "Warning",
-                "GangTimeout",
-                f"{why}; released {len(nodes)} node(s) and {len(pods)} worker(s); "
-                f"{st.plan.instance_type} {st.plan.capacity_type} left out for {self.config.capacity_backoff_s:g}s",
-            )
+        ctx.event(
+            "Warning",
+            "GangTimeout",
+            f"{why}; released {len(nodes)} node(s) and {len(ctx.pods)} worker(s); "
+            f"{st.plan.instance_type} {st.plan.capacity_type} left out for {self.config.capacity_backoff_s:g}s",
         )
-        set_condition(st, "NodesReady", False, "GangTimeout", why, now, job.generation)
+        ctx.condition("NodesReady", False, "GangTimeout", why)
         st.plan = None
         st.phase = Phase.PLANNING
-        if self._plan(job, st, out, now):
-            self._begin_gang(st, out, now, first=False)
+        if self._plan(ctx):
+            self._begin_gang(ctx)
 
-    def _provisioning(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        request: NodeRequest,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-    ) -> None:
+    def _provisioning(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
+        st = ctx.status
         short = ""
         try:
             created = self.provider.ensure_nodes(request, nodes)
         except InsufficientCapacityError as err:
             created, short = [], str(err)
         if created:
-            out.events.append(
-                Event(
-                    "Normal",
-                    "ScaledUp",
-                    f"requested {len(created)} x {request.instance.name} ({request.capacity.value}) "
-                    f"for {request.count} planned node(s): {', '.join(created[:5])}",
-                )
+            ctx.event(
+                "Normal",
+                "ScaledUp",
+                f"requested {len(created)} x {request.instance.name} ({request.capacity.value}) "
+                f"for {request.count} planned node(s): {', '.join(created[:5])}",
             )
         if not self.provider.manages_nodes or self.provider.provisions_for_pods:
             # pods first: static steers them onto existing nodes, Karpenter provisions for them;
             # the gang timeout then runs on the workers being scheduled and Running (_starting)
             st.phase = Phase.STARTING
-            self._starting(job, st, request, pods, nodes, out, now)
+            self._starting(ctx, request, nodes)
             return
         ready = [n for n in nodes if n.ready]
         st.nodes = sorted(n.name for n in nodes)
         if len(ready) >= request.count:
-            set_condition(st, "NodesReady", True, "NodesReady", f"{len(ready)} node(s) Ready", now, job.generation)
-            out.events.append(Event("Normal", "NodesReady", f"all {request.count} node(s) Ready"))
+            ctx.condition("NodesReady", True, "NodesReady", f"{len(ready)} node(s) Ready")
+            ctx.event("Normal", "NodesReady", f"all {request.count} node(s) Ready")
             st.phase = Phase.STARTING
-            self._starting(job, st, request, pods, nodes, out, now)
+            self._starting(ctx, request, nodes)
             return
         st.message = f"{len(ready)}/{request.count} nodes Ready" + (f"; {short}" if short else "")
-        set_condition(
-            st, "NodesReady", False, "InsufficientCapacity" if short else "Provisioning", st.message, now, job.generation
-        )
-        if self._gang_timed_out(st, now):
+        ctx.condition("NodesReady", False, "InsufficientCapacity" if short else "Provisioning", st.message)
+        if self._gang_timed_out(ctx):
             why = f"only {len(ready)} of {request.count} nodes arrived within {self.config.gang_timeout_s:g}s"
-            self._give_up_offering(job, st, pods, nodes, out, now, why + (f" ({short})" if short else ""))
+            self._give_up_offering(ctx, nodes, why + (f" ({short})" if short else ""))
 
-    def _worker_plan(self, job: Job, st: TrainingJobStatus, request: NodeRequest) -> WorkerPlan:
+    def _worker_plan(self, ctx: StepContext, request: NodeRequest) -> WorkerPlan:
+        job, st = ctx.job, ctx.status
         assert st.plan is not None
         sched = self.provider.scheduling(request)
         return WorkerPlan(
@@ -592,22 +684,14 @@ class Reconciler:
             template=job.spec.template,
         )
 
-    def _starting(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        request: NodeRequest,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-    ) -> None:
-        if self._lost(st, pods, nodes, out, now, job):
+    def _starting(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
+        job, st, pods = ctx.job, ctx.status, ctx.pods
+        if self._lost(ctx, nodes):
             return
-        wp = self._worker_plan(job, st, request)
+        wp = self._worker_plan(ctx, request)
         self.workers.create_if_absent(headless_service(wp))
         have = {p.rank for p in pods if not p.deleting}
-        if len(have) < request.count and self._workers_refused(job, st, out, now):
+        if len(have) < request.count and self._workers_refused(ctx):
             return  # the admission policy went away since the gang began: no new workers without it
         if len(have) < request.count and uses_worker_account(wp.template):
             # the workers' ServiceAccount and Role (KubeReporter patches its pod); before the pods,
@@ -616,43 +700,45 @@ class Reconciler:
                 self.workers.create_if_absent(body)
         made = [r for r in range(request.count) if r not in have and self.workers.create_if_absent(worker_pod(wp, r))]
         if made:
-            out.events.append(
-                Event("Normal", "WorkersCreated", f"created {len(made)} worker pod(s) (attempt {st.attempt})")
-            )
+            ctx.event("Normal", "WorkersCreated", f"created {len(made)} worker pod(s) (attempt {st.attempt})")
         running = [p for p in pods if p.running or p.succeeded]
         if len(running) >= request.count:
             first = st.start_time is None
-            st.start_time = st.start_time or now
+            st.start_time = st.start_time or ctx.now
             st.phase = Phase.RUNNING
             st.message = f"{request.count} worker(s) running"
-            set_condition(st, "Running", True, "Started", st.message, now, job.generation)
+            ctx.condition("Running", True, "Started", st.message)
             reason, verb = ("Started", "started") if first else ("Recovered", "recovered and resumed")
-            after = "" if first else spot.recovered(st, now)
-            out.events.append(
-                Event("Normal", reason, f"all {request.count} worker(s) {verb} on {request.instance.name}"
-                      + (f" ({after})" if after else ""))
+            after = "" if first else spot.recovered(st, ctx.now)
+            ctx.event(
+                "Normal",
+                reason,
+                f"all {request.count} worker(s) {verb} on {request.instance.name}" + (f" ({after})" if after else ""),
             )
-            self._running(job, st, request, pods, nodes, out, now)
+            self._running(ctx, request, nodes)
             return
         st.message = f"{len(running)}/{request.count} workers running"
         if self.provider.provisions_for_pods:
-            self._nodes_for_pods(job, st, request, nodes, out, now)
-        if self._gang_timed_out(st, now):
+            self._nodes_for_pods(ctx, request, nodes)
+        if self._gang_timed_out(ctx):
             why = f"only {len(running)} of {request.count} workers started within {self.config.gang_timeout_s:g}s"
-            self._give_up_offering(job, st, pods, nodes, out, now, why)
+            self._give_up_offering(ctx, nodes, why)
 
-    def _nodes_for_pods(
-        self, job: Job, st: TrainingJobStatus, request: NodeRequest, nodes: list[NodeState], out: Outcome, now: datetime
-    ) -> None:
+    def _nodes_for_pods(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
         """While the workers wait for nodes a provider launches for them: status.nodes, NodesReady."""
+        st = ctx.status
         st.nodes = sorted(n.name for n in nodes)
         ready = sum(n.ready for n in nodes)
         st.message += f"; {ready}/{request.count} nodes Ready"
         was = any(c.type == "NodesReady" and c.status == "True" for c in st.conditions)
-        set_condition(st, "NodesReady", ready >= request.count, "NodesReady" if ready >= request.count else "Provisioning",
-                      f"{ready}/{request.count} node(s) Ready", now, job.generation)
+        ctx.condition(
+            "NodesReady",
+            ready >= request.count,
+            "NodesReady" if ready >= request.count else "Provisioning",
+            f"{ready}/{request.count} node(s) Ready",
+        )
         if ready >= request.count and not was:
-            out.events.append(Event("Normal", "NodesReady", f"all {request.count} node(s) Ready"))
+            ctx.event("Normal", "NodesReady", f"all {request.count} node(s) Ready")
 
     def _preempted(self, pod: PodState, nodes: list[NodeState], now: datetime) -> str | None:
         """Why a failed worker counts as preempted (None: a failure), from what the operator knows."""
@@ -660,20 +746,13 @@ class Reconciler:
         going = node is not None and (node.deleting or spot.node_notice(node, now, self.config.spot) is not None)
         return preemption(pod, node_going=going)
 
-    def _lost(
-        self,
-        st: TrainingJobStatus,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-        job: Job,
-    ) -> bool:
+    def _lost(self, ctx: StepContext, nodes: list[NodeState]) -> bool:
         """A worker failed or its node went away: count it and move to Recovering (or Failed).
 
         A worker that was preempted (:func:`preemption`) is an interruption, counted against
         ``spot.maxInterruptions`` by the re-plan; only real failures count against backoffLimit.
         """
+        st, pods, now = ctx.status, ctx.pods, ctx.now
         present = {n.name for n in nodes}
         why_preempted = {p.name: self._preempted(p, nodes, now) for p in pods if p.failed}
         preempted = [p for p in pods if why_preempted.get(p.name)]
@@ -686,120 +765,97 @@ class Reconciler:
             p = failed[0]
             why = f"worker {p.name} failed (exit code {p.exit_code}, {p.reason or 'no reason'})"
             if st.failures > self.config.backoff_limit:
-                self._stop_gang(job, st, pods, nodes, out, now)
+                self._stop_gang(ctx, nodes)
                 st.phase = Phase.FAILED
                 st.completion_time = now
                 st.message = f"{why}; backoff limit {self.config.backoff_limit} reached"
-                set_condition(st, "Failed", True, "BackoffLimitExceeded", st.message, now, job.generation)
-                set_condition(st, "Running", False, "Failed", why, now, job.generation)
-                out.events.append(Event("Warning", "Failed", st.message))
+                ctx.condition("Failed", True, "BackoffLimitExceeded", st.message)
+                ctx.condition("Running", False, "Failed", why)
+                ctx.event("Warning", "Failed", st.message)
                 return True
             st.phase = Phase.RECOVERING
             st.message = f"{why}; restarting the gang (failure {st.failures} of {self.config.backoff_limit} allowed)"
-            out.events.append(Event("Warning", "WorkerFailed", st.message))
-            set_condition(st, "Running", False, "WorkerFailed", why, now, job.generation)
+            ctx.event("Warning", "WorkerFailed", st.message)
+            ctx.condition("Running", False, "WorkerFailed", why)
             return True
         if preempted or orphaned:
             names = ", ".join(p.name for p in (preempted or orphaned)[:3])
             st.phase = Phase.RECOVERING
             how = f"was preempted ({why_preempted[preempted[0].name]})" if preempted and not orphaned else "lost its node"
             st.message = f"interrupted: {names} {how}; resuming from the last checkpoint"
-            out.events.append(Event("Warning", "Interrupted", st.message))
-            set_condition(st, "Running", False, "Interrupted", st.message, now, job.generation)
+            ctx.event("Warning", "Interrupted", st.message)
+            ctx.condition("Running", False, "Interrupted", st.message)
             lost = (orphaned or preempted)[0]
             signal = "node-deleted" if orphaned else "worker-preempted"
             notes = spot.record(st, node=lost.node or "", signal=signal, acked=False, now=now, cfg=self.config.spot)
-            out.events.extend(Event(*n) for n in notes)
+            ctx.out.events.extend(Event(*n) for n in notes)
             return True
         return False
 
-    def _running(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        request: NodeRequest,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-    ) -> None:
+    def _running(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
+        st, pods, now = ctx.status, ctx.pods, ctx.now
         live = [p for p in pods if not p.deleting]
         if len(live) >= request.count and all(p.succeeded for p in live):
             st.phase = Phase.SUCCEEDED
             st.completion_time = now
             st.message = "every worker finished"
             st.eta = None
-            set_condition(st, "Running", False, "Completed", st.message, now, job.generation)
-            set_condition(st, "Complete", True, "Succeeded", st.message, now, job.generation)
-            self._release(job, st, nodes, out, now)
+            ctx.condition("Running", False, "Completed", st.message)
+            ctx.condition("Complete", True, "Succeeded", st.message)
+            self._release(ctx, nodes)
             took = format_duration((now - (st.start_time or now)).total_seconds())
-            out.events.append(Event("Normal", "Succeeded", f"training done in {took}; nodes released"))
+            ctx.event("Normal", "Succeeded", f"training done in {took}; nodes released")
             return
-        if self._lost(st, pods, nodes, out, now, job):
+        if self._lost(ctx, nodes):
             return
         if len(live) < request.count:  # a worker pod was deleted under us
             st.interruptions += 1
             st.phase = Phase.RECOVERING
             st.message = f"{request.count - len(live)} worker(s) disappeared; restarting the gang"
-            out.events.append(Event("Warning", "Interrupted", st.message))
+            ctx.event("Warning", "Interrupted", st.message)
             return
         notice = spot.detect(nodes, now, self.config.spot)
         if notice is not None:
-            self._interrupted(job, st, pods, nodes, notice, out, now)
+            self._interrupted(ctx, nodes, notice)
             return
         st.message = f"{request.count} worker(s) running"
         if self.observer is not None:
-            self._observe(job, st, live, out, now)
+            self._observe(ctx, live)
 
-    def _checkpointing(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        request: NodeRequest,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-    ) -> None:
-        done, acked = spot.handshake_done(st, pods, now, self.config.spot)
+    def _checkpointing(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
+        st = ctx.status
+        done, acked = spot.handshake_done(st, ctx.pods, ctx.now, self.config.spot)
         if done:
-            self._to_recovery(job, st, nodes, out, now, acked=acked)
+            self._to_recovery(ctx, nodes, acked=acked)
         elif st.notice is not None:
             left = f"until {st.notice.deadline:%H:%M:%S}" if st.notice.deadline else "(soft notice)"
             st.message = f"waiting for checkpoint {st.notice.request_id} {left}"
 
-    def _interrupted(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        notice: spot.Notice,
-        out: Outcome,
-        now: datetime,
-    ) -> None:
+    def _interrupted(self, ctx: StepContext, nodes: list[NodeState], notice: spot.Notice) -> None:
         """A node's notice: ask the workers for a checkpoint now, or on a hard loss recover at once."""
-        annotate = lambda pod, ann: self.workers.annotate_pod(job.namespace, pod, ann)  # noqa: E731
-        out.events.extend(Event(*n) for n in spot.begin_handshake(st, notice, pods, annotate, now))
-        set_condition(st, "Running", False, "Interrupted", st.message, now, job.generation)
+        st, namespace = ctx.status, ctx.job.namespace
+        annotate = lambda pod, ann: self.workers.annotate_pod(namespace, pod, ann)  # noqa: E731
+        ctx.out.events.extend(Event(*n) for n in spot.begin_handshake(st, notice, ctx.pods, annotate, ctx.now))
+        ctx.condition("Running", False, "Interrupted", st.message)
         st.phase = Phase.CHECKPOINTING
         if notice.hard:
-            self._to_recovery(job, st, nodes, out, now, acked=False)
+            self._to_recovery(ctx, nodes, acked=False)
 
-    def _to_recovery(
-        self, job: Job, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime, *, acked: bool
-    ) -> None:
+    def _to_recovery(self, ctx: StepContext, nodes: list[NodeState], *, acked: bool) -> None:
         """The handshake is over: record the interruption, release the noticed node, stop the gang."""
+        st = ctx.status
         node = st.notice.node if st.notice else ""
         signal = st.notice.signal if st.notice else "unknown"
-        out.events.extend(Event(*n) for n in spot.record(st, node=node, signal=signal, acked=acked, now=now, cfg=self.config.spot))
+        notes = spot.record(st, node=node, signal=signal, acked=acked, now=ctx.now, cfg=self.config.spot)
+        ctx.out.events.extend(Event(*n) for n in notes)
         st.phase = Phase.RECOVERING
         st.message = f"{signal} on {node}: moving the gang from the checkpoint at step {st.progress.checkpoint_step or 0}"
         # a node that still runs the workers goes once they have stopped (SIGTERM: one more checkpoint)
-        self._release(job, st, [n for n in nodes if n.name == node and not n.ready], out, now)
+        self._release(ctx, [n for n in nodes if n.name == node and not n.ready])
 
-    def _replan_rest(self, job: Job, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime) -> bool:
+    def _replan_rest(self, ctx: StepContext, nodes: list[NodeState]) -> bool:
         """After an interruption: plan the remaining work (spot.replan); False when nothing fits now."""
+        job, st, now = ctx.job, ctx.status, ctx.now
         rec = spot.open_record(st)
         assert st.plan is not None and rec is not None
         spot.settle_loss(st)
@@ -816,8 +872,9 @@ class Reconciler:
             done_samples=(rec.checkpoint_step or 0) * job.spec.global_batch,
             deadline_h=self._deadline_hours(job, now),
             unavailable=frozenset((u.instance_type, u.capacity_type) for u in st.unavailable),
-            planner=self.planner,
+            planner=self._planner(ctx),
             survivors=keep,
+            rules=ctx.governance.policy.spot if ctx.governance is not None else None,
             efficiency=st.observed.efficiency_by_gpu if st.observed else None,
             spent_usd=st.cost_usd,
         )
@@ -826,92 +883,66 @@ class Reconciler:
             st.phase = Phase.PLANNING
             st.plan = None
             st.message = f"no plan for the rest right now: {rp.action}"
-            out.events.append(Event("Warning", "Infeasible", st.message[:1000]))
+            ctx.event("Warning", "Infeasible", st.message[:1000])
             return False
-        total = st.plan.total_samples
-        st.plan = plan_status(rp.result, job.generation, now)
-        st.plan.total_samples = total
-        st.plan.why = rp.action
-        if st.observed is not None:
-            st.plan.efficiency_factor = st.observed.efficiency_by_gpu.get(st.plan.gpu_type, 1.0)
-        st.gpus, st.instance_type, st.capacity_type = st.plan.gpus, st.plan.instance_type, st.plan.capacity_type
-        set_condition(st, "Planned", True, "Replanned", st.plan.summary, now, job.generation)
-        out.events.append(Event("Normal", "Replanned", rp.action[:1000]))
-        out.planned = True
+        self._adopt(ctx, rp.result, "Replanned", total_samples=st.plan.total_samples, why=rp.action)
+        ctx.event("Normal", "Replanned", rp.action[:1000])
         return True
 
-    def _recovering(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        request: NodeRequest,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-    ) -> None:
+    def _recovering(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
+        st, pods = ctx.status, ctx.pods
         for p in pods:
             if not p.deleting:
-                self.workers.delete_pod(job.namespace, p.name)
+                self.workers.delete_pod(ctx.job.namespace, p.name)
         lost = [n for n in nodes if n.interrupted and (not n.ready or not any(p.node == n.name for p in pods))]
         if lost:
-            self._release(job, st, lost, out, now)
+            self._release(ctx, lost)
         if any(True for _ in pods):
             st.message = "waiting for the old workers to go"
             return
         rec = spot.open_record(st)
-        if rec is not None and not rec.action and not self._replan_rest(job, st, nodes, out, now):
+        if rec is not None and not rec.action and not self._replan_rest(ctx, nodes):
             return
-        self._begin_gang(st, out, now, first=False)
+        self._begin_gang(ctx)
         st.message = f"restarting the gang (attempt {st.attempt})"
 
     # ------------------------------------------------------------------------------- helpers
 
-    def _stop_gang(
-        self,
-        job: Job,
-        st: TrainingJobStatus,
-        pods: list[PodState],
-        nodes: list[NodeState],
-        out: Outcome,
-        now: datetime,
-    ) -> None:
-        for p in pods:
+    def _stop_gang(self, ctx: StepContext, nodes: list[NodeState]) -> None:
+        for p in ctx.pods:
             if not p.deleting:
-                self.workers.delete_pod(job.namespace, p.name)
-        self._release(job, st, [n for n in nodes if not n.deleting], out, now)
+                self.workers.delete_pod(ctx.job.namespace, p.name)
+        self._release(ctx, [n for n in nodes if not n.deleting])
 
-    def _release(
-        self, job: Job, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime
-    ) -> None:
+    def _release(self, ctx: StepContext, nodes: list[NodeState]) -> None:
+        st, out = ctx.status, ctx.out
         if not nodes:
             if st.phase.finished:
                 st.nodes = []
             return
-        deleted = set(self.provider.release_nodes(job.ref, [n for n in nodes if n.name not in out.released]))
+        deleted = set(self.provider.release_nodes(ctx.job.ref, [n for n in nodes if n.name not in out.released]))
         out.released |= deleted
         for n in nodes:
             if n.name in deleted:
-                st.released_cost_usd += _node_cost(n, now)
+                st.released_cost_usd += _node_cost(n, ctx.now)
         st.released_cost_usd = round(st.released_cost_usd, 4)
         st.nodes = sorted(set(st.nodes) - deleted)
         if deleted:
-            out.events.append(
-                Event("Normal", "ScaledDown", f"released {len(deleted)} node(s): {', '.join(sorted(deleted)[:5])}")
-            )
+            ctx.event("Normal", "ScaledDown", f"released {len(deleted)} node(s): {', '.join(sorted(deleted)[:5])}")
 
-    def _progress(self, job: Job, st: TrainingJobStatus, pods: list[PodState], out: Outcome, now: datetime) -> None:
+    def _progress(self, ctx: StepContext) -> None:
         """status.progress from the writer's checked reports (gpuscaler.kube.reports); what was
         rejected goes to the WorkerReports condition and, when it changes, a Warning Event."""
-        rep = trusted_report(st, pods)
-        self._rejected_reports(job, st, rep, out, now)
+        st = ctx.status
+        rep = trusted_report(st, ctx.pods)
+        self._rejected_reports(ctx, rep)
         prog = st.progress
         new_step = max(rep.step if rep.step is not None else prog.step, prog.step)
         new_samples = max(rep.samples if rep.samples is not None else prog.samples, prog.samples)
         if new_step != prog.step or new_samples != prog.samples:  # monotone: a lower report is not applied
             prog.step = new_step
             prog.samples = new_samples
-            prog.updated_at = now
+            prog.updated_at = ctx.now
             prog.reported_by = rep.writer
         if rep.checkpoint_step is not None:
             prog.checkpoint_step = rep.checkpoint_step
@@ -919,20 +950,21 @@ class Reconciler:
         if st.plan is not None and st.plan.total_samples > 0:
             prog.percent = round(min(100.0, 100 * prog.samples / st.plan.total_samples), 2)
 
-    def _rejected_reports(self, job: Job, st: TrainingJobStatus, rep: TrustedReport, out: Outcome, now: datetime) -> None:
+    def _rejected_reports(self, ctx: StepContext, rep: TrustedReport) -> None:
         """Condition WorkerReports (set once something was rejected) and an Event when that changes."""
-        had = next((c for c in st.conditions if c.type == REPORTS_CONDITION), None)
+        had = next((c for c in ctx.status.conditions if c.type == REPORTS_CONDITION), None)
         if not rep.rejected:
             if had is not None and had.status == "False":
-                set_condition(st, REPORTS_CONDITION, True, "Valid", "the workers' reports pass every check", now, job.generation)
+                ctx.condition(REPORTS_CONDITION, True, "Valid", "the workers' reports pass every check")
             return
         text = report_summary(rep.rejected)[:1000]
         if had is None or had.status == "True" or had.message != text:
-            out.events.append(Event("Warning", "ReportRejected", text))
-        set_condition(st, REPORTS_CONDITION, False, "Rejected", text, now, job.generation)
+            ctx.event("Warning", "ReportRejected", text)
+        ctx.condition(REPORTS_CONDITION, False, "Rejected", text)
 
-    def _cost(self, st: TrainingJobStatus, nodes: list[NodeState], out: Outcome, now: datetime) -> None:
-        live = sum(_node_cost(n, now) for n in nodes if not n.deleting and n.name not in out.released)
+    def _cost(self, ctx: StepContext) -> None:
+        st, out, now = ctx.status, ctx.out, ctx.now
+        live = sum(_node_cost(n, now) for n in ctx.nodes if not n.deleting and n.name not in out.released)
         st.cost_usd = round(st.released_cost_usd + live, 2)
         if st.plan is None or st.phase.finished:
             st.eta = None
