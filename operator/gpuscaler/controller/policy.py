@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import Catalog
+from gpuscaler.controller.plan_cache import PlanFn
 from gpuscaler.inputs import format_validation
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.policy import (
@@ -204,6 +205,7 @@ def gated_plan(
     unavailable: frozenset[tuple[str, str]],
     efficiency: Mapping[str, float] | None = None,
     governance: Governance | None = None,
+    plan_fn: PlanFn = plan,
 ) -> PlanResult:
     """Plan under ``governance`` (no policy when None), the gate of the module docstring.
 
@@ -216,6 +218,7 @@ def gated_plan(
         efficiency: Observed/model efficiency per GPU id (None: the model as is).
         governance: The policy governing the job and its namespace's usage (the loop passes
             what the handler read for this step).
+        plan_fn: The planner (the operator passes its cache's, :mod:`gpuscaler.controller.plan_cache`).
 
     Returns:
         The planner's result under the policy.
@@ -229,14 +232,14 @@ def gated_plan(
     before = check_job(spec.model_dump(mode="json", by_alias=True, exclude_none=True), policy, usage, catalog)
     if before:
         raise PolicyViolationError(before)
-    result = plan(
+    result = plan_fn(
         spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
     )
     chosen = result.chosen
     if chosen is None:
         if gov is None:
             return result
-        free = plan(
+        free = plan_fn(
             spec, catalog, None, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
         ).chosen
         if free is None:

@@ -646,7 +646,9 @@ class Reconciler:
             self._starting(ctx, request, nodes)
             return
         ready = [n for n in nodes if n.ready]
-        st.nodes = sorted(n.name for n in nodes)
+        # the nodes made in this step too: the watch shows them only later, and that step then
+        # writes nothing new
+        st.nodes = sorted({n.name for n in nodes} | set(created))
         if len(ready) >= request.count:
             ctx.condition("NodesReady", True, "NodesReady", f"{len(ready)} node(s) Ready")
             ctx.event("Normal", "NodesReady", f"all {request.count} node(s) Ready")
@@ -689,10 +691,12 @@ class Reconciler:
         if self._lost(ctx, nodes):
             return
         wp = self._worker_plan(ctx, request)
-        self.workers.create_if_absent(headless_service(wp))
         have = {p.rank for p in pods if not p.deleting}
         if len(have) < request.count and self._workers_refused(ctx):
             return  # the admission policy went away since the gang began: no new workers without it
+        if len(have) < request.count:
+            # the rendezvous Service with the pods that need it (not on every step: each repeat was a 409)
+            self.workers.create_if_absent(headless_service(wp))
         if len(have) < request.count and uses_worker_account(wp.template):
             # the workers' ServiceAccount and Role (KubeReporter patches its pod); before the pods,
             # which the ServiceAccount admission refuses while their account is missing

@@ -3,7 +3,8 @@
 Handlers wrap their body in :func:`kopf_errors`. Retried: provider failures (a cloud hiccup,
 no capacity), API server errors that may pass (5xx, 429, connection). Permanent: a spec the
 planner cannot read (unknown workload or GPU id), an unknown provider, a 4xx the API server will
-answer the same way again.
+answer the same way again. The reconcile daemon, which kopf does not retry, waits
+:func:`retry_delay` after a failed step instead.
 """
 
 from __future__ import annotations
@@ -40,3 +41,13 @@ def kopf_errors() -> Iterator[None]:
         if err.retriable:
             raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
         raise kopf.PermanentError(str(err)) from err
+
+
+def retry_delay(err: BaseException, permanent_s: float) -> float:
+    """Seconds before a job's daemon steps again after its step raised ``err``: the delays above
+    for what may pass, ``permanent_s`` (the resync interval) for what will not."""
+    if isinstance(err, InsufficientCapacityError):
+        return CAPACITY_RETRY_DELAY_S
+    if isinstance(err, ProviderError) or (isinstance(err, KubeError) and err.retriable):
+        return RETRY_DELAY_S
+    return permanent_s

@@ -21,6 +21,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, PLURAL
+
 HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
@@ -158,3 +160,30 @@ class Workers:
             if err.status == HTTP_NOT_FOUND:
                 return
             raise KubeError(f"annotating Pod {namespace}/{name}, {err.status} {err.reason}", err.status) from err
+
+
+class TrainingJobs:
+    """Status writes of TrainingJobs: the reconcile daemon patches them itself (kopf applies a
+    handler's ``patch`` only when the handler returns, and a daemon does not return)."""
+
+    def __init__(self, api: Any) -> None:
+        self.custom: Any = client.CustomObjectsApi(api)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
+        """Merge-patch the status subresource (a None value removes a field).
+
+        Returns:
+            The resourceVersion the write made.
+
+        Raises:
+            KubeError: the API server refused or was not reached (404: the job is gone).
+        """
+        try:
+            obj = self.custom.patch_namespaced_custom_object_status(
+                API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status}
+            )
+        except ApiException as err:
+            raise KubeError(
+                f"patching the status of TrainingJob {namespace}/{name}, {err.status} {err.reason}", err.status
+            ) from err
+        return str((obj.get("metadata") or {}).get("resourceVersion") or "")
