@@ -21,7 +21,7 @@ import test_kind_manifests
 import test_operator
 from e2e_helpers import E2ECluster
 from gpuscaler.cloud import JOB_LABEL, job_label_value
-from gpuscaler.handlers.trainingjob import FINALIZER
+from gpuscaler.names import FINALIZER
 
 stage_crd = test_kind_manifests.stage_crd
 """kwok's Stage CRD, installed for the test if the cluster lacks it."""

@@ -23,7 +23,7 @@ from e2e_helpers import E2ECluster, gpu_pod, wait_for
 from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud import JOB_LABEL, JobRef, NodeRequest
 from gpuscaler.cloud.karpenter import KarpenterProvider, NodeClassRef
-from gpuscaler.cloud.provider import node_state
+from gpuscaler.cloud.nodes import node_state
 from karpenter_helpers import CAT, INSTANCE_TYPES, NODE_CLASS, run_karpenter
 from karpenter_helpers import job_nodes as _job_nodes
 from karpenter_helpers import tail as _tail

@@ -3,7 +3,7 @@
 Karpenter (its kwok cloud provider, :mod:`karpenter_helpers`) offers instance types made from
 gpuscaler's catalog. The operator (``gpuscaler run``, a subprocess as in ``test_operator.py``)
 plans a job pinned to p4d.24xlarge on-demand, 16 GPUs: two nodes. The loop ensures its NodePool,
-creates the worker pods at once (``provisions_for_pods``), Karpenter launches exactly the planned
+creates the worker pods at once (``workers_first``), Karpenter launches exactly the planned
 nodes for them, the workers run there, the test finishes them, and after Succeeded the operator's
 release (deleting the NodeClaims; consolidation of empty nodes is the fallback) makes Karpenter
 remove the nodes. Timings are printed.

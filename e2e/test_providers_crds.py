@@ -25,7 +25,7 @@ from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, JobRef, NodeRequest, ProviderError
 from gpuscaler.cloud.clusterapi import ClusterApiProvider
 from gpuscaler.cloud.karpenter import KarpenterProvider, NodeClassRef
-from gpuscaler.cloud.provider import node_state
+from gpuscaler.cloud.nodes import node_state
 from gpuscaler.devcluster.cluster import wait_established
 
 KARPENTER_MODULE = "sigs.k8s.io/karpenter"

@@ -13,15 +13,16 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from conftest import World, make_job
 from gpuscaler.api.status import Phase
-from gpuscaler.controller.reconcile import ADMISSION_CONDITION, Reconciler
+from gpuscaler.controller.reconcile import Reconciler
 from gpuscaler.kube import admission
 from gpuscaler.kube.admission import POLICY_KIND, RECHECK_S, WorkerAdmission, contains, manifests
 from gpuscaler.kube.workers import WORKER_SERVICE_ACCOUNT
+from gpuscaler.names import ConditionType
 from gpuscaler.runtime.constants import REPORTED_ANNOTATIONS
 from gpuscaler.settings import Settings
 from test_helm_chart import CHART, env_of, one, render
-from test_operator_reconcile import World, make_job
 
 # ------------------------------------------------------------------------------ one set of rules
 
@@ -200,13 +201,13 @@ def test_no_nodes_or_workers_while_the_policy_is_missing() -> None:
     assert w.status.phase is Phase.PENDING and w.status.plan is not None
     assert reasons.count("WorkerAdmissionPolicyMissing") == 1
     assert not w.nodes and not w.workers.pods()
-    cond = next(c for c in w.status.conditions if c.type == ADMISSION_CONDITION)
+    cond = next(c for c in w.status.conditions if c.type == ConditionType.WORKER_ADMISSION)
     assert cond.status == "False" and "not in force (test)" in cond.message
     assert w.status.message.startswith("not starting workers: ")
     gate[0] = None
     w.step(job)
     assert w.status.phase is Phase.PROVISIONING
-    assert next(c for c in w.status.conditions if c.type == ADMISSION_CONDITION).status == "True"
+    assert next(c for c in w.status.conditions if c.type == ConditionType.WORKER_ADMISSION).status == "True"
 
 
 def test_a_job_with_its_own_service_account_is_not_held() -> None:
@@ -214,7 +215,7 @@ def test_a_job_with_its_own_service_account_is_not_held() -> None:
     job = make_job(template={"spec": {"serviceAccountName": "trainer", "containers": [{"name": "t", "image": "x"}]}})
     w.step(job)
     assert w.status.phase is Phase.PROVISIONING
-    assert not any(c.type == ADMISSION_CONDITION for c in w.status.conditions)
+    assert not any(c.type == ConditionType.WORKER_ADMISSION for c in w.status.conditions)
 
 
 def test_a_gang_already_provisioning_creates_no_workers_once_the_policy_is_gone() -> None:

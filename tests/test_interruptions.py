@@ -3,55 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
+from conftest import CATALOG, SPOT_SPEC, T0, first_plan, make_job, node_body, planner_with, spec, spot_world
 from gpuscaler.api import Objective, TrainingJobSpec
-from gpuscaler.api.status import ObservedStatus, Phase, PlanStatus, Progress, TrainingJobStatus
-from gpuscaler.cloud import NodeState
+from gpuscaler.api.status import ObservedStatus, Phase, Progress, TrainingJobStatus
+from gpuscaler.cloud.nodes import NOTICE_SOURCES, node_state
 from gpuscaler.controller import interruptions as spot
-from gpuscaler.controller.reconcile import Job, LoopConfig, Reconciler, plan_status
 from gpuscaler.handlers import metrics
 from gpuscaler.kube.workers import pod_state
 from gpuscaler.planner import choose_recovery, plan, remaining_spec, survivors_spec
 from gpuscaler.policy import Policy
 from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
-from test_operator_reconcile import CATALOG, FakeProvider, FakeWorkers
+from gpuscaler.settings import Settings
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-CFG = spot.SpotConfig(node_not_ready_grace_s=60, soft_notice_wait_s=30, annotation_notice_s=30)
-SPEC = {
-    "workload": {"model": "resnet50"},
-    "globalBatch": 256,
-    "training": {"steps": 400},
-    "maxDuration": "2h",
-    "constraints": {
-        "instanceTypes": ["p3.2xlarge", "g5.xlarge", "g4dn.xlarge", "g6.xlarge"],
-        "minGpus": 1,
-        "maxGpus": 1,
-        "spot": "preferred",
-    },
-    "checkpoint": {"intervalSeconds": 10, "restartSeconds": 20},
-}
+CFG = spot.SpotConfig.from_settings(Settings(node_not_ready_grace_s=60, soft_notice_wait_s=30, annotation_notice_s=30))
 
 
 def node(name: str = "n0", *, taints: list[dict[str, str]] | None = None, ann: dict[str, str] | None = None,
          ready: str = "True", since: datetime = T0) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z", "annotations": ann or {},
-                     "labels": {"node.kubernetes.io/instance-type": "g4dn.xlarge", "karpenter.sh/capacity-type": "spot"}},
-        "spec": {"taints": taints or []},
-        "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "KubeletStopped",
-                                   "lastTransitionTime": since.isoformat().replace("+00:00", "Z")}]},
-    }
+    """A spot g4dn.xlarge Node with these taints, annotations and Ready status."""
+    return node_body(name, instance_type="g4dn.xlarge", capacity_type="spot", ready=ready, since=since,
+                     taints=taints or [], annotations=ann)
 
 
 def notice_of(body: dict[str, Any], now: datetime = T0) -> spot.Notice | None:
-    return spot.node_notice(spot.observe_node(body), now, CFG)
+    return spot.node_notice(node_state(body), now, CFG)
 
 
 # ------------------------------------------------------------------------------ the notice table
@@ -108,40 +90,26 @@ def test_not_ready_counts_only_past_the_grace_period_and_is_a_hard_loss() -> Non
 
 
 def test_the_table_is_ordered_and_every_signal_is_unique() -> None:
-    names = [s.signal for s in spot.NOTICE_SOURCES]
+    names = [s.signal for s in NOTICE_SOURCES]
     assert len(names) == len(set(names))
     assert names.index("aws-spot-itn") < names.index("aws-rebalance")
-    assert {s.key for s in spot.NOTICE_SOURCES if s.kind == "taint"} >= {
+    assert {s.key for s in NOTICE_SOURCES if s.kind == "taint"} >= {
         "aws-node-termination-handler/spot-itn", "aws-node-termination-handler/rebalance-recommendation",
         "karpenter.sh/disrupted", "cloud.google.com/impending-node-termination"}
 
 
 def test_detect_picks_the_most_urgent_node() -> None:
-    a = spot.observe_node(node("a", taints=[{"key": "aws-node-termination-handler/spot-itn"}]))
-    b = spot.observe_node(node("b", taints=[{"key": "cloud.google.com/impending-node-termination"}]))
-    n = spot.detect([a, b, spot.observe_node(node("c"))], T0, CFG)
+    a = node_state(node("a", taints=[{"key": "aws-node-termination-handler/spot-itn"}]))
+    b = node_state(node("b", taints=[{"key": "cloud.google.com/impending-node-termination"}]))
+    n = spot.detect([a, b, node_state(node("c"))], T0, CFG)
     assert n is not None and n.node == "b"
 
 
 # ------------------------------------------------------------------------------ re-plan decision
 
 
-def spec(**changes: Any) -> TrainingJobSpec:
-    return TrainingJobSpec.model_validate({**SPEC, **changes})
-
-
-def planner_with(policy: Policy) -> spot.Planner:
-    def p(s: TrainingJobSpec, name: str, dl: float | None, un: frozenset[tuple[str, str]]) -> Any:
-        return plan(s, CATALOG, policy, name=name, deadline_h=dl, unavailable=un)
-    return p
-
-
-def first_plan(s: TrainingJobSpec) -> PlanStatus:
-    return plan_status(plan(s, CATALOG, Policy(), name="j"), 1, T0)
-
-
 def test_replan_moves_to_another_spot_offering_and_plans_only_the_rest() -> None:
-    s = spec()
+    s = spec(SPOT_SPEC)
     ps = first_plan(s)
     assert (ps.instance_type, ps.capacity_type) == ("g4dn.xlarge", "spot")
     rp = spot.replan(s, "j", ps, interruptions=1, done_samples=200 * 256, deadline_h=1.5,
@@ -153,7 +121,7 @@ def test_replan_moves_to_another_spot_offering_and_plans_only_the_rest() -> None
 
 
 def test_replan_falls_back_to_on_demand_after_max_interruptions() -> None:
-    s = spec()
+    s = spec(SPOT_SPEC)
     ps = first_plan(s)
     rules = SpotRules(max_interruptions=3)
     rp = spot.replan(s, "j", ps, interruptions=3, done_samples=0, deadline_h=1.5, unavailable=frozenset(),
@@ -167,7 +135,7 @@ def test_replan_falls_back_to_on_demand_after_max_interruptions() -> None:
 
 
 def test_replan_goes_on_demand_close_to_the_deadline() -> None:
-    s = spec()
+    s = spec(SPOT_SPEC)
     ps = first_plan(s)
     rules = SpotRules(min_hours_to_deadline=0.5)
     rp = spot.replan(s, "j", ps, interruptions=1, done_samples=0, deadline_h=0.4, unavailable=frozenset(),
@@ -177,7 +145,7 @@ def test_replan_goes_on_demand_close_to_the_deadline() -> None:
 
 
 def test_replan_goes_on_demand_when_another_reclaim_would_miss_the_deadline() -> None:
-    s = spec(checkpoint={"intervalSeconds": 10, "restartSeconds": 600})
+    s = spec(SPOT_SPEC, checkpoint={"intervalSeconds": 10, "restartSeconds": 600})
     ps = first_plan(s)
     # the rest takes about 0.12 h on spot; 600 s of restart more would miss a 0.25 h deadline
     rp = spot.replan(s, "j", ps, interruptions=1, done_samples=0, deadline_h=0.25, unavailable=frozenset(),
@@ -187,13 +155,13 @@ def test_replan_goes_on_demand_when_another_reclaim_would_miss_the_deadline() ->
 
 
 def test_remaining_spec_keeps_at_least_one_step() -> None:
-    s = spec()
+    s = spec(SPOT_SPEC)
     assert remaining_spec(s, 1000.0, 5000.0).training.samples == 256
     assert remaining_spec(s, 102400.0, 0.0, on_demand_only=True).constraints.spot.value == "never"
 
 
 def test_elastic_recovery_when_replacement_is_scarce_or_slower() -> None:
-    s = spec(constraints={**SPEC["constraints"], "instanceTypes": ["p4d.24xlarge"], "minGpus": 16, "maxGpus": 16},
+    s = spec(SPOT_SPEC, constraints={**SPOT_SPEC["constraints"], "instanceTypes": ["p4d.24xlarge"], "minGpus": 16, "maxGpus": 16},
              training={"steps": 20000}, maxDuration="24h")
     two = plan(s, CATALOG, Policy()).chosen
     assert two is not None and two.nodes == 2
@@ -214,9 +182,9 @@ def test_elastic_recovery_when_replacement_is_scarce_or_slower() -> None:
 
 
 def test_lost_work_accounting() -> None:
-    st = TrainingJobStatus(plan=first_plan(spec()), progress=Progress(step=130, checkpoint_step=100), attempt=1)
+    st = TrainingJobStatus(plan=first_plan(spec(SPOT_SPEC)), progress=Progress(step=130, checkpoint_step=100), attempt=1)
     notes = spot.record(st, node="n0", signal="node-deleted", acked=False, now=T0, cfg=CFG)
-    assert notes[0][1] == "CheckpointMissed" and st.interruptions == 1
+    assert notes[0].reason == "CheckpointMissed" and st.interruptions == 1
     assert [(u.instance_type, u.capacity_type) for u in st.unavailable] == [("g4dn.xlarge", "spot")]
     spot.settle_loss(st)
     rec = st.interruption_history[-1]
@@ -238,51 +206,10 @@ def test_lost_work_accounting() -> None:
 # ------------------------------------------------------------------------------ the loop
 
 
-class SpotWorld:
-    def __init__(self, **config: Any) -> None:
-        self.now = T0
-        self.provider = FakeProvider()
-        self.workers = FakeWorkers()
-        self.status = TrainingJobStatus()
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.phases: dict[str, str] = {}
-        self.loop = Reconciler(self.provider, self.workers, planner_with(Policy()), CATALOG,
-                               LoopConfig(spot=CFG, **config), lambda: self.now)
-
-    def step(self, job: Job, seconds: float = 1.0) -> list[str]:
-        self.now += timedelta(seconds=seconds)
-        for names in self.provider.ensured:
-            for n in names:
-                self.nodes.setdefault(n, node(n))
-        self.provider.ensured.clear()
-        for n in self.provider.released:
-            self.nodes.pop(n, None)
-        self.provider.released.clear()
-        pods = [pod_state(dict(b, status={"phase": self.phases.get(b["metadata"]["name"], "Running")}))
-                for b in self.workers.pods()]
-        states: list[NodeState] = [spot.observe_node(b) for b in self.nodes.values()]
-        out = self.loop.step(job, self.status, pods, states)
-        self.status = out.status
-        return [e.reason for e in out.events]
-
-    def annotate(self, **ann: str) -> None:
-        for b in self.workers.pods():
-            b["metadata"].setdefault("annotations", {}).update(ann)
-
-
-def run_to(w: SpotWorld, job: Job, phase: Phase, limit: int = 20) -> list[str]:
-    seen: list[str] = []
-    for _ in range(limit):
-        seen += w.step(job)
-        if w.status.phase is phase:
-            return seen
-    raise AssertionError(f"never reached {phase}: {w.status.phase} {w.status.message}")
-
-
 def test_notice_checkpoint_replan_resume() -> None:
-    w = SpotWorld()
-    job = Job("ns", "job", "uid-1", 1, T0, spec())
-    run_to(w, job, Phase.RUNNING)
+    w = spot_world()
+    job = make_job(SPOT_SPEC)
+    w.run_to(job, Phase.RUNNING)
     assert w.status.capacity_type == "spot" and w.status.instance_type == "g4dn.xlarge"
     w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "150", rc.ANNOTATION_CHECKPOINT_STEP: "100"})
     w.step(job)
@@ -300,7 +227,7 @@ def test_notice_checkpoint_replan_resume() -> None:
     reasons = w.step(job)
     assert w.status.phase is Phase.RECOVERING and "Checkpointed" in reasons and w.status.interruptions == 1
     assert name in w.nodes, "the noticed node stays until its workers have stopped"
-    reasons = run_to(w, job, Phase.RUNNING)
+    reasons = w.run_to(job, Phase.RUNNING)
     assert name not in w.nodes
     assert "Replanned" in reasons and "Recovered" in reasons
     assert w.status.instance_type != "g4dn.xlarge" and w.status.capacity_type == "spot"
@@ -312,9 +239,9 @@ def test_notice_checkpoint_replan_resume() -> None:
 
 
 def test_notice_without_an_ack_moves_at_the_deadline() -> None:
-    w = SpotWorld()
-    job = Job("ns", "job", "uid-1", 1, T0, spec())
-    run_to(w, job, Phase.RUNNING)
+    w = spot_world()
+    job = make_job(SPOT_SPEC)
+    w.run_to(job, Phase.RUNNING)
     name = next(iter(w.nodes))
     w.nodes[name]["spec"]["taints"] = [{"key": "cloud.google.com/impending-node-termination"}]
     w.step(job)
@@ -326,9 +253,9 @@ def test_notice_without_an_ack_moves_at_the_deadline() -> None:
 
 
 def test_node_deleted_without_notice_resumes_from_the_periodic_checkpoint() -> None:
-    w = SpotWorld()
-    job = Job("ns", "job", "uid-1", 1, T0, spec())
-    run_to(w, job, Phase.RUNNING)
+    w = spot_world()
+    job = make_job(SPOT_SPEC)
+    w.run_to(job, Phase.RUNNING)
     w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "170", rc.ANNOTATION_CHECKPOINT_STEP: "160"})
     w.step(job)
     name = next(iter(w.nodes))
@@ -337,16 +264,16 @@ def test_node_deleted_without_notice_resumes_from_the_periodic_checkpoint() -> N
     del w.nodes[name]
     reasons = w.step(job)
     assert w.status.phase is Phase.RECOVERING and "Interrupted" in reasons
-    run_to(w, job, Phase.RUNNING)
+    w.run_to(job, Phase.RUNNING)
     rec = w.status.interruption_history[-1]
     assert rec.signal == "node-deleted" and not rec.checkpoint_acked and rec.lost_steps == 10
     assert w.status.lost_steps == 10
 
 
 def test_three_interruptions_then_on_demand() -> None:
-    w = SpotWorld()
-    job = Job("ns", "job", "uid-1", 1, T0, spec())
-    run_to(w, job, Phase.RUNNING)
+    w = spot_world()
+    job = make_job(SPOT_SPEC)
+    w.run_to(job, Phase.RUNNING)
     seen = []
     for _ in range(3):
         seen.append((w.status.instance_type, w.status.capacity_type))
@@ -355,7 +282,7 @@ def test_three_interruptions_then_on_demand() -> None:
         w.step(job)
         w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else "",
                       rc.ANNOTATION_CHECKPOINT_STEP: "0"})  # the runtime reports the checkpoint with its ack
-        run_to(w, job, Phase.RUNNING)
+        w.run_to(job, Phase.RUNNING)
     assert all(c == "spot" for _, c in seen) and len({i for i, _ in seen}) == 3
     assert w.status.capacity_type == "on-demand" and w.status.interruptions == 3
     assert "maxInterruptions" in w.status.interruption_history[-1].action
@@ -376,7 +303,7 @@ def efficient_planner(policy: Policy, calls: list[dict[str, float] | None]) -> s
 def test_replan_uses_the_observed_efficiency_factors() -> None:
     """Without factors the rest goes to g5.xlarge spot (A10G); with A10G measured at 0.3 of the
     model the corrected model prefers another offering, and every planner call carried the factors."""
-    s = spec()
+    s = spec(SPOT_SPEC)
     ps = first_plan(s)
     back = frozenset({("g4dn.xlarge", "spot")})
     calls: list[dict[str, float] | None] = []
@@ -400,10 +327,10 @@ def test_replan_uses_the_observed_efficiency_factors() -> None:
 
 def test_the_loop_replans_an_interruption_with_status_observed() -> None:
     calls: list[dict[str, float] | None] = []
-    w = SpotWorld()
+    w = spot_world()
     w.loop.planner = efficient_planner(Policy(), calls)
-    job = Job("ns", "job", "uid-1", 1, T0, spec())
-    run_to(w, job, Phase.RUNNING)
+    job = make_job(SPOT_SPEC)
+    w.run_to(job, Phase.RUNNING)
     w.status.observed = ObservedStatus(efficiency_by_gpu={"A10G": 0.3, "T4": 0.9}, efficiency_factor=0.9)
     calls.clear()
     name = next(iter(w.nodes))
@@ -411,7 +338,7 @@ def test_the_loop_replans_an_interruption_with_status_observed() -> None:
     w.step(job)
     w.annotate(**{rc.ANNOTATION_CHECKPOINT_ACK: w.status.notice.request_id if w.status.notice else "",
                   rc.ANNOTATION_CHECKPOINT_STEP: "0"})
-    run_to(w, job, Phase.RUNNING)
+    w.run_to(job, Phase.RUNNING)
     assert calls and all(c == {"A10G": 0.3, "T4": 0.9} for c in calls)
     assert w.status.plan is not None and w.status.plan.gpu_type != "A10G"
     assert w.status.plan.efficiency_factor == {"A10G": 0.3, "T4": 0.9}.get(w.status.plan.gpu_type, 1.0)
@@ -427,8 +354,8 @@ def counter(name: str, **labels: str) -> float:
 def test_interruption_metrics_count_each_recorded_interruption_once() -> None:
     """gpuscaler_interruptions_total / gpuscaler_lost_steps_total grow with the status, once per
     interruption, however many reconcile steps the handshake and the recovery take."""
-    w = SpotWorld()
-    job = Job("ns-metrics", "job", "uid-1", 1, T0, spec())
+    w = spot_world()
+    job = make_job(SPOT_SPEC, namespace="ns-metrics")
     labels = {"namespace": "ns-metrics", "job": "job"}
 
     def step(seconds: float = 1.0) -> None:
@@ -460,7 +387,7 @@ def test_interruption_metrics_count_each_recorded_interruption_once() -> None:
 
 
 def test_new_interruptions_from_two_statuses() -> None:
-    before = TrainingJobStatus(plan=first_plan(spec()), progress=Progress(step=30, checkpoint_step=20))
+    before = TrainingJobStatus(plan=first_plan(spec(SPOT_SPEC)), progress=Progress(step=30, checkpoint_step=20))
     after = before.model_copy(deep=True)
     spot.record(after, node="n0", signal="gke-termination", acked=True, now=T0, cfg=CFG)
     after.interruptions += 1  # a worker pod deleted under the job: counted, no record

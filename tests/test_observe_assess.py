@@ -185,7 +185,7 @@ def test_observer_corrects_then_replans_at_the_next_checkpoint() -> None:
     assert seen.efficiency_factor == pytest.approx(0.7) and seen.efficiency_by_gpu == {"A10G": 0.7}
     assert seen.ratio == pytest.approx(0.7, abs=0.01) and seen.throughput == pytest.approx(0.7 * predicted, rel=1e-3)
     assert seen.replan_pending and seen.replan_after_checkpoint_step == 40
-    assert [e[1] for e in res.events] == ["ModelCorrected", "ReplanPending"]
+    assert [e.reason for e in res.events] == ["ModelCorrected", "ReplanPending"]
     assert not any(c.type == "InputBound" for c in st.conditions)
     # no new checkpoint yet: wait
     res = obs.step("ns", "j", 1, st, 40, T0 + timedelta(seconds=31), planner_for(spec))
@@ -194,7 +194,7 @@ def test_observer_corrects_then_replans_at_the_next_checkpoint() -> None:
     res = obs.step("ns", "j", 1, st, 50, T0 + timedelta(seconds=32), planner_for(spec))
     assert res.replan is not None and res.replan.chosen is not None
     assert res.replan.chosen.instance.gpu_id == "L4"
-    assert not seen.replan_pending and seen.replans == 1 and [e[1] for e in res.events] == ["Replanned"]
+    assert not seen.replan_pending and seen.replans == 1 and [e.reason for e in res.events] == ["Replanned"]
 
 
 def test_observer_leaves_a_matching_job_alone() -> None:
@@ -225,7 +225,7 @@ def test_observer_input_bound_condition_set_and_cleared() -> None:
     res = obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=30), planner_for(spec))
     cond = next(c for c in st.conditions if c.type == "InputBound")
     assert cond.status == "True" and cond.reason == "LowGPUUtilization" and "30%" in cond.message
-    assert "InputBound" in [e[1] for e in res.events]
+    assert "InputBound" in [e.reason for e in res.events]
     assert st.observed is not None and not st.observed.replan_pending  # p3.2xlarge only: nothing cheaper
     src.m = metrics(st.plan.throughput * 0.5, gpu_util=97.0, tensor_active=0.5)
     obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=45), planner_for(spec))
@@ -249,7 +249,7 @@ def test_observer_reports_prometheus_down_once() -> None:
     st = running_status(spec)
     obs = Observer(FakeSource(PrometheusError("connection refused")), CFG, CATALOG)
     res = obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=30), planner_for(spec))
-    assert [e[1] for e in res.events] == ["ObserveFailed"]
+    assert [e.reason for e in res.events] == ["ObserveFailed"]
     res = obs.step("ns", "j", 1, st, None, T0 + timedelta(seconds=45), planner_for(spec))
     assert res.events == [] and st.observed is not None and "connection refused" in st.observed.message
 

@@ -52,7 +52,7 @@ def run(st: TrainingJobStatus, obs: Observer, rate: float, seconds: int, ckpt: i
         left = DEADLINE_H - s / 3600
         ctx = JobContext(progress_samples=rate * s, hours_left=left, max_deadline_risk=0.3, restart_s=30)
         res = obs.step("ns", "j", 1, st, ckpt, now, planner(st, left), ctx)
-        reasons += [e[1] for e in res.events]
+        reasons += [e.reason for e in res.events]
         assert res.replan is None
     return reasons
 
@@ -83,7 +83,7 @@ def test_thirty_percent_slower_from_annotations_corrects_and_replans_at_the_next
                    JobContext(0.7 * predicted * 130, left, 0.3, 30))
     assert res.replan is not None and res.replan.chosen is not None
     assert res.replan.chosen.instance.name == "p3.2xlarge"
-    assert [e[1] for e in res.events] == ["Replanned"] and seen.replans == 1
+    assert [e.reason for e in res.events] == ["Replanned"] and seen.replans == 1
 
 
 def test_a_job_on_its_prediction_is_left_alone() -> None:

@@ -12,9 +12,10 @@ from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
-from gpuscaler.controller.outcomes import POLICY_INVALID, invalid_spec, policy_invalid, policy_unavailable
+from gpuscaler.controller.outcomes import invalid_spec, policy_invalid, policy_unavailable
 from gpuscaler.controller.policy import PolicySource, PolicyUnavailableError
 from gpuscaler.controller.reconcile import Outcome
+from gpuscaler.names import ConditionType
 
 
 def rewrite(path: Path, text: str) -> None:
@@ -95,12 +96,12 @@ def test_policy_invalid_condition_and_event() -> None:
     st = TrainingJobStatus()
     out = Outcome(st)
     policy_invalid(st, {"policy file p": "policy file p: not valid YAML"}, out, 1)
-    c = next(c for c in st.conditions if c.type == POLICY_INVALID)
+    c = next(c for c in st.conditions if c.type == ConditionType.POLICY_INVALID)
     assert c.status == "True" and "not valid YAML" in c.message and [e.reason for e in out.events] == ["InvalidPolicy"]
     policy_invalid(st, {"policy file p": "policy file p: not valid YAML"}, out, 1)
     assert len(out.events) == 1
     policy_invalid(st, {}, out, 1)
-    assert next(c for c in st.conditions if c.type == POLICY_INVALID).status == "False"
+    assert next(c for c in st.conditions if c.type == ConditionType.POLICY_INVALID).status == "False"
 
 
 def test_no_policy_in_force_keeps_the_job_pending() -> None:

@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
+from conftest import World, make_job, spec
 from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.status import Phase
 from gpuscaler.catalog import load_catalog
+from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import (
     Governance,
     PolicySource,
@@ -19,15 +22,10 @@ from gpuscaler.controller.policy import (
     gated_plan,
     namespace_usage,
 )
+from gpuscaler.names import ConditionType
 from gpuscaler.policy import NamespaceUsage, Policy
 
 CAT = load_catalog()
-
-
-def spec(**kw: Any) -> TrainingJobSpec:
-    base: dict[str, Any] = {"workload": {"model": "resnet50"}, "globalBatch": 256, "training": {"epochs": 1}}
-    base.update(kw)
-    return TrainingJobSpec.model_validate(base)
 
 
 def run(s: TrainingJobSpec, policy: Policy, usage: NamespaceUsage | None = None) -> Any:
@@ -99,3 +97,33 @@ def test_objects_merge_with_the_file_per_namespace(tmp_path: Path) -> None:
     src = PolicySource(str(f))
     assert src.for_namespace("team-vision", [obj]).max_gpus_per_job == 4
     assert src.for_namespace("team-nlp", [obj]).max_gpus_per_job == 32
+
+
+def test_the_step_writes_the_policy_violation_and_clears_it_once_compliant() -> None:
+    """The governance reaches the loop as an argument; a broken rule is the step's PolicyViolation
+    condition (one Event), the job stays Pending with nothing provisioned; once the policy allows
+    the job the condition turns False (Compliant) and the job is planned and provisioned."""
+    w = World(planner=gated(CAT))
+    job = make_job()  # 16 GPUs
+    w.governance = Governance(Policy(name="small", max_gpus_per_job=8), NamespaceUsage())
+    reasons = w.step(job)
+    cond = next(c for c in w.status.conditions if c.type == ConditionType.POLICY_VIOLATION)
+    assert cond.status == "True" and cond.reason == "maxGpusPerJob" and "small" in cond.message
+    assert reasons == ["PolicyViolation"] and w.status.phase is Phase.PENDING and w.status.plan is None
+    assert not w.provider.calls and w.status.message.startswith("not provisioned:")
+    assert w.step(job) == [], "posted once while it holds"
+    w.governance = Governance(Policy(name="big", max_gpus_per_job=16), NamespaceUsage())
+    reasons = w.step(job)
+    cond = next(c for c in w.status.conditions if c.type == ConditionType.POLICY_VIOLATION)
+    assert cond.status == "False" and cond.reason == "Compliant"
+    assert "Planned" in reasons and w.status.phase is Phase.PROVISIONING and w.provider.requests()
+
+
+def gated(catalog: Any) -> Planner:
+    """The operator's planner: the policy gate under the governance the loop passes."""
+
+    def planner(s: TrainingJobSpec, name: str, dl: float | None, un: frozenset[tuple[str, str]], /,
+                efficiency: Any = None, governance: Governance | None = None) -> Any:
+        return gated_plan(s, catalog, name, dl, un, efficiency, governance)
+
+    return planner

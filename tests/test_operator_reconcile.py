@@ -2,129 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from typing import Any
-
 import pytest
 
-from gpuscaler.api import TrainingJobSpec
-from gpuscaler.api.status import Phase, TrainingJobStatus
-from gpuscaler.catalog import load_catalog
-from gpuscaler.cloud import InsufficientCapacityError, JobRef, NodeRequest, NodeState, Scheduling, node_names
+from conftest import CATALOG, World, make_job, node_body
+from gpuscaler.api.status import Phase
+from gpuscaler.cloud import JobRef, NodeRequest, node_names
+from gpuscaler.cloud.fake import FakeNodeGroup, FakePodProvisioner, FakeProvider
 from gpuscaler.cloud.provider import job_label_value
-from gpuscaler.controller.reconcile import Job, LoopConfig, Reconciler, format_duration, status_change
+from gpuscaler.controller.reconcile import Job, format_duration, status_change
 from gpuscaler.kube.workers import PodState, pod_state, worker_pod
-from gpuscaler.planner import plan
-from gpuscaler.policy import Policy
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-CATALOG = load_catalog()
-
-
-class FakeProvider:
-    name = "fake"
-    manages_nodes = True
-    names_nodes = True
-    provisions_for_pods = False
-
-    def __init__(self, capacity: int | None = None) -> None:
-        self.capacity = capacity
-        self.ensured: list[list[str]] = []
-        self.released: list[str] = []
-
-    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
-        have = {n.name for n in existing}
-        missing = [n for n in node_names(request) if n not in have]
-        room = len(missing) if self.capacity is None else max(0, self.capacity - len(have))
-        self.ensured.append(missing[:room])
-        if room < len(missing):
-            raise InsufficientCapacityError("short")
-        return missing[:room]
-
-    def release_nodes(self, job: JobRef, nodes: list[NodeState]) -> list[str]:
-        self.released += [n.name for n in nodes]
-        return [n.name for n in nodes]
-
-    def scheduling(self, request: NodeRequest) -> Scheduling:
-        return Scheduling({"node.kubernetes.io/instance-type": request.instance.name}, [])
-
-
-class FakeWorkers:
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.deleted: list[str] = []
-
-    def create_if_absent(self, body: dict[str, Any]) -> bool:
-        name = f"{body['kind']}/{body['metadata']['name']}"
-        if name in self.objects:
-            return False
-        self.objects[name] = body
-        return True
-
-    def delete_pod(self, namespace: str, name: str) -> bool:
-        self.deleted.append(name)
-        return self.objects.pop(f"Pod/{name}", None) is not None
-
-    def delete_service(self, namespace: str, name: str) -> bool:
-        return self.objects.pop(f"Service/{name}", None) is not None
-
-    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        self.objects[f"Pod/{name}"].setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
-
-    def pods(self) -> list[dict[str, Any]]:
-        return [o for k, o in self.objects.items() if k.startswith("Pod/")]
-
-
-SPEC = {
-    "workload": {"model": "resnet50"},
-    "globalBatch": 256,
-    "training": {"epochs": 1},
-    "constraints": {"instanceTypes": ["p4d.24xlarge", "p4de.24xlarge"], "minGpus": 16, "maxGpus": 16, "spot": "never"},
-}
-
-
-def make_job(**changes: Any) -> Job:
-    spec = TrainingJobSpec.model_validate({**SPEC, **changes})
-    return Job("ns", "job", "uid-1", 1, T0, spec)
-
-
-class World:
-    """The loop plus a clock and the cluster state it observes."""
-
-    def __init__(self, provider: FakeProvider | None = None, **config: Any) -> None:
-        self.now = T0
-        self.provider = provider or FakeProvider()
-        self.workers = FakeWorkers()
-        self.status = TrainingJobStatus()
-        self.nodes: dict[str, NodeState] = {}
-        self.phases: dict[str, str] = {}
-
-        def planner(spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: Any) -> Any:
-            return plan(spec, CATALOG, Policy(), name=name, deadline_h=deadline_h, unavailable=unavailable)
-
-        self.loop = Reconciler(self.provider, self.workers, planner, CATALOG, LoopConfig(**config), lambda: self.now)
-
-    def step(self, job: Job, seconds: float = 1.0) -> list[str]:
-        self.now += timedelta(seconds=seconds)
-        for names in self.provider.ensured:
-            for n in names:
-                self.nodes.setdefault(n, NodeState(n, "", "", False, self.now, 10.0))
-        self.provider.ensured.clear()
-        for n in self.provider.released:
-            self.nodes.pop(n, None)
-        self.provider.released.clear()
-        pods = [pod_state(self.pod_body(body)) for body in self.workers.pods()]
-        out = self.loop.step(job, self.status, pods, list(self.nodes.values()))
-        self.status = out.status
-        return [e.reason for e in out.events]
-
-    def pod_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The pod as the API server would return it: the created body with this world's phase."""
-        return dict(body, status={"phase": self.phases.get(body["metadata"]["name"], "Pending")})
-
-    def ready(self) -> None:
-        self.nodes = {k: replace(v, ready=True) for k, v in self.nodes.items()}
 
 
 def test_happy_path_plans_provisions_starts_and_succeeds() -> None:
@@ -226,27 +112,13 @@ def test_lost_node_recovers_with_same_names() -> None:
     assert "Interrupted" in reasons and w.status.phase is Phase.RECOVERING and w.status.interruptions == 1
 
 
-class FakePodProvisioner(FakeProvider):
-    """Like Karpenter: ensure_nodes prepares its objects; nodes come for the pending pods, named by it."""
-
-    provisions_for_pods = True
-    names_nodes = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.prepared: list[tuple[str, int]] = []
-
-    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
-        self.prepared.append((request.instance.name, len(existing)))
-        return []
-
-
 def _launch(w: World, names: list[str], ready: bool = False) -> None:
     """Play Karpenter: nodes of the planned offering, no price annotation, names of its own."""
     plan = w.status.plan
     assert plan is not None
     for n in names:
-        w.nodes[n] = NodeState(n, plan.instance_type, plan.capacity_type, ready, w.now, 0.0)
+        w.nodes[n] = node_body(n, instance_type=plan.instance_type, capacity_type=plan.capacity_type,
+                               ready="True" if ready else None, created=w.now)
 
 
 def test_pod_provisioner_gets_pods_first_and_its_nodes_are_the_jobs() -> None:
@@ -295,7 +167,8 @@ def test_pod_provisioner_gang_timeout_runs_on_pod_scheduling() -> None:
     assert w.status.plan is not None and w.status.plan.instance_type != first.instance_type
     second = w.status.plan.instance_type
     # the released node is still observed (being deleted): it belongs to the earlier plan
-    w.nodes = {"ip-10-0-0-7": NodeState("ip-10-0-0-7", first.instance_type, first.capacity_type, True, w.now, 0.0, deleting=True)}
+    w.nodes = {"ip-10-0-0-7": node_body("ip-10-0-0-7", instance_type=first.instance_type,
+                                        capacity_type=first.capacity_type, ready="True", created=w.now, deleting=True)}
     w.step(job)
     assert w.status.phase is Phase.STARTING and w.status.attempt == 2
     assert [t for t, _ in prov.prepared] == [first.instance_type, second], "ensure_nodes again for the new gang"
@@ -306,7 +179,8 @@ def test_pod_provisioner_releases_nodes_of_another_offering() -> None:
     w = World(FakePodProvisioner())
     job = make_job()
     w.step(job)
-    w.nodes["old-node"] = NodeState("old-node", "p3.2xlarge", "spot", True, w.now, 1.0)
+    w.nodes["old-node"] = node_body("old-node", instance_type="p3.2xlarge", capacity_type="spot", ready="True",
+                                    created=w.now, price=1.0)
     assert "ScaledDown" in w.step(job)
     assert w.provider.released == ["old-node"]
 
@@ -364,20 +238,6 @@ def test_status_change_throttles_the_clock() -> None:
     assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 1}) == "none"
     assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 2}) == "clock"
     assert status_change({"phase": "Running"}, {"phase": "Succeeded"}) == "state"
-
-
-class FakeNodeGroup(FakeProvider):
-    """Like eks/gke/clusterapi: scales a node group; the cloud names the nodes that register."""
-
-    names_nodes = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requested = 0
-
-    def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
-        self.requested = max(self.requested, request.count)
-        return []
 
 
 def test_node_group_nodes_with_cloud_names_are_the_jobs_not_an_earlier_plans() -> None:

@@ -10,66 +10,20 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 from moto import mock_aws
 
+from conftest import FakeCore
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, InsufficientCapacityError, JobRef, NodeRequest, ProviderError
-from gpuscaler.cloud.eks import CAPACITY_TAG, INSTANCE_TAG, NODEGROUP_LABEL, EksProvider, EksTemplate
-from gpuscaler.cloud.provider import node_state
+from gpuscaler.cloud.eks import CAPACITY_TAG, INSTANCE_TAG, EksProvider, EksTemplate
+from gpuscaler.cloud.nodes import node_state
 from gpuscaler.planner import plan
 
 CAT = load_catalog()
 REGION = "us-east-1"
 CLUSTER = "train"
 JOB = JobRef("ml", "bert")
-
-
-class FakeCore:
-    """A CoreV1Api stand-in holding Node objects; records patches."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, client.V1Node] = {}
-        self.patches: list[tuple[str, dict[str, Any]]] = []
-
-    def register(self, name: str, group: str, instance_id: str) -> None:
-        """What a kubelet does when an instance of the group boots."""
-        self.nodes[name] = client.V1Node(
-            metadata=client.V1ObjectMeta(
-                name=name, labels={NODEGROUP_LABEL: group}, annotations={}, resource_version="1"
-            ),
-            spec=client.V1NodeSpec(provider_id=f"aws:///us-east-1a/{instance_id}"),
-        )
-
-    def list_node(self, label_selector: str = "") -> Any:
-        want = dict(kv.split("=", 1) for kv in label_selector.split(",") if kv)
-        items = [
-            n
-            for n in self.nodes.values()
-            if all((n.metadata.labels or {}).get(k) == v for k, v in want.items())
-        ]
-        return client.V1NodeList(items=items)
-
-    def patch_node(self, name: str, body: dict[str, Any]) -> None:
-        self.patches.append((name, body))
-        node = self.nodes.get(name)
-        if node is None:
-            raise ApiException(status=404, reason="Not Found")
-        meta = body["metadata"]
-        if meta.get("resourceVersion") not in (None, node.metadata.resource_version):
-            raise ApiException(status=409, reason="Conflict")
-        for k, v in (meta.get("labels") or {}).items():
-            if v is None:
-                node.metadata.labels.pop(k, None)
-            else:
-                node.metadata.labels[k] = v
-        for k, v in (meta.get("annotations") or {}).items():
-            if v is None:
-                node.metadata.annotations.pop(k, None)
-            else:
-                node.metadata.annotations[k] = v
-        node.metadata.resource_version = str(int(node.metadata.resource_version) + 1)
 
 
 def request(

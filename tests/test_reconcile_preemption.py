@@ -2,7 +2,7 @@
 
 torchrun exits 1 when its workers stopped cleanly with 75; the loop must still count that as an
 interruption (against ``spot.maxInterruptions``), not a failure (against ``backoffLimit``). These
-drive the reconcile loop of tests/test_operator_reconcile.py with full pod statuses.
+drive the reconcile loop of tests/conftest.py (World) with full pod statuses.
 """
 
 from __future__ import annotations
@@ -11,31 +11,15 @@ from typing import Any
 
 import pytest
 
+from conftest import World, make_job, node_body
 from gpuscaler.api.status import Phase
-from gpuscaler.cloud import NodeState
 from gpuscaler.controller.reconcile import preemption
 from gpuscaler.kube.workers import pod_state
+from gpuscaler.names import INTERRUPTION_ANNOTATION
 from gpuscaler.runtime import constants as rc
-from test_operator_reconcile import World, make_job
 
 
-class StatusWorld(World):
-    """A World whose pods can carry a full status (exit code, conditions) and annotations."""
-
-    def __init__(self, **config: Any) -> None:
-        super().__init__(**config)
-        self.statuses: dict[str, dict[str, Any]] = {}
-        self.annotations: dict[str, dict[str, str]] = {}
-
-    def pod_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        status = {"phase": self.phases.get(name, "Pending"), **self.statuses.get(name, {})}
-        meta = dict(body["metadata"])
-        meta["annotations"] = {**(meta.get("annotations") or {}), **self.annotations.get(name, {})}
-        return dict(body, metadata=meta, status=status)
-
-
-def running(w: StatusWorld) -> Any:
+def running(w: World) -> Any:
     job = make_job()
     w.step(job)
     w.step(job)
@@ -51,7 +35,7 @@ def terminated(code: int, **extra: Any) -> dict[str, Any]:
     return {"containerStatuses": [{"name": "train", "state": {"terminated": {"exitCode": code, "reason": "Error"}}}], **extra}
 
 
-def fail_and_step(w: StatusWorld, job: Any, code: int, *, annotations: dict[str, str] | None = None,
+def fail_and_step(w: World, job: Any, code: int, *, annotations: dict[str, str] | None = None,
                   status: dict[str, Any] | None = None) -> list[str]:
     w.phases["job-worker-1"] = "Failed"
     w.statuses["job-worker-1"] = terminated(code, **(status or {}))
@@ -71,7 +55,7 @@ def fail_and_step(w: StatusWorld, job: Any, code: int, *, annotations: dict[str,
 def test_launcher_exit_1_after_a_preemption_is_an_interruption_not_a_failure(
     annotations: dict[str, str], status: dict[str, Any]
 ) -> None:
-    w = StatusWorld(backoff_limit=0)  # a single counted failure would fail the job
+    w = World(backoff_limit=0)  # a single counted failure would fail the job
     job = running(w)
     reasons = fail_and_step(w, job, 1, annotations=annotations, status=status)
     assert w.status.phase is Phase.RECOVERING, w.status.message
@@ -82,7 +66,7 @@ def test_launcher_exit_1_after_a_preemption_is_an_interruption_not_a_failure(
 
 
 def test_exit_1_with_nothing_else_known_is_a_failure_against_the_backoff_limit() -> None:
-    w = StatusWorld(backoff_limit=0)
+    w = World(backoff_limit=0)
     job = running(w)
     reasons = fail_and_step(w, job, 1, annotations={rc.ANNOTATION_RUNTIME_PHASE: "running"})
     assert w.status.phase is Phase.FAILED and "Failed" in reasons
@@ -90,10 +74,11 @@ def test_exit_1_with_nothing_else_known_is_a_failure_against_the_backoff_limit()
 
 
 def test_a_failed_worker_on_a_node_under_notice_is_preempted() -> None:
-    w = StatusWorld(backoff_limit=0)
+    w = World(backoff_limit=0)
     job = running(w)
     node = sorted(w.nodes)[1]
-    w.nodes[node] = NodeState(node, "", "", True, w.now, 10.0, interrupted="maintenance")
+    w.nodes[node] = node_body(node, ready="True", created=w.now, price=10.0,
+                              annotations={INTERRUPTION_ANNOTATION: "maintenance"})
     for body in w.workers.pods():
         if body["metadata"]["name"] == "job-worker-1":
             body.setdefault("spec", {})["nodeName"] = node

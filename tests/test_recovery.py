@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conftest import CATALOG, SPOT_SPEC, T0, spec, spot_world
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase
 from gpuscaler.controller import interruptions as spot
@@ -23,13 +24,9 @@ from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
 from gpuscaler.simulator.planning import CachedPlanner
 from gpuscaler.simulator.strategies import Decision, Gpuscaler, JobState
-from test_interruptions import SPEC as INTERRUPTION_SPEC
-from test_interruptions import T0, SpotWorld, run_to
-from test_interruptions import spec as interruption_spec
-from test_operator_reconcile import CATALOG
 
 SPEC: dict[str, Any] = {
-    **{k: v for k, v in INTERRUPTION_SPEC.items() if k != "maxDuration"},  # the hours left are given per case
+    **{k: v for k, v in SPOT_SPEC.items() if k != "maxDuration"},  # the hours left are given per case
     "training": {"steps": 4000},
     "checkpoint": {"intervalSeconds": 60, "restartSeconds": 60},
 }
@@ -138,10 +135,10 @@ def test_the_loop_and_the_simulator_decide_the_same(case: Case) -> None:
 
 def test_the_reconcile_loop_replans_as_the_simulator_would() -> None:
     """The whole loop (notice, handshake, recovery) against the simulator's strategy on the same state."""
-    w = SpotWorld()
-    s = interruption_spec()
+    w = spot_world()
+    s = spec(SPOT_SPEC)
     job = Job("ns", "job", "uid-1", 1, T0, s)
-    run_to(w, job, Phase.RUNNING)
+    w.run_to(job, Phase.RUNNING)
     w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "150", rc.ANNOTATION_CHECKPOINT_STEP: "100"})
     w.step(job)
     name = next(iter(w.nodes))

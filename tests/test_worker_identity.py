@@ -12,6 +12,7 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from conftest import World, make_job
 from gpuscaler.api.status import Phase
 from gpuscaler.kube.client import SHARED_RECHECK_S, KubeError, Workers
 from gpuscaler.kube.workers import (
@@ -21,7 +22,6 @@ from gpuscaler.kube.workers import (
     worker_pod,
     worker_rbac,
 )
-from test_operator_reconcile import World, make_job
 
 IDENTITY = ["ServiceAccount/gpuscaler-worker", "Role/gpuscaler-worker", "RoleBinding/gpuscaler-worker"]
 

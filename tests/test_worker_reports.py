@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+from conftest import SPOT_SPEC, T0, World, first_plan, make_job, spec, spot_world
 from gpuscaler.api.status import NoticeStatus, Phase, Progress, TrainingJobStatus
-from gpuscaler.controller.reconcile import REPORTS_CONDITION, Job
+from gpuscaler.controller.reconcile import Job
 from gpuscaler.kube import reports
 from gpuscaler.kube.workers import NO_RANK, pod_state
+from gpuscaler.names import ConditionType
 from gpuscaler.runtime import constants as rc
-from test_interruptions import T0, SpotWorld, first_plan, run_to, spec
+from gpuscaler.settings import Settings
 
 STEP, SAMPLES, CKPT, ACK = (
     rc.ANNOTATION_PROGRESS_STEP,
@@ -83,7 +85,7 @@ def test_a_pod_without_a_rank_label_is_no_rank() -> None:
 
 
 def status(**changes: Any) -> TrainingJobStatus:
-    st = TrainingJobStatus(plan=first_plan(spec()), attempt=1, **changes)  # 400 steps of 256
+    st = TrainingJobStatus(plan=first_plan(spec(SPOT_SPEC)), attempt=1, **changes)  # 400 steps of 256
     assert st.plan is not None and st.plan.total_samples == 400 * 256
     return st
 
@@ -143,9 +145,9 @@ def test_acks_count_only_for_the_pending_request_with_a_checkpoint_after_it() ->
 # ------------------------------------------------------------------------------ the loop
 
 
-def running(w: SpotWorld) -> Job:
-    job = Job("ns", "job", "uid-1", 1, T0, spec())
-    run_to(w, job, Phase.RUNNING)
+def running(w: World) -> Job:
+    job = make_job(SPOT_SPEC)
+    w.run_to(job, Phase.RUNNING)
     return job
 
 
@@ -154,28 +156,28 @@ def condition(st: TrainingJobStatus, ctype: str) -> Any:
 
 
 def test_forged_progress_is_ignored_with_one_event_and_a_condition() -> None:
-    w = SpotWorld()
+    w = spot_world()
     job = running(w)
     w.annotate(**{STEP: "120", SAMPLES: str(120 * 256), CKPT: "100"})
     assert "ReportRejected" not in w.step(job)
     assert (w.status.progress.step, w.status.progress.checkpoint_step) == (120, 100)
     assert w.status.progress.reported_by == "job-worker-0"
-    assert condition(w.status, REPORTS_CONDITION) is None
+    assert condition(w.status, ConditionType.WORKER_REPORTS) is None
     w.annotate(**{STEP: "1000000", SAMPLES: "inf", CKPT: "399"})
     reasons = w.step(job)
     assert reasons.count("ReportRejected") == 1
     assert w.status.progress.step == 120 and w.status.progress.samples == 120 * 256
     assert w.status.progress.checkpoint_step == 100 and w.status.progress.percent < 50
-    cond = condition(w.status, REPORTS_CONDITION)
+    cond = condition(w.status, ConditionType.WORKER_REPORTS)
     assert cond.status == "False" and "job-worker-0" in cond.message and "1000000" in cond.message
     assert "ReportRejected" not in w.step(job) + w.step(job), "one Event per change, not per reconcile"
     # a lower report is not applied either (the status is monotone) and the condition clears
     w.annotate(**{STEP: "110", SAMPLES: str(110 * 256), CKPT: "100"})
     w.step(job)
-    assert w.status.progress.step == 120 and condition(w.status, REPORTS_CONDITION).status == "True"
+    assert w.status.progress.step == 120 and condition(w.status, ConditionType.WORKER_REPORTS).status == "True"
 
 
-def to_checkpointing(w: SpotWorld, job: Job) -> str:
+def to_checkpointing(w: World, job: Job) -> str:
     w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "100"})
     w.step(job)
     node = next(iter(w.nodes))
@@ -196,7 +198,7 @@ def to_checkpointing(w: SpotWorld, job: Job) -> str:
     ids=["unknown-id", "no-new-checkpoint", "out-of-range-checkpoint"],
 )
 def test_a_forged_ack_does_not_stop_the_gang_or_release_nodes(forged: dict[str, str]) -> None:
-    w = SpotWorld()
+    w = spot_world()
     job = running(w)
     rid = to_checkpointing(w, job)
     node = next(iter(w.nodes))
@@ -205,7 +207,7 @@ def test_a_forged_ack_does_not_stop_the_gang_or_release_nodes(forged: dict[str, 
         reasons = w.step(job, seconds=10)
         assert w.status.phase is Phase.CHECKPOINTING, w.status.message
         assert not w.workers.deleted and node in w.nodes and not w.provider.released
-    assert "ReportRejected" in reasons or condition(w.status, REPORTS_CONDITION).status == "False"
+    assert "ReportRejected" in reasons or condition(w.status, ConditionType.WORKER_REPORTS).status == "False"
     # the real checkpoint then ends the handshake at once
     w.annotate(**{ACK: rid, CKPT: "153", STEP: "153", SAMPLES: str(153 * 256)})
     assert "Checkpointed" in w.step(job)
@@ -213,7 +215,7 @@ def test_a_forged_ack_does_not_stop_the_gang_or_release_nodes(forged: dict[str, 
 
 
 def test_without_a_real_checkpoint_the_handshake_waits_for_the_deadline() -> None:
-    w = SpotWorld()
+    w = spot_world()
     job = running(w)
     rid = to_checkpointing(w, job)
     w.annotate(**{ACK: rid})  # acked, but checkpoint-step is still the old 100
@@ -228,9 +230,8 @@ def test_without_a_real_checkpoint_the_handshake_waits_for_the_deadline() -> Non
 def test_loss_refinement_uses_the_writers_checked_checkpoint() -> None:
     st = status(progress=Progress(step=130, checkpoint_step=100))
     from gpuscaler.controller import interruptions as spot
-    from test_interruptions import CFG
 
-    spot.record(st, node="n0", signal="node-deleted", acked=False, now=T0, cfg=CFG)
+    spot.record(st, node="n0", signal="node-deleted", acked=False, now=T0, cfg=spot.SpotConfig.from_settings(Settings()))
     spot.settle_loss(st)
     st.attempt = 2
     spot.recovered(st, T0 + timedelta(seconds=5))

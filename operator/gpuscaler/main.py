@@ -9,8 +9,8 @@ from __future__ import annotations
 import kopf
 
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, PLURAL
-from gpuscaler.cloud import JOB_LABEL
 from gpuscaler.handlers import trainingjob as h
+from gpuscaler.names import JOB_LABEL
 from gpuscaler.policy import PLURAL as POLICY_PLURAL
 from gpuscaler.settings import Settings
 

@@ -1,7 +1,10 @@
 """The operator's settings: one pydantic-settings object read from ``GPUSCALER_*`` environment variables.
 
 The Helm chart's ``settings:`` block maps one-to-one onto these fields (``providerName`` ->
-``GPUSCALER_PROVIDER_NAME``). Grouped by concern; every field says what it does.
+``GPUSCALER_PROVIDER_NAME``). Grouped by concern; every field says what it does. The only place
+the defaults are written: the reconcile loop's configs are derived from this object
+(:meth:`gpuscaler.controller.reconcile.LoopConfig.from_settings`,
+:meth:`gpuscaler.controller.interruptions.SpotConfig.from_settings`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gpuscaler import names
 
 
 class Settings(BaseSettings):
@@ -36,7 +41,7 @@ class Settings(BaseSettings):
         description="Seconds an offering that ran short of capacity is left out of plans.",
     )
     gpu_toleration_key: str = Field(
-        default="nvidia.com/gpu", description="Taint key of GPU nodes that workers tolerate."
+        default=names.GPU_RESOURCE, description="Taint key of GPU nodes that workers tolerate."
     )
     kwok_capacity: dict[str, int] = Field(
         default_factory=dict,
@@ -185,7 +190,7 @@ class Settings(BaseSettings):
         default=None, description="clusterapi: only MachineDeployments of this Cluster (none = any)."
     )
 
-    # --- Spot interruptions (handlers/interruptions.py, docs/operator.md "Spot interruptions")
+    # --- Spot interruptions (controller/interruptions.py SpotConfig, docs/operator.md "Spot interruptions")
     interruption_backoff_s: float = Field(
         default=1800.0,
         ge=0,

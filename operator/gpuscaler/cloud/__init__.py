@@ -4,14 +4,12 @@
 name; :mod:`gpuscaler.cloud.kwok` and :mod:`gpuscaler.cloud.static` implement it.
 """
 
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
-    JOB_LABEL,
-    PRICE_ANNOTATION,
     InsufficientCapacityError,
     JobRef,
     NodePoolProvider,
     NodeRequest,
-    NodeState,
     ProviderError,
     Scheduling,
     UnknownProviderError,
@@ -19,6 +17,7 @@ from gpuscaler.cloud.provider import (
     node_names,
 )
 from gpuscaler.cloud.registry import PROVIDERS, make_provider
+from gpuscaler.names import JOB_LABEL, PRICE_ANNOTATION
 
 __all__ = [
     "JOB_LABEL",

@@ -18,7 +18,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuscaler.cloud.provider import JOB_LABEL, PRICE_ANNOTATION, NodeRequest, ProviderError
+from gpuscaler.cloud.provider import (
+    NodeRequest,
+    ProviderError,
+)
+from gpuscaler.names import JOB_LABEL, PRICE_ANNOTATION
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409

@@ -22,24 +22,24 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler import names
 from gpuscaler.cloud.adoption import NodeAdopter, core_api
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
-    CAPACITY_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL,
-    JOB_LABEL,
+    AdoptsNodes,
     JobRef,
     NodeRequest,
-    NodeState,
     ProviderError,
     Scheduling,
 )
+from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL
 
 GROUP = "cluster.x-k8s.io"
 VERSION = "v1beta2"
 PLURAL = "machinedeployments"
-INSTANCE_LABEL = "gpuscaler.io/instance-type"
-CAPACITY_LABEL = "gpuscaler.io/capacity-type"
-NODE_SELECTOR_ANNOTATION = "gpuscaler.io/node-selector"
+INSTANCE_LABEL = names.INSTANCE_TYPE_KEY
+CAPACITY_LABEL = names.CAPACITY_TYPE_KEY
+NODE_SELECTOR_ANNOTATION = names.NODE_SELECTOR_ANNOTATION
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 """On nodes: the name of their Machine (set by Cluster API)."""
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
@@ -47,13 +47,10 @@ DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 HTTP_NOT_FOUND = 404
 
 
-class ClusterApiProvider:
+class ClusterApiProvider(AdoptsNodes):
     """Scales MachineDeployments; adopts the nodes their machines register."""
 
     name = "clusterapi"
-    manages_nodes = True
-    names_nodes = False
-    provisions_for_pods = False
 
     def __init__(
         self,
@@ -61,7 +58,7 @@ class ClusterApiProvider:
         *,
         namespace: str = "default",
         cluster: str | None = None,
-        toleration_key: str = "nvidia.com/gpu",
+        toleration_key: str = names.GPU_RESOURCE,
         version: str = VERSION,
     ) -> None:
         """

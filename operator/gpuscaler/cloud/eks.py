@@ -35,27 +35,27 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from gpuscaler import names
 from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud.adoption import NodeAdopter
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
-    CAPACITY_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL,
-    JOB_LABEL,
+    AdoptsNodes,
     InsufficientCapacityError,
     JobRef,
     NodeRequest,
-    NodeState,
     ProviderError,
     Scheduling,
 )
+from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL
 
-INSTANCE_TAG = "gpuscaler.io/instance-type"
+INSTANCE_TAG = names.INSTANCE_TYPE_KEY
 """Node-group tag (or label) naming the instance type it serves."""
-CAPACITY_TAG = "gpuscaler.io/capacity-type"
+CAPACITY_TAG = names.CAPACITY_TYPE_KEY
 """Node-group tag (or label) naming the capacity type it serves: ``on-demand`` or ``spot``."""
-NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
+NODEGROUP_LABEL = names.EKS_NODEGROUP_LABEL
 """Label EKS puts on every node of a managed node group."""
-EKS_CAPACITY_LABEL = "eks.amazonaws.com/capacityType"
+EKS_CAPACITY_LABEL = names.EKS_CAPACITY_LABEL
 """Label EKS puts on every node: ``ON_DEMAND`` or ``SPOT``."""
 
 EKS_CAPACITY = {CapacityType.ON_DEMAND: "ON_DEMAND", CapacityType.SPOT: "SPOT"}
@@ -101,7 +101,7 @@ class EksTemplate:
     disk_size_gb: int = 200
     max_nodes: int = 16
     """``maxSize`` of a created group (raised when a plan needs more)."""
-    taint_key: str = "nvidia.com/gpu"
+    taint_key: str = names.GPU_RESOURCE
     tags: dict[str, str] = field(default_factory=dict)
 
 
@@ -115,13 +115,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-class EksProvider:
+class EksProvider(AdoptsNodes):
     """Scales EKS managed node groups; adopts the nodes they register."""
 
     name = "eks"
-    manages_nodes = True
-    names_nodes = False
-    provisions_for_pods = False
 
     def __init__(
         self,
@@ -246,7 +243,7 @@ class EksProvider:
             capacityType=EKS_CAPACITY[cap],
             labels={**meta, CAPACITY_TYPE_LABEL: cap.value},
             taints=[{"key": t.taint_key, "effect": "NO_SCHEDULE"}],
-            tags={**t.tags, **meta, "gpuscaler.io/managed": "true"},
+            tags={**t.tags, **meta, names.MANAGED_LABEL: "true"},
         )
         self._groups[(inst, cap.value)] = _Group(name, None)
         return name
@@ -363,7 +360,7 @@ class EksProvider:
         return released
 
     def scheduling(self, request: NodeRequest) -> Scheduling:
-        key = self.template.taint_key if self.template else "nvidia.com/gpu"
+        key = self.template.taint_key if self.template else names.GPU_RESOURCE
         return Scheduling(
             node_selector={
                 INSTANCE_TYPE_LABEL: request.instance.name,

@@ -33,24 +33,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuscaler import names
 from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud.adoption import NodeAdopter
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
-    INSTANCE_TYPE_LABEL,
-    JOB_LABEL,
+    AdoptsNodes,
     InsufficientCapacityError,
     JobRef,
     NodeRequest,
-    NodeState,
     ProviderError,
     Scheduling,
 )
+from gpuscaler.names import INSTANCE_TYPE_LABEL, JOB_LABEL
 
-INSTANCE_LABEL = "gpuscaler.io/instance-type"
-CAPACITY_LABEL = "gpuscaler.io/capacity-type"
-NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
-SPOT_LABEL = "cloud.google.com/gke-spot"
-ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+INSTANCE_LABEL = names.INSTANCE_TYPE_KEY
+CAPACITY_LABEL = names.CAPACITY_TYPE_KEY
+NODEPOOL_LABEL = names.GKE_NODEPOOL_LABEL
+SPOT_LABEL = names.GKE_SPOT_LABEL
+ACCELERATOR_LABEL = names.GKE_ACCELERATOR_LABEL
 
 GKE_ACCELERATORS: dict[str, str] = {
     "V100-16GB": "nvidia-tesla-v100",
@@ -88,13 +89,10 @@ def _status_name(status: Any) -> str:
     return str(getattr(status, "name", status))
 
 
-class GkeProvider:
+class GkeProvider(AdoptsNodes):
     """Sizes GKE node pools; adopts the nodes they register."""
 
     name = "gke"
-    manages_nodes = True
-    names_nodes = False
-    provisions_for_pods = False
 
     def __init__(
         self,
@@ -106,7 +104,7 @@ class GkeProvider:
         cluster: str,
         operation_timeout_s: float = 30.0,
         poll_s: float = 2.0,
-        toleration_key: str = "nvidia.com/gpu",
+        toleration_key: str = names.GPU_RESOURCE,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -9,11 +9,11 @@ GPU taint; and it puts the plan on the worker pods (:meth:`KarpenterProvider.sch
 the job label. The pool requires ``gpuscaler.io/job`` with ``Exists``, so Karpenter copies the pod's
 job label onto the node it launches: nodes are per job and the operator's node index finds them.
 
-``provisions_for_pods`` is True: the reconcile loop calls :meth:`ensure_nodes` when a gang starts
+The workers go first (:meth:`workers_first`): the reconcile loop calls :meth:`ensure_nodes` when a gang starts
 (it creates or updates the NodePool and launches nothing), then creates the worker pods at once
 (Karpenter acts on them) rather than wait for nodes first; the gang timeout runs on the pods being
 scheduled and Running. The loop knows the job's nodes by their offering (Karpenter names them), and
-``manages_nodes`` is True: they are the job's own, released when it ends or is re-planned.
+they are the job's own (:meth:`node_gone`), released when it ends or is re-planned.
 
 Scale-down is Karpenter's: ``consolidationPolicy: WhenEmpty`` removes a job's nodes once its pods
 are gone. :meth:`release_nodes` hastens it by deleting the nodes' NodeClaims (Karpenter drains and
@@ -29,20 +29,20 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler import names
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
-    CAPACITY_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL,
-    JOB_LABEL,
+    AdoptsNodes,
     JobRef,
     NodeRequest,
-    NodeState,
     ProviderError,
     Scheduling,
 )
+from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL
 
 GROUP = "karpenter.sh"
 VERSION = "v1"
-NODEPOOL_LABEL = "karpenter.sh/nodepool"
+NODEPOOL_LABEL = names.KARPENTER_NODEPOOL_LABEL
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscaler"}
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
@@ -71,13 +71,18 @@ class NodeClassRef:
         return cls(*parts)
 
 
-class KarpenterProvider:
+class KarpenterProvider(AdoptsNodes):
     """Keeps the gpuscaler NodePool; Karpenter does the provisioning."""
 
     name = "karpenter"
-    manages_nodes = True
-    names_nodes = False
-    provisions_for_pods = True
+
+    def workers_first(self, request: NodeRequest) -> bool:
+        """See :meth:`NodePoolProvider.workers_first`: Karpenter provisions for the pending workers."""
+        return True
+
+    def launches_for_workers(self, request: NodeRequest) -> bool:
+        """See :meth:`NodePoolProvider.launches_for_workers`: Karpenter's nodes come for the workers."""
+        return True
 
     def __init__(
         self,
@@ -87,7 +92,7 @@ class KarpenterProvider:
         instance_types: Iterable[str],
         nodepool: str = "gpuscaler",
         gpu_limit: int | None = None,
-        taint_key: str = "nvidia.com/gpu",
+        taint_key: str = names.GPU_RESOURCE,
         consolidate_after: str = "60s",
         extra_requirements: list[dict[str, Any]] | None = None,
     ) -> None:
@@ -115,7 +120,7 @@ class KarpenterProvider:
         """The NodePool as gpuscaler wants it."""
         spec: dict[str, Any] = {
             "template": {
-                "metadata": {"labels": {"gpuscaler.io/managed": "true"}},
+                "metadata": {"labels": {names.MANAGED_LABEL: "true"}},
                 "spec": {
                     "nodeClassRef": {
                         "group": self.node_class.group,
@@ -135,7 +140,7 @@ class KarpenterProvider:
             "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": self.consolidate_after},
         }
         if self.gpu_limit is not None:
-            spec["limits"] = {"nvidia.com/gpu": str(self.gpu_limit)}
+            spec["limits"] = {names.GPU_RESOURCE: str(self.gpu_limit)}
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "NodePool",

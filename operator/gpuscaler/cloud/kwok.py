@@ -17,31 +17,26 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.cloud.kwok_nodes import GPU_TAINT, label_value, node_manifest
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
-    CAPACITY_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL,
-    JOB_LABEL,
-    PRICE_ANNOTATION,
     InsufficientCapacityError,
     JobRef,
+    MakesNodes,
     NodeRequest,
-    NodeState,
     ProviderError,
     Scheduling,
     node_names,
 )
+from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL, PRICE_ANNOTATION
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 
 
-class KwokProvider:
+class KwokProvider(MakesNodes):
     """Creates and deletes fake GPU nodes in a cluster whose kwok manages ``kwok.x-k8s.io/node=fake``."""
 
     name = "kwok"
-    manages_nodes = True
-    names_nodes = True
-    provisions_for_pods = False
 
     def __init__(
         self,

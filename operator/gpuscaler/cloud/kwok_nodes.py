@@ -17,25 +17,26 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from gpuscaler import names
 from gpuscaler.catalog import CapacityType, InstanceType
 
 NODE_READY_DELAY_ANNOTATION: Final = "node-initialize.stage.kwok.x-k8s.io/delay"
 """Node annotation: how long kwok waits before making the node Ready (the dev cluster's kwok
 stages, :mod:`gpuscaler.devcluster.stages`, read it)."""
 
-POOL_LABEL = "gpuscaler.io/pool"
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-ZONE_LABEL = "topology.kubernetes.io/zone"
-REGION_LABEL = "topology.kubernetes.io/region"
-CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
-GPU_RESOURCE = "nvidia.com/gpu"
+POOL_LABEL = names.POOL_LABEL
+INSTANCE_TYPE_LABEL = names.INSTANCE_TYPE_LABEL
+ZONE_LABEL = names.ZONE_LABEL
+REGION_LABEL = names.REGION_LABEL
+CAPACITY_TYPE_LABEL = names.CAPACITY_TYPE_LABEL
+GPU_PRODUCT_LABEL = names.GPU_PRODUCT_LABEL
+GPU_COUNT_LABEL = names.GPU_COUNT_LABEL
+GPU_MEMORY_LABEL = names.GPU_MEMORY_LABEL
+GPU_RESOURCE = names.GPU_RESOURCE
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-GPU_TAINT: Mapping[str, str] = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_TAINT: Mapping[str, str] = {"key": names.GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 """The taint EKS, GKE and AKS GPU node groups carry (pods need a matching toleration)."""
-NOT_READY_TAINT: Mapping[str, str] = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+NOT_READY_TAINT: Mapping[str, str] = {"key": names.NOT_READY_TAINT_KEY, "effect": "NoSchedule"}
 
 DEFAULT_MAX_PODS = 110
 
@@ -116,16 +117,16 @@ def node_labels(
         GPU_PRODUCT_LABEL: label_value(inst.gpu.product_label),
         GPU_COUNT_LABEL: str(inst.gpu_count),
         GPU_MEMORY_LABEL: str(round(inst.gpu.memory_gb * 1024)),
-        "gpuscaler.io/gpu": label_value(inst.gpu.id),
-        "gpuscaler.io/provider": label_value(inst.provider),
+        names.GPU_LABEL: label_value(inst.gpu.id),
+        names.PROVIDER_LABEL: label_value(inst.provider),
     }
     if inst.provider == "aws":
         spot = capacity_type is CapacityType.SPOT
-        labels["eks.amazonaws.com/capacityType"] = "SPOT" if spot else "ON_DEMAND"
+        labels[names.EKS_CAPACITY_LABEL] = "SPOT" if spot else "ON_DEMAND"
     elif inst.provider == "gcp" and capacity_type is CapacityType.SPOT:
-        labels["cloud.google.com/gke-spot"] = "true"
+        labels[names.GKE_SPOT_LABEL] = "true"
     elif inst.provider == "azure":
-        labels["kubernetes.azure.com/scalesetpriority"] = (
+        labels[names.AZURE_PRIORITY_LABEL] = (
             "spot" if capacity_type is CapacityType.SPOT else "regular"
         )
     labels.update(extra or {})
@@ -152,7 +153,7 @@ def node_manifest(
     a booting kubelet's node is) and lets kwok make it Ready after that many seconds.
     """
     capacity, allocatable = node_resources(inst, max_pods)
-    ann = {KWOK_ANNOTATION: "fake", "gpuscaler.io/instance-type": inst.name}
+    ann = {KWOK_ANNOTATION: "fake", names.INSTANCE_TYPE_KEY: inst.name}
     if ready_after > 0:
         ann[NODE_READY_DELAY_ANNOTATION] = f"{int(ready_after * 1000)}ms"
     ann.update(annotations or {})

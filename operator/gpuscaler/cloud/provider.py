@@ -20,17 +20,10 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol
 
 from gpuscaler.catalog import CapacityType, InstanceType
-
-JOB_LABEL = "gpuscaler.io/job"
-"""On nodes and pods of a job: ``<namespace>.<name>`` (shortened with a hash when too long)."""
-PRICE_ANNOTATION = "gpuscaler.io/usd-per-hour"
-"""On nodes a provider created: the node's price per hour at its capacity type (for cost so far)."""
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+from gpuscaler.cloud.nodes import NodeState
 
 
 class ProviderError(RuntimeError):
@@ -80,21 +73,6 @@ class NodeRequest:
 
 
 @dataclass(frozen=True)
-class NodeState:
-    """One node of a job as observed."""
-
-    name: str
-    instance_type: str
-    capacity_type: str
-    ready: bool
-    created: datetime | None
-    usd_per_hour: float
-    deleting: bool = False
-    interrupted: str | None = None
-    """Why the node is going away (spot reclaim taint, annotation), None when it is not."""
-
-
-@dataclass(frozen=True)
 class Scheduling:
     """What worker pods need to land on the job's nodes."""
 
@@ -106,29 +84,14 @@ class NodePoolProvider(Protocol):
     """Grows and shrinks the nodes of a job."""
 
     name: str
-    manages_nodes: bool
-    """True when the job's nodes are the provider's, made or adopted for the job (kwok, eks, gke,
-    clusterapi, karpenter): the loop releases them and treats a worker whose node vanished as
-    interrupted. False for providers that only steer pods onto existing nodes (``static``): the
-    loop then skips waiting for nodes and measures the gang timeout on pod scheduling instead."""
-    names_nodes: bool
-    """True when the job's nodes get the names of :func:`node_names` (kwok creates them so); the
-    loop then knows them by name. False when the cloud names them (eks, gke and clusterapi adopt
-    what their node groups register; Karpenter names its own): the loop knows the job's nodes by
-    their offering (instance type and capacity type) instead."""
-    provisions_for_pods: bool
-    """True when the provider creates capacity in response to *pending pods* (Karpenter): the loop
-    still calls :meth:`ensure_nodes` first (to prepare the provider's own objects, e.g. the
-    NodePool), then creates the worker pods at once instead of waiting for Ready nodes, and
-    measures the gang timeout on the pods being scheduled and Running. False for every provider that makes the nodes itself
-    before the pods exist (kwok, eks, gke, clusterapi) and for ``static``."""
 
     def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
         """Create the request's nodes that do not exist yet; return the names created now.
 
         Called by the loop for every provider when a gang starts and, for providers that make
-        their nodes before the pods (``provisions_for_pods`` False), on each step until the nodes
-        are Ready. A provider that provisions for pods prepares its objects here and returns ``[]``.
+        their nodes before the workers (:meth:`workers_first` False), on each step until the
+        nodes are Ready. A provider whose workers go first prepares its objects here (Karpenter's
+        NodePool) and returns ``[]``.
 
         Args:
             request: The offering and node count of the plan.
@@ -153,6 +116,89 @@ class NodePoolProvider(Protocol):
         """Node selector and tolerations that put one worker on each of the request's nodes."""
         ...
 
+    def owns(self, request: NodeRequest, node: NodeState) -> bool:
+        """Whether an observed node of the job is one of ``request``'s (the current plan's).
+
+        The loop releases the job's other nodes (an earlier plan's). Providers that name the nodes
+        (kwok: :func:`node_names`) answer by name (:func:`owned_by_name`); providers whose cloud
+        names them (eks, gke and clusterapi adopt what their node groups register; Karpenter names
+        its own) by the offering, instance type and capacity type (:func:`owned_by_offering`).
+        """
+        ...
+
+    def workers_first(self, request: NodeRequest) -> bool:
+        """Whether the loop creates the workers as soon as :meth:`ensure_nodes` returned.
+
+        True when the capacity comes for the pending worker pods (Karpenter) or already exists
+        (``static``): the gang timeout then runs on the workers being scheduled and Running.
+        False when the provider makes the nodes before the pods (kwok, eks, gke, clusterapi):
+        the loop waits for ``request.count`` Ready nodes first.
+        """
+        ...
+
+    def launches_for_workers(self, request: NodeRequest) -> bool:
+        """Whether nodes for ``request`` appear because its workers are pending (Karpenter).
+
+        The loop then reports them while the workers wait (``status.nodes``, the NodesReady
+        condition and Event). False for every provider that makes its nodes itself or uses
+        existing ones.
+        """
+        ...
+
+    def node_gone(self, node: str, nodes: list[NodeState]) -> bool:
+        """Whether the node a worker ran on is gone, given the job's nodes as observed.
+
+        The loop counts such a worker interrupted (``node-deleted``). Providers whose nodes are
+        the job's answer: it is not among them (:func:`gone_unless_observed`). ``static`` answers
+        False: the job's workers run on nodes the job does not own and never observes.
+        """
+        ...
+
+
+def owned_by_name(request: NodeRequest, node: NodeState) -> bool:
+    """:meth:`NodePoolProvider.owns` of a provider that names the nodes (:func:`node_names`)."""
+    return node.name in node_names(request)
+
+
+def owned_by_offering(request: NodeRequest, node: NodeState) -> bool:
+    """:meth:`NodePoolProvider.owns` of a provider whose cloud names the nodes: the offering."""
+    return (node.instance_type, node.capacity_type) == (request.instance.name, request.capacity.value)
+
+
+def gone_unless_observed(node: str, nodes: list[NodeState]) -> bool:
+    """:meth:`NodePoolProvider.node_gone` of a provider whose nodes are the job's own."""
+    return node not in {n.name for n in nodes}
+
+
+class MakesNodes:
+    """The behaviour of a provider that makes a job's nodes before its workers and names them
+    :func:`node_names` (kwok). Providers mix it in and override what differs."""
+
+    def owns(self, request: NodeRequest, node: NodeState) -> bool:
+        """See :meth:`NodePoolProvider.owns`: by name."""
+        return owned_by_name(request, node)
+
+    def workers_first(self, request: NodeRequest) -> bool:
+        """See :meth:`NodePoolProvider.workers_first`: the nodes first."""
+        return False
+
+    def launches_for_workers(self, request: NodeRequest) -> bool:
+        """See :meth:`NodePoolProvider.launches_for_workers`: no."""
+        return False
+
+    def node_gone(self, node: str, nodes: list[NodeState]) -> bool:
+        """See :meth:`NodePoolProvider.node_gone`: the job's own nodes."""
+        return gone_unless_observed(node, nodes)
+
+
+class AdoptsNodes(MakesNodes):
+    """The behaviour of a provider whose cloud names the job's nodes (a node group's, adopted by
+    their offering: eks, gke, clusterapi)."""
+
+    def owns(self, request: NodeRequest, node: NodeState) -> bool:
+        """See :meth:`NodePoolProvider.owns`: by offering."""
+        return owned_by_offering(request, node)
+
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -170,52 +216,3 @@ def node_names(request: NodeRequest) -> list[str]:
     """Deterministic node names of a request: ``<job>-<hash>-<i>`` (at most 63 characters)."""
     prefix = re.sub(r"[^a-z0-9-]+", "-", request.job.name.lower())[:48].strip("-")
     return [f"{prefix}-{request.pool_id}-{i}" for i in range(request.count)]
-
-
-INTERRUPTION_TAINTS = {
-    "aws-node-termination-handler/spot-itn": "AWS spot interruption notice",
-    "aws-node-termination-handler/rebalance-recommendation": "AWS rebalance recommendation",
-    "karpenter.sh/disrupted": "Karpenter disruption",
-    "cloud.google.com/impending-node-termination": "GKE node termination",
-}
-"""Node taints that announce the node's end, and what they mean."""
-INTERRUPTION_ANNOTATION = "gpuscaler.io/interruption-notice"
-"""Node annotation for any other notice (its value is the reason)."""
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def node_state(node: dict[str, object]) -> NodeState:
-    """A :class:`NodeState` from a Node object as a plain dict (a watch event body)."""
-    meta: dict[str, object] = node.get("metadata") or {}  # type: ignore[assignment]
-    spec: dict[str, object] = node.get("spec") or {}  # type: ignore[assignment]
-    status: dict[str, object] = node.get("status") or {}  # type: ignore[assignment]
-    labels: dict[str, str] = meta.get("labels") or {}  # type: ignore[assignment]
-    ann: dict[str, str] = meta.get("annotations") or {}  # type: ignore[assignment]
-    conds: list[dict[str, str]] = status.get("conditions") or []  # type: ignore[assignment]
-    taints: list[dict[str, str]] = spec.get("taints") or []  # type: ignore[assignment]
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds) and not any(
-        t.get("key") == "node.kubernetes.io/not-ready" for t in taints
-    )
-    interrupted = ann.get(INTERRUPTION_ANNOTATION)
-    for t in taints:
-        if t.get("key") in INTERRUPTION_TAINTS:
-            interrupted = INTERRUPTION_TAINTS[t["key"]]
-    try:
-        price = float(ann.get(PRICE_ANNOTATION, "0"))
-    except ValueError:
-        price = 0.0
-    return NodeState(
-        name=str(meta.get("name", "")),
-        instance_type=labels.get(INSTANCE_TYPE_LABEL, ""),
-        capacity_type=labels.get(CAPACITY_TYPE_LABEL, ""),
-        ready=ready,
-        created=_parse_time(meta.get("creationTimestamp")),  # type: ignore[arg-type]
-        usd_per_hour=price,
-        deleting=bool(meta.get("deletionTimestamp")),
-        interrupted=interrupted,
-    )

@@ -7,25 +7,31 @@ workers being scheduled.
 
 from __future__ import annotations
 
+from gpuscaler import names
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
-    CAPACITY_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL,
+    AdoptsNodes,
     JobRef,
     NodeRequest,
-    NodeState,
     Scheduling,
 )
+from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL
 
 
-class StaticProvider:
+class StaticProvider(AdoptsNodes):
     """Existing nodes only."""
 
     name = "static"
-    manages_nodes = False
-    names_nodes = False
-    provisions_for_pods = False
 
-    def __init__(self, toleration_key: str = "nvidia.com/gpu") -> None:
+    def workers_first(self, request: NodeRequest) -> bool:
+        """See :meth:`NodePoolProvider.workers_first`: the nodes exist."""
+        return True
+
+    def node_gone(self, node: str, nodes: list[NodeState]) -> bool:
+        """See :meth:`NodePoolProvider.node_gone`: the nodes are not the job's, so never."""
+        return False
+
+    def __init__(self, toleration_key: str = names.GPU_RESOURCE) -> None:
         self.toleration_key = toleration_key
 
     def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:

@@ -1,8 +1,8 @@
 """Spot interruptions: detect a node's notice, checkpoint within it, re-plan what is left, resume.
 
 Called by :class:`gpuscaler.controller.reconcile.Reconciler` (its Running, Checkpointing, Recovering
-and Starting phases) and by the node index of :mod:`gpuscaler.handlers.trainingjob`
-(:func:`observe_node`). Nothing here talks to the API server except through the worker client the
+and Starting phases). The signals on a node are read by :func:`gpuscaler.cloud.nodes.node_state`
+from its table :data:`~gpuscaler.cloud.nodes.NOTICE_SOURCES`; here is what they mean for the job. Nothing here talks to the API server except through the worker client the
 loop passes in; what is decided is kept in the job's status (``notice``, ``interruptionHistory``,
 ``unavailable``), so a restarted operator carries on where it was.
 
@@ -30,9 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Literal, Protocol
+from typing import Protocol
 
 from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.events import Event
 from gpuscaler.api.status import (
     InterruptionRecord,
     NoticeStatus,
@@ -41,19 +42,18 @@ from gpuscaler.api.status import (
     UnavailableOffering,
 )
 from gpuscaler.catalog import CapacityType
-from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION, NodeState, node_state
+from gpuscaler.cloud.nodes import NOTICE_SOURCES, SOURCES, NodeState, NoticeSource, Signal, parse_time
 from gpuscaler.controller.policy import Governance
 from gpuscaler.kube.reports import trusted_report
 from gpuscaler.kube.workers import PodState
 from gpuscaler.planner import Interrupted, PlanResult, Situation, recover
 from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
+from gpuscaler.settings import Settings
 
 HISTORY_LIMIT = 20
 """Interruption records kept in the status (the count keeps going)."""
 
-Note = tuple[str, str, str]
-"""An Event to post: (type, reason, message); the loop turns it into its own Event."""
 
 
 
@@ -81,139 +81,27 @@ class Planner(Protocol):
 
 
 @dataclass(frozen=True)
-class NoticeSource:
-    """One way a node announces its end, and how long the job then has."""
-
-    signal: str
-    """Short name recorded in the status and Events."""
-    kind: Literal["taint", "annotation", "not-ready", "gone", "exit"]
-    key: str
-    """Taint key or annotation key (empty when the kind says it all)."""
-    notice_s: float | None
-    """Seconds from the notice to the node's end; None: a soft notice (no deadline); 0: none at all."""
-    meaning: str
-
-
-NOTICE_SOURCES: tuple[NoticeSource, ...] = (
-    # AWS EC2 spot interruption notice, turned into a taint by aws-node-termination-handler (IMDS or
-    # queue mode). EC2 stops or terminates the instance two minutes after the notice.
-    NoticeSource(
-        "aws-spot-itn",
-        "taint",
-        "aws-node-termination-handler/spot-itn",
-        120.0,
-        "AWS spot interruption notice",
-    ),
-    # GKE spot / preemptible VM preemption: GKE taints the node and the VM gets an ACPI soft-off;
-    # it is gone 30 s later. The shortest notice there is: the handshake must fit in it.
-    NoticeSource(
-        "gke-termination",
-        "taint",
-        "cloud.google.com/impending-node-termination",
-        30.0,
-        "GKE node termination (preemption)",
-    ),
-    # Karpenter tainted the node before draining it (consolidation, drift, expiry, or its own spot
-    # interruption handling). The drain SIGTERMs the workers, which then have their
-    # terminationGracePeriodSeconds: 30 s by default.
-    NoticeSource("karpenter-disrupted", "taint", "karpenter.sh/disrupted", 30.0, "Karpenter disruption"),
-    # Anything else (a custom handler, a maintenance script, a test): the annotation's value is an
-    # RFC 3339 deadline, or a reason; with a reason the notice is settings.annotation_notice_s.
-    NoticeSource("annotation", "annotation", INTERRUPTION_ANNOTATION, 30.0, "interruption notice annotation"),
-    # AWS rebalance recommendation: the instance is at elevated risk of a reclaim, with no deadline.
-    # Checkpoint soon and move while moving is cheap (wait at most settings.soft_notice_wait_s).
-    NoticeSource(
-        "aws-rebalance",
-        "taint",
-        "aws-node-termination-handler/rebalance-recommendation",
-        None,
-        "AWS rebalance recommendation",
-    ),
-    # The node stopped reporting (NotReady past settings.node_not_ready_grace_s): its workers are
-    # out of reach, so there is no handshake; resume from the last periodic checkpoint.
-    NoticeSource("node-not-ready", "not-ready", "", 0.0, "node NotReady past the grace period"),
-    # The Node object vanished with no notice (a hard loss; also a deletion with no taint before
-    # it, as the job's nodes in deletion are already out of the gang): resume from the last
-    # periodic checkpoint.
-    NoticeSource("node-deleted", "gone", "", 0.0, "node deleted without notice"),
-    # A worker was preempted (it checkpointed on SIGTERM and exited 75 or reported the preempted
-    # phase, or its pod has DisruptionTarget: evicted, or its node drained) and no notice was
-    # seen: resume from that checkpoint (gpuscaler.controller.reconcile.preemption).
-    NoticeSource("worker-preempted", "exit", "", 0.0, "worker preempted (exit 75, runtime phase preempted, or DisruptionTarget)"),
-)
-"""Every interruption signal gpuscaler understands. When several apply to one node, the earliest
-deadline wins (a soft notice has none); on a tie the earlier entry."""
-
-SOURCES = {s.signal: s for s in NOTICE_SOURCES}
-
-
-@dataclass(frozen=True)
 class SpotConfig:
-    """The settings of interruption handling (from :class:`gpuscaler.settings.Settings`)."""
+    """The settings of interruption handling: the "Spot interruptions" group of
+    :class:`gpuscaler.settings.Settings`, where their defaults and reasons are (built by
+    :meth:`from_settings`, never spelled again here)."""
 
-    interruption_backoff_s: float = 1800.0
-    node_not_ready_grace_s: float = 60.0
-    soft_notice_wait_s: float = 30.0
-    annotation_notice_s: float = 30.0
+    interruption_backoff_s: float
+    """Seconds a reclaimed spot offering is left out of re-plans."""
+    node_not_ready_grace_s: float
+    """Seconds a job's node may be NotReady before it counts as lost."""
+    soft_notice_wait_s: float
+    """Longest wait for the checkpoint ack after a notice with no deadline."""
+    annotation_notice_s: float
+    """Notice of an interruption annotation that gives no deadline timestamp."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SpotConfig:
+        """The group's values in ``settings``."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
 # ------------------------------------------------------------------------------ detection
-
-
-@dataclass(frozen=True)
-class Signal:
-    """One interruption signal on a node, as observed."""
-
-    signal: str
-    value: str = ""
-    """The annotation's value, or the taint's value."""
-    since: datetime | None = None
-    """When the signal started, if the object says (taint timeAdded, NotReady transition time)."""
-
-
-@dataclass(frozen=True)
-class NoticedNode(NodeState):
-    """A :class:`NodeState` with the interruption signals found on the Node (the node index's value)."""
-
-    signals: tuple[Signal, ...] = ()
-
-
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def observe_node(node: dict[str, object]) -> NoticedNode:
-    """The node as the loop sees it, with every signal of :data:`NOTICE_SOURCES` it carries."""
-    base = node_state(node)
-    meta: dict[str, object] = node.get("metadata") or {}  # type: ignore[assignment]
-    spec: dict[str, object] = node.get("spec") or {}  # type: ignore[assignment]
-    status: dict[str, object] = node.get("status") or {}  # type: ignore[assignment]
-    ann: dict[str, str] = meta.get("annotations") or {}  # type: ignore[assignment]
-    taints: list[dict[str, str]] = spec.get("taints") or []  # type: ignore[assignment]
-    conds: list[dict[str, str]] = status.get("conditions") or []  # type: ignore[assignment]
-    found: list[Signal] = []
-    for src in NOTICE_SOURCES:
-        if src.kind == "taint":
-            found += [
-                Signal(src.signal, str(t.get("value") or ""), _time(t.get("timeAdded")))
-                for t in taints
-                if t.get("key") == src.key
-            ]
-        elif src.kind == "annotation" and src.key in ann:
-            found.append(Signal(src.signal, str(ann[src.key])))
-        elif src.kind == "not-ready":
-            # Only read while the job runs, when every node of the gang has been Ready.
-            ready = next((c for c in conds if c.get("type") == "Ready"), None)
-            if ready is not None and ready.get("status") != "True":
-                since = _time(ready.get("lastTransitionTime"))
-                found.append(Signal(src.signal, str(ready.get("reason") or ""), since))
-    values = {f.name: getattr(base, f.name) for f in fields(NodeState)}
-    return NoticedNode(**values, signals=tuple(found))
 
 
 @dataclass(frozen=True)
@@ -238,7 +126,7 @@ class Notice:
 
 def _deadline(sig: Signal, src: NoticeSource, now: datetime, cfg: SpotConfig) -> datetime | None:
     if src.kind == "annotation":
-        at = _time(sig.value)
+        at = parse_time(sig.value)
         return at if at is not None else now + timedelta(seconds=cfg.annotation_notice_s)
     if src.notice_s is None:
         return None
@@ -247,9 +135,7 @@ def _deadline(sig: Signal, src: NoticeSource, now: datetime, cfg: SpotConfig) ->
 
 def node_notice(node: NodeState, now: datetime, cfg: SpotConfig) -> Notice | None:
     """The most urgent interruption of one node now, or None (see :data:`NOTICE_SOURCES`)."""
-    signals = list(node.signals) if isinstance(node, NoticedNode) else []
-    if not signals and node.interrupted:  # a NodeState built elsewhere: the provider's reading
-        signals = [Signal("annotation", node.interrupted)]
+    signals = node.signals
     best: tuple[float, int, Notice] | None = None
     for sig in signals:
         src = SOURCES[sig.signal]
@@ -287,7 +173,7 @@ def begin_handshake(
     pods: list[PodState],
     annotate: Callable[[str, dict[str, str]], None],
     now: datetime,
-) -> list[Note]:
+) -> list[Event]:
     """Ask every live worker for a checkpoint now (phase Checkpointing), or note a hard loss.
 
     Args:
@@ -325,7 +211,7 @@ def begin_handshake(
             if not p.deleting and not p.succeeded and not p.failed:
                 annotate(p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid})
     st.message = f"node {notice.node}: {notice.describe()}; {when}"
-    return [("Warning", "Interrupted", st.message)]
+    return [Event("Warning", "Interrupted", st.message)]
 
 
 def handshake_done(
@@ -356,7 +242,7 @@ def record(
     acked: bool,
     now: datetime,
     cfg: SpotConfig,
-) -> list[Note]:
+) -> list[Event]:
     """Count the interruption, add its record and back off the reclaimed spot offering.
 
     The record's ``checkpointStep``/``lostSteps`` are filled when the old workers are gone
@@ -399,7 +285,7 @@ def record(
         if acked
         else f"resuming from the last checkpoint (step {step or 0})"
     )
-    return [("Normal" if acked else "Warning", "Checkpointed" if acked else "CheckpointMissed", text)]
+    return [Event("Normal" if acked else "Warning", "Checkpointed" if acked else "CheckpointMissed", text)]
 
 
 def open_record(st: TrainingJobStatus) -> InterruptionRecord | None:

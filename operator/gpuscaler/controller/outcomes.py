@@ -13,10 +13,12 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
+from gpuscaler.api.events import Event, set_condition
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.controller.policy import PolicyUnavailableError
-from gpuscaler.controller.reconcile import Event, Outcome, set_condition
+from gpuscaler.controller.reconcile import Outcome
 from gpuscaler.inputs import format_validation, iter_fields
+from gpuscaler.names import ConditionType
 
 
 def invalid_spec(current: TrainingJobStatus, err: ValidationError, generation: int) -> Outcome:
@@ -27,34 +29,31 @@ def invalid_spec(current: TrainingJobStatus, err: ValidationError, generation: i
     out = Outcome(st)
     fields = ", ".join(dict.fromkeys(loc for loc, _, _ in iter_fields(err)))
     message = format_validation(err, "spec").replace("\n  ", "; ").replace(":;", ":")
-    was = any(c.type == "Failed" and c.reason == "InvalidSpec" and c.status == "True" for c in st.conditions)
+    was = any(c.type == ConditionType.FAILED and c.reason == "InvalidSpec" and c.status == "True" for c in st.conditions)
     st.phase = Phase.FAILED
     st.completion_time = st.completion_time or now
     st.message = f"invalid spec ({fields}): {message}"[:1000]
-    set_condition(st, "Planned", False, "InvalidSpec", message, now, generation)
-    set_condition(st, "Failed", True, "InvalidSpec", message, now, generation)
+    set_condition(st, ConditionType.PLANNED, False, "InvalidSpec", message, now, generation)
+    set_condition(st, ConditionType.FAILED, True, "InvalidSpec", message, now, generation)
     st.observed_generation = generation
     if not was:
         out.events.append(Event("Warning", "InvalidSpec", st.message))
     return out
 
 
-POLICY_INVALID = "PolicyInvalid"
-"""Condition type: a policy source (the file, a GPUScalingPolicy) is invalid; its last good version
-is in force, or, with none, the job is not planned."""
 
 
 def policy_invalid(st: TrainingJobStatus, errors: Mapping[str, str], out: Outcome, generation: int) -> None:
     """Set (or clear) the ``PolicyInvalid`` condition from the policy source's errors; an Event when
     it turns true."""
-    was = any(c.type == POLICY_INVALID and c.status == "True" for c in st.conditions)
+    was = any(c.type == ConditionType.POLICY_INVALID and c.status == "True" for c in st.conditions)
     if errors:
         message = "; ".join(errors.values()).replace("\n  ", " ")[:1000]
-        set_condition(st, POLICY_INVALID, True, "InvalidPolicy", message, datetime.now(UTC), generation)
+        set_condition(st, ConditionType.POLICY_INVALID, True, "InvalidPolicy", message, datetime.now(UTC), generation)
         if not was:
             out.events.append(Event("Warning", "InvalidPolicy", message))
     elif was:
-        set_condition(st, POLICY_INVALID, False, "PoliciesValid", "every policy source is valid", datetime.now(UTC), generation)
+        set_condition(st, ConditionType.POLICY_INVALID, False, "PoliciesValid", "every policy source is valid", datetime.now(UTC), generation)
 
 
 def policy_unavailable(current: TrainingJobStatus, err: PolicyUnavailableError, generation: int) -> Outcome:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.events import Event, set_condition
 from gpuscaler.api.status import (
-    Condition,
     Phase,
     PlanStatus,
     TrainingJobStatus,
@@ -44,6 +44,7 @@ from gpuscaler.cloud import (
     NodeState,
     node_names,
 )
+from gpuscaler.cloud.nodes import NODE_DELETED, WORKER_PREEMPTED
 from gpuscaler.controller import interruptions as spot
 from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
@@ -57,22 +58,16 @@ from gpuscaler.kube.workers import (
     worker_pod,
     worker_rbac,
 )
+from gpuscaler.names import ConditionType
 from gpuscaler.observe.controller import JobContext, Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult, remaining_spec
 from gpuscaler.runtime import constants as rc
+from gpuscaler.settings import Settings
 
 COST_REFRESH_S = 30.0
 """Cost and ETA alone are rewritten at most this often (each status write is an API call and a
 watch event; at 200 jobs a per-tick write would be ~100 writes/s)."""
-ADMISSION_CONDITION = "WorkerAdmissionPolicy"
-"""Condition False while workers wait for the admission policy that confines their account."""
-REPORTS_CONDITION = "WorkerReports"
-"""Condition False while a worker's annotation values are being ignored (gpuscaler.kube.reports)."""
-POLICY_VIOLATION = "PolicyViolation"
-"""Condition True while a policy rule stops the job (:class:`gpuscaler.controller.policy.PolicyViolationError`)."""
-CHECKPOINT_WAIT_S = 30.0
-"""Longest wait for a requested checkpoint: GKE's notice is 30 s, so the handshake must fit in it."""
 
 
 class WorkerClient(Protocol):
@@ -82,16 +77,6 @@ class WorkerClient(Protocol):
     def delete_pod(self, namespace: str, name: str) -> bool: ...
     def delete_service(self, namespace: str, name: str) -> bool: ...
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
-
-
-@dataclass(frozen=True)
-class Event:
-    """A Kubernetes Event to post on the TrainingJob."""
-
-    type: str
-    """Normal or Warning."""
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -135,15 +120,27 @@ class Outcome:
 
 @dataclass
 class LoopConfig:
-    """The settings the loop reads (a subset of :class:`gpuscaler.settings.Settings`)."""
+    """The settings the loop reads: a subset of :class:`gpuscaler.settings.Settings`, where their
+    defaults and reasons are (built by :meth:`from_settings`, never spelled again here)."""
 
-    gang_timeout_s: float = 600.0
-    capacity_backoff_s: float = 900.0
-    backoff_limit: int = 3
-    master_port: int = 29500
-    default_image: str = "python:3.11-slim"
-    spot: spot.SpotConfig = field(default_factory=spot.SpotConfig)
+    gang_timeout_s: float
+    """Seconds to wait for all planned nodes (or workers) before releasing them and re-planning."""
+    capacity_backoff_s: float
+    """Seconds an offering that ran short of capacity is left out of plans."""
+    backoff_limit: int
+    """Worker failures retried before the job is Failed."""
+    master_port: int
+    """Rendezvous port of worker rank 0."""
+    default_image: str
+    """Worker image when the job's template gives none."""
+    spot: spot.SpotConfig
     """Interruption handling (:mod:`gpuscaler.controller.interruptions`)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LoopConfig:
+        """The loop's values in ``settings``."""
+        values = {f.name: getattr(settings, f.name) for f in fields(cls) if f.name != "spot"}
+        return cls(**values, spot=spot.SpotConfig.from_settings(settings))
 
 
 def format_duration(seconds: float) -> str:
@@ -159,35 +156,6 @@ def format_duration(seconds: float) -> str:
     if m:
         return f"{m}m{s:02d}s" if m < 10 else f"{m}m"
     return f"{s}s"
-
-
-def set_condition(
-    st: TrainingJobStatus, ctype: str, status: bool, reason: str, message: str, now: datetime, generation: int
-) -> None:
-    """Set a condition; its lastTransitionTime moves only when its status changes."""
-    value = "True" if status else "False"
-    for i, c in enumerate(st.conditions):
-        if c.type == ctype:
-            changed = c.status != value
-            st.conditions[i] = Condition(
-                type=ctype,
-                status=value,
-                reason=reason,
-                message=message,
-                last_transition_time=now if changed else c.last_transition_time,
-                observed_generation=generation,
-            )
-            return
-    st.conditions.append(
-        Condition(
-            type=ctype,
-            status=value,
-            reason=reason,
-            message=message,
-            last_transition_time=now,
-            observed_generation=generation,
-        )
-    )
 
 
 def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatus:
@@ -320,16 +288,16 @@ class Reconciler:
             self._step(ctx)
         except PolicyViolationError as err:
             return self._policy_blocked(job, status, err, now)
-        if any(c.type == POLICY_VIOLATION and c.status == "True" for c in st.conditions):
-            ctx.condition(POLICY_VIOLATION, False, "Compliant", "the job meets the policies in force")
+        if any(c.type == ConditionType.POLICY_VIOLATION and c.status == "True" for c in st.conditions):
+            ctx.condition(ConditionType.POLICY_VIOLATION, False, "Compliant", "the job meets the policies in force")
         return ctx.out
 
     def _policy_blocked(self, job: Job, status: TrainingJobStatus, err: PolicyViolationError, now: datetime) -> Outcome:
         """The status of a job a policy stops: PolicyViolation with the rule and values, nothing provisioned."""
         st = status.model_copy(deep=True)
         out = Outcome(st)
-        was = any(c.type == POLICY_VIOLATION and c.status == "True" for c in st.conditions)
-        set_condition(st, POLICY_VIOLATION, True, err.rule, str(err), now, job.generation)
+        was = any(c.type == ConditionType.POLICY_VIOLATION and c.status == "True" for c in st.conditions)
+        set_condition(st, ConditionType.POLICY_VIOLATION, True, err.rule, str(err), now, job.generation)
         if st.phase in (Phase.PENDING, Phase.PLANNING):
             st.phase = Phase.PENDING
             st.message = f"not provisioned: {err}"
@@ -362,11 +330,11 @@ class Reconciler:
 
         if st.phase in (Phase.PENDING, Phase.PLANNING):
             if job.spec.suspend:
-                ctx.condition("Suspended", True, "Suspended", "planned only: spec.suspend is true")
+                ctx.condition(ConditionType.SUSPENDED, True, "Suspended", "planned only: spec.suspend is true")
                 st.message = "suspended: the plan is in status.plan; set spec.suspend to false to start"
                 self._cost(ctx)
                 return
-            ctx.condition("Suspended", False, "Started", "spec.suspend is false")
+            ctx.condition(ConditionType.SUSPENDED, False, "Started", "spec.suspend is false")
             if self._workers_refused(ctx):
                 self._cost(ctx)
                 return
@@ -412,15 +380,15 @@ class Reconciler:
             st.phase = Phase.FAILED
             st.completion_time = now
             st.message = f"cannot plan: {err}"
-            ctx.condition("Planned", False, "InvalidSpec", str(err))
-            ctx.condition("Failed", True, "InvalidSpec", str(err))
+            ctx.condition(ConditionType.PLANNED, False, "InvalidSpec", str(err))
+            ctx.condition(ConditionType.FAILED, True, "InvalidSpec", str(err))
             ctx.event("Warning", "InvalidSpec", st.message[:1000])
             return False
         ctx.out.plan_seconds = time.perf_counter() - t0
         ctx.out.planned = True
         if result.chosen is None:
             why = result.why + ("; " + "; ".join(result.hints) if result.hints else "")
-            ctx.condition("Planned", False, "Infeasible", why)
+            ctx.condition(ConditionType.PLANNED, False, "Infeasible", why)
             if unavailable:  # only short of capacity for now: plan again when the back-off ends
                 st.phase = Phase.PLANNING
                 st.plan = None
@@ -429,7 +397,7 @@ class Reconciler:
             st.phase = Phase.FAILED
             st.completion_time = now
             st.message = f"infeasible: {why}"
-            ctx.condition("Failed", True, "Infeasible", why)
+            ctx.condition(ConditionType.FAILED, True, "Infeasible", why)
             ctx.event("Warning", "Infeasible", why[:1000])
             return False
         plan = self._adopt(ctx, result, "Planned")
@@ -467,7 +435,7 @@ class Reconciler:
         plan.efficiency_factor = (st.observed.efficiency_by_gpu if st.observed else {}).get(plan.gpu_type, 1.0)
         st.plan = plan
         st.gpus, st.instance_type, st.capacity_type = plan.gpus, plan.instance_type, plan.capacity_type
-        ctx.condition("Planned", True, reason, plan.summary)
+        ctx.condition(ConditionType.PLANNED, True, reason, plan.summary)
         ctx.out.planned = True
         return plan
 
@@ -526,29 +494,29 @@ class Reconciler:
             lambda eff: self._call_planner(ctx, rest, unavailable, eff),
             context,
         )
-        ctx.out.events.extend(Event(*e) for e in res.events)
+        ctx.out.events.extend(res.events)
         if res.replan is None or res.replan.chosen is None:
             return
         before = st.plan.summary
         plan = self._adopt(ctx, res.replan, "Replanned", total_samples=total)
         st.phase = Phase.RECOVERING  # workers go, then the gang starts on the new plan from the checkpoint
         st.message = f"moving from {before} to {plan.summary} at checkpoint step {ckpt}"
-        ctx.condition("Running", False, "Replanned", st.message)
+        ctx.condition(ConditionType.RUNNING, False, "Replanned", st.message)
 
     def _workers_refused(self, ctx: StepContext) -> bool:
         """Whether workers may not start under the gpuscaler-worker account now (its admission
         policy missing: gpuscaler.kube.admission); then the job waits, with a condition and an Event."""
         job, st = ctx.job, ctx.status
         why = self.admission() if self.admission is not None and uses_worker_account(job.spec.template) else None
-        had = next((c for c in st.conditions if c.type == ADMISSION_CONDITION), None)
+        had = next((c for c in st.conditions if c.type == ConditionType.WORKER_ADMISSION), None)
         if why is None:
             if had is not None and had.status == "False":
-                ctx.condition(ADMISSION_CONDITION, True, "PolicyInstalled", "the worker admission policy is in force")
+                ctx.condition(ConditionType.WORKER_ADMISSION, True, "PolicyInstalled", "the worker admission policy is in force")
             return False
         st.message = f"not starting workers: {why}"
         if had is None or had.status == "True":
             ctx.event("Warning", "WorkerAdmissionPolicyMissing", st.message[:1000])
-        ctx.condition(ADMISSION_CONDITION, False, "PolicyMissing", why[:1000])
+        ctx.condition(ConditionType.WORKER_ADMISSION, False, "PolicyMissing", why[:1000])
         return True
 
     def _begin_gang(self, ctx: StepContext) -> None:
@@ -559,20 +527,11 @@ class Reconciler:
         st.message = "provisioning nodes"
 
     def _split_nodes(self, request: NodeRequest, nodes: list[NodeState]) -> tuple[list[NodeState], list[NodeState]]:
-        """The live nodes of the current plan, and those of an earlier plan (to release).
-
-        Nodes the operator names are known by :func:`node_names`; nodes the cloud names (adopted
-        from a node group, or launched by Karpenter for the pods: ``names_nodes`` False) by their
-        offering.
-        """
-        if not self.provider.names_nodes:
-            offering = (request.instance.name, request.capacity.value)
-            ours = [(n.instance_type, n.capacity_type) == offering for n in nodes]
-        else:
-            mine = set(node_names(request))
-            ours = [n.name in mine for n in nodes]
-        live = [(n, o) for n, o in zip(nodes, ours, strict=True) if not n.deleting]
-        return [n for n, o in live if o], [n for n, o in live if not o]
+        """The live nodes of the current plan, and those of an earlier plan (to release), as the
+        provider tells its nodes apart (:meth:`gpuscaler.cloud.NodePoolProvider.owns`)."""
+        live = [n for n in nodes if not n.deleting]
+        ours = [self.provider.owns(request, n) for n in live]
+        return [n for n, o in zip(live, ours, strict=True) if o], [n for n, o in zip(live, ours, strict=True) if not o]
 
     def _priced(self, node: NodeState) -> NodeState:
         """A node without the price annotation (one Karpenter launched) priced from the catalog."""
@@ -619,7 +578,7 @@ class Reconciler:
             f"{why}; released {len(nodes)} node(s) and {len(ctx.pods)} worker(s); "
             f"{st.plan.instance_type} {st.plan.capacity_type} left out for {self.config.capacity_backoff_s:g}s",
         )
-        ctx.condition("NodesReady", False, "GangTimeout", why)
+        ctx.condition(ConditionType.NODES_READY, False, "GangTimeout", why)
         st.plan = None
         st.phase = Phase.PLANNING
         if self._plan(ctx):
@@ -639,7 +598,7 @@ class Reconciler:
                 f"requested {len(created)} x {request.instance.name} ({request.capacity.value}) "
                 f"for {request.count} planned node(s): {', '.join(created[:5])}",
             )
-        if not self.provider.manages_nodes or self.provider.provisions_for_pods:
+        if self.provider.workers_first(request):
             # pods first: static steers them onto existing nodes, Karpenter provisions for them;
             # the gang timeout then runs on the workers being scheduled and Running (_starting)
             st.phase = Phase.STARTING
@@ -650,13 +609,13 @@ class Reconciler:
         # writes nothing new
         st.nodes = sorted({n.name for n in nodes} | set(created))
         if len(ready) >= request.count:
-            ctx.condition("NodesReady", True, "NodesReady", f"{len(ready)} node(s) Ready")
+            ctx.condition(ConditionType.NODES_READY, True, "NodesReady", f"{len(ready)} node(s) Ready")
             ctx.event("Normal", "NodesReady", f"all {request.count} node(s) Ready")
             st.phase = Phase.STARTING
             self._starting(ctx, request, nodes)
             return
         st.message = f"{len(ready)}/{request.count} nodes Ready" + (f"; {short}" if short else "")
-        ctx.condition("NodesReady", False, "InsufficientCapacity" if short else "Provisioning", st.message)
+        ctx.condition(ConditionType.NODES_READY, False, "InsufficientCapacity" if short else "Provisioning", st.message)
         if self._gang_timed_out(ctx):
             why = f"only {len(ready)} of {request.count} nodes arrived within {self.config.gang_timeout_s:g}s"
             self._give_up_offering(ctx, nodes, why + (f" ({short})" if short else ""))
@@ -711,7 +670,7 @@ class Reconciler:
             st.start_time = st.start_time or ctx.now
             st.phase = Phase.RUNNING
             st.message = f"{request.count} worker(s) running"
-            ctx.condition("Running", True, "Started", st.message)
+            ctx.condition(ConditionType.RUNNING, True, "Started", st.message)
             reason, verb = ("Started", "started") if first else ("Recovered", "recovered and resumed")
             after = "" if first else spot.recovered(st, ctx.now)
             ctx.event(
@@ -722,7 +681,7 @@ class Reconciler:
             self._running(ctx, request, nodes)
             return
         st.message = f"{len(running)}/{request.count} workers running"
-        if self.provider.provisions_for_pods:
+        if self.provider.launches_for_workers(request):
             self._nodes_for_pods(ctx, request, nodes)
         if self._gang_timed_out(ctx):
             why = f"only {len(running)} of {request.count} workers started within {self.config.gang_timeout_s:g}s"
@@ -734,9 +693,9 @@ class Reconciler:
         st.nodes = sorted(n.name for n in nodes)
         ready = sum(n.ready for n in nodes)
         st.message += f"; {ready}/{request.count} nodes Ready"
-        was = any(c.type == "NodesReady" and c.status == "True" for c in st.conditions)
+        was = any(c.type == ConditionType.NODES_READY and c.status == "True" for c in st.conditions)
         ctx.condition(
-            "NodesReady",
+            ConditionType.NODES_READY,
             ready >= request.count,
             "NodesReady" if ready >= request.count else "Provisioning",
             f"{ready}/{request.count} node(s) Ready",
@@ -757,12 +716,9 @@ class Reconciler:
         ``spot.maxInterruptions`` by the re-plan; only real failures count against backoffLimit.
         """
         st, pods, now = ctx.status, ctx.pods, ctx.now
-        present = {n.name for n in nodes}
         why_preempted = {p.name: self._preempted(p, nodes, now) for p in pods if p.failed}
         preempted = [p for p in pods if why_preempted.get(p.name)]
-        orphaned = [
-            p for p in pods if p.node and p.node not in present and not p.succeeded and self.provider.manages_nodes
-        ]
+        orphaned = [p for p in pods if p.node and not p.succeeded and self.provider.node_gone(p.node, nodes)]
         failed = [p for p in pods if p.failed and p not in preempted and p not in orphaned]
         if failed:
             st.failures += 1
@@ -773,14 +729,14 @@ class Reconciler:
                 st.phase = Phase.FAILED
                 st.completion_time = now
                 st.message = f"{why}; backoff limit {self.config.backoff_limit} reached"
-                ctx.condition("Failed", True, "BackoffLimitExceeded", st.message)
-                ctx.condition("Running", False, "Failed", why)
+                ctx.condition(ConditionType.FAILED, True, "BackoffLimitExceeded", st.message)
+                ctx.condition(ConditionType.RUNNING, False, "Failed", why)
                 ctx.event("Warning", "Failed", st.message)
                 return True
             st.phase = Phase.RECOVERING
             st.message = f"{why}; restarting the gang (failure {st.failures} of {self.config.backoff_limit} allowed)"
             ctx.event("Warning", "WorkerFailed", st.message)
-            ctx.condition("Running", False, "WorkerFailed", why)
+            ctx.condition(ConditionType.RUNNING, False, "WorkerFailed", why)
             return True
         if preempted or orphaned:
             names = ", ".join(p.name for p in (preempted or orphaned)[:3])
@@ -788,11 +744,11 @@ class Reconciler:
             how = f"was preempted ({why_preempted[preempted[0].name]})" if preempted and not orphaned else "lost its node"
             st.message = f"interrupted: {names} {how}; resuming from the last checkpoint"
             ctx.event("Warning", "Interrupted", st.message)
-            ctx.condition("Running", False, "Interrupted", st.message)
+            ctx.condition(ConditionType.RUNNING, False, "Interrupted", st.message)
             lost = (orphaned or preempted)[0]
-            signal = "node-deleted" if orphaned else "worker-preempted"
+            signal = NODE_DELETED if orphaned else WORKER_PREEMPTED
             notes = spot.record(st, node=lost.node or "", signal=signal, acked=False, now=now, cfg=self.config.spot)
-            ctx.out.events.extend(Event(*n) for n in notes)
+            ctx.out.events.extend(notes)
             return True
         return False
 
@@ -804,8 +760,8 @@ class Reconciler:
             st.completion_time = now
             st.message = "every worker finished"
             st.eta = None
-            ctx.condition("Running", False, "Completed", st.message)
-            ctx.condition("Complete", True, "Succeeded", st.message)
+            ctx.condition(ConditionType.RUNNING, False, "Completed", st.message)
+            ctx.condition(ConditionType.COMPLETE, True, "Succeeded", st.message)
             self._release(ctx, nodes)
             took = format_duration((now - (st.start_time or now)).total_seconds())
             ctx.event("Normal", "Succeeded", f"training done in {took}; nodes released")
@@ -839,8 +795,8 @@ class Reconciler:
         """A node's notice: ask the workers for a checkpoint now, or on a hard loss recover at once."""
         st, namespace = ctx.status, ctx.job.namespace
         annotate = lambda pod, ann: self.workers.annotate_pod(namespace, pod, ann)  # noqa: E731
-        ctx.out.events.extend(Event(*n) for n in spot.begin_handshake(st, notice, ctx.pods, annotate, ctx.now))
-        ctx.condition("Running", False, "Interrupted", st.message)
+        ctx.out.events.extend(spot.begin_handshake(st, notice, ctx.pods, annotate, ctx.now))
+        ctx.condition(ConditionType.RUNNING, False, "Interrupted", st.message)
         st.phase = Phase.CHECKPOINTING
         if notice.hard:
             self._to_recovery(ctx, nodes, acked=False)
@@ -851,7 +807,7 @@ class Reconciler:
         node = st.notice.node if st.notice else ""
         signal = st.notice.signal if st.notice else "unknown"
         notes = spot.record(st, node=node, signal=signal, acked=acked, now=ctx.now, cfg=self.config.spot)
-        ctx.out.events.extend(Event(*n) for n in notes)
+        ctx.out.events.extend(notes)
         st.phase = Phase.RECOVERING
         st.message = f"{signal} on {node}: moving the gang from the checkpoint at step {st.progress.checkpoint_step or 0}"
         # a node that still runs the workers goes once they have stopped (SIGTERM: one more checkpoint)
@@ -956,15 +912,15 @@ class Reconciler:
 
     def _rejected_reports(self, ctx: StepContext, rep: TrustedReport) -> None:
         """Condition WorkerReports (set once something was rejected) and an Event when that changes."""
-        had = next((c for c in ctx.status.conditions if c.type == REPORTS_CONDITION), None)
+        had = next((c for c in ctx.status.conditions if c.type == ConditionType.WORKER_REPORTS), None)
         if not rep.rejected:
             if had is not None and had.status == "False":
-                ctx.condition(REPORTS_CONDITION, True, "Valid", "the workers' reports pass every check")
+                ctx.condition(ConditionType.WORKER_REPORTS, True, "Valid", "the workers' reports pass every check")
             return
         text = report_summary(rep.rejected)[:1000]
         if had is None or had.status == "True" or had.message != text:
             ctx.event("Warning", "ReportRejected", text)
-        ctx.condition(REPORTS_CONDITION, False, "Rejected", text)
+        ctx.condition(ConditionType.WORKER_REPORTS, False, "Rejected", text)
 
     def _cost(self, ctx: StepContext) -> None:
         st, out, now = ctx.status, ctx.out, ctx.now

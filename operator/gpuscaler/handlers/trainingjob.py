@@ -31,8 +31,8 @@ from pydantic import ValidationError
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
-from gpuscaler.cloud import JOB_LABEL, JobRef, NodePoolProvider, job_label_value, make_provider
-from gpuscaler.controller.interruptions import SpotConfig, observe_node
+from gpuscaler.cloud import JobRef, NodePoolProvider, job_label_value, make_provider
+from gpuscaler.cloud.nodes import node_state
 from gpuscaler.controller.outcomes import invalid_spec, policy_invalid, policy_unavailable
 from gpuscaler.controller.plan_cache import PlanCache
 from gpuscaler.controller.policy import (
@@ -56,11 +56,11 @@ from gpuscaler.handlers.errors import kopf_errors, retry_delay
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
 from gpuscaler.kube.client import TrainingJobs, Workers, load_config
 from gpuscaler.kube.workers import pod_state, service_name
+from gpuscaler.names import FINALIZER, JOB_LABEL
 from gpuscaler.observe.controller import from_settings as observer_from_settings
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.settings import Settings
 
-FINALIZER = "gpuscaler.io/finalizer"
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
@@ -129,19 +129,7 @@ def build(settings: Settings, api: Any) -> Operator:
     ) -> PlanResult:
         return gated_plan(spec, catalog, name, deadline_h, unavailable, efficiency, governance, cached_plan)
 
-    config = LoopConfig(
-        gang_timeout_s=settings.gang_timeout_s,
-        capacity_backoff_s=settings.capacity_backoff_s,
-        backoff_limit=settings.backoff_limit,
-        master_port=settings.master_port,
-        default_image=settings.default_image,
-        spot=SpotConfig(
-            interruption_backoff_s=settings.interruption_backoff_s,
-            node_not_ready_grace_s=settings.node_not_ready_grace_s,
-            soft_notice_wait_s=settings.soft_notice_wait_s,
-            annotation_notice_s=settings.annotation_notice_s,
-        ),
-    )
+    config = LoopConfig.from_settings(settings)
     admission = WorkerAdmission(
         KubePolicyApi(api), settings.worker_admission_policy, settings.worker_admission_policy_name, settings.namespace
     )
@@ -220,7 +208,7 @@ def job_pods(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Any]:
 
 def job_nodes(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, Any]:
     """Index: nodes by the job label value, with their interruption signals."""
-    return {labels[JOB_LABEL]: observe_node(dict(body))}
+    return {labels[JOB_LABEL]: node_state(dict(body))}
 
 
 def policy_objects(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:

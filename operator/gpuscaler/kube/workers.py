@@ -26,12 +26,10 @@ from typing import Any
 
 from gpuscaler.kube.reports import Rejected
 from gpuscaler.kube.reports import parse as parse_reports
+from gpuscaler.names import ATTEMPT_LABEL, GPU_RESOURCE, JOB_LABEL, RANK_LABEL
 from gpuscaler.runtime import constants as rc
 from gpuscaler.runtime.kube_reporter import ENV_POD_NAME, ENV_POD_NAMESPACE
 
-GPU_RESOURCE = "nvidia.com/gpu"
-RANK_LABEL = "gpuscaler.io/rank"
-ATTEMPT_LABEL = "gpuscaler.io/attempt"
 NO_RANK = -1
 """The rank of a pod whose rank label is missing or not a number: no rank (never the writer)."""
 PODINFO_VOLUME = "gpuscaler-podinfo"
@@ -207,7 +205,7 @@ def worker_pod(plan: WorkerPlan, rank: int) -> dict[str, Any]:
     labels = {
         **(meta.get("labels") or {}),
         "app.kubernetes.io/name": "gpuscaler-worker",
-        "gpuscaler.io/job": plan.job_label,
+        JOB_LABEL: plan.job_label,
         RANK_LABEL: str(rank),
         ATTEMPT_LABEL: str(plan.attempt),
     }
@@ -233,13 +231,13 @@ def headless_service(plan: WorkerPlan) -> dict[str, Any]:
         "metadata": {
             "name": service_name(plan.job_name),
             "namespace": plan.namespace,
-            "labels": {"gpuscaler.io/job": plan.job_label},
+            "labels": {JOB_LABEL: plan.job_label},
             "ownerReferences": [plan.owner],
         },
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {"gpuscaler.io/job": plan.job_label},
+            "selector": {JOB_LABEL: plan.job_label},
             "ports": [{"name": "rendezvous", "port": plan.master_port, "targetPort": plan.master_port}],
         },
     }

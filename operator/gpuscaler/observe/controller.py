@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from gpuscaler.api.status import Condition, ObservedStatus, ProgressSample, TrainingJobStatus
+from gpuscaler.api.events import Event, set_condition
+from gpuscaler.api.status import ObservedStatus, ProgressSample, TrainingJobStatus
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
+from gpuscaler.names import ConditionType
 from gpuscaler.observe.assess import (
     Assessment,
     Expectation,
@@ -127,35 +129,15 @@ class JobContext:
 class ObserveResult:
     """What one observer step wants the loop to do."""
 
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-    """(type, reason, message) Events to post."""
+    events: list[Event] = field(default_factory=list)
+    """Events to post."""
     replan: PlanResult | None = None
     """Move the gang to this plan now (at a checkpoint)."""
 
 
-def _set_condition(st: TrainingJobStatus, ctype: str, status: bool, reason: str, message: str, now: datetime, generation: int) -> None:
-    value = "True" if status else "False"
-    for i, c in enumerate(st.conditions):
-        if c.type == ctype:
-            st.conditions[i] = Condition(
-                type=ctype,
-                status=value,
-                reason=reason,
-                message=message,
-                last_transition_time=now if c.status != value else c.last_transition_time,
-                observed_generation=generation,
-            )
-            return
-    st.conditions.append(
-        Condition(
-            type=ctype, status=value, reason=reason, message=message, last_transition_time=now, observed_generation=generation
-        )
-    )
-
-
 def _running_since(st: TrainingJobStatus) -> datetime | None:
     for c in st.conditions:
-        if c.type == "Running" and c.status == "True":
+        if c.type == ConditionType.RUNNING and c.status == "True":
             return c.last_transition_time
     return st.start_time
 
@@ -227,7 +209,7 @@ class Observer:
             except PrometheusError as err:
                 text = f"Prometheus unavailable: {err}"
                 if not obs.message.startswith(text):
-                    out.events.append(("Warning", "ObserveFailed", text[:1000]))
+                    out.events.append(Event("Warning", "ObserveFailed", text[:1000]))
                 obs.message = text
                 metrics = None
             if metrics is not None:
@@ -315,7 +297,7 @@ class Observer:
             obs.efficiency_by_gpu = {**obs.efficiency_by_gpu, gpu: round(c.factor, 3)}
             obs.last_corrected = now
             out.events.append(
-                (
+                Event(
                     "Normal",
                     "ModelCorrected",
                     f"{c.reason}: efficiency factor on {gpu} {current:.2f} -> {c.factor:.2f} (from the progress "
@@ -406,7 +388,7 @@ class Observer:
             obs.efficiency_by_gpu = {**obs.efficiency_by_gpu, gpu: a.factor}
             obs.last_corrected = now
             out.events.append(
-                (
+                Event(
                     "Normal",
                     "ModelCorrected",
                     f"{a.summary}: efficiency factor on {gpu} {before:.2f} -> {a.factor:.2f} (applied when re-planning)",
@@ -416,12 +398,12 @@ class Observer:
         found = {f.type: f for f in a.findings}
         for f in a.findings:
             was = next((c for c in st.conditions if c.type == f.type), None)
-            _set_condition(st, f.type, True, f.reason, f.message, now, generation)
+            set_condition(st, f.type, True, f.reason, f.message, now, generation)
             if was is None or was.status != "True":
-                out.events.append(("Warning", f.type, f.message[:1000]))
+                out.events.append(Event("Warning", f.type, f.message[:1000]))
         for c in list(st.conditions):
             if c.type in BOTTLENECKS and c.type not in found and c.status == "True":
-                _set_condition(st, c.type, False, "NotObserved", f"no longer observed: {a.summary}", now, generation)
+                set_condition(st, c.type, False, "NotObserved", f"no longer observed: {a.summary}", now, generation)
 
     def _decide(
         self, st: TrainingJobStatus, obs: ObservedStatus, plan_with: PlanWith, miss: float, max_risk: float
@@ -462,7 +444,7 @@ class Observer:
         obs.replan_reason = decision.reason
         obs.replan_after_checkpoint_step = checkpoint_step
         at = f"after checkpoint step {checkpoint_step}" if checkpoint_step is not None else "at the first checkpoint"
-        out.events.append(("Normal", "ReplanPending", f"{decision.reason}; moving {at}"[:1000]))
+        out.events.append(Event("Normal", "ReplanPending", f"{decision.reason}; moving {at}"[:1000]))
 
     def _checkpoint_reached(self, obs: ObservedStatus, checkpoint_step: int | None) -> bool:
         if checkpoint_step is None:
@@ -485,13 +467,13 @@ class Observer:
         obs.replan_after_checkpoint_step = None
         obs.replan_reason = decision.reason
         if not decision.replan or result.chosen is None:
-            out.events.append(("Normal", "ReplanCancelled", f"at checkpoint step {checkpoint_step}: {decision.reason}"[:1000]))
+            out.events.append(Event("Normal", "ReplanCancelled", f"at checkpoint step {checkpoint_step}: {decision.reason}"[:1000]))
             return
         obs.last_replan = now
         obs.replans += 1
         out.replan = result
         out.events.append(
-            ("Normal", "Replanned", f"at checkpoint step {checkpoint_step}: {decision.reason}"[:1000])
+            Event("Normal", "Replanned", f"at checkpoint step {checkpoint_step}: {decision.reason}"[:1000])
         )
 
 

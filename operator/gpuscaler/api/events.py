@@ -1,0 +1,61 @@
+"""What a reconcile step posts and how it sets conditions: one Event type, one condition setter.
+
+Used by the controller (:mod:`gpuscaler.controller`) and the observer (:mod:`gpuscaler.observe`);
+the handler posts the Events on the TrainingJob. Pure: no client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpuscaler.api.status import Condition, TrainingJobStatus
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the TrainingJob."""
+
+    type: str
+    """Normal or Warning."""
+    reason: str
+    message: str
+
+
+def set_condition(
+    st: TrainingJobStatus, ctype: str, status: bool, reason: str, message: str, now: datetime, generation: int
+) -> None:
+    """Set a condition of ``st``; its lastTransitionTime moves only when its status changes.
+
+    Args:
+        st: The status to change.
+        ctype: The condition type (:class:`gpuscaler.names.ConditionType`, or an observer finding).
+        status: True or False.
+        reason: A CamelCase reason.
+        message: What a user reads.
+        now: The time of the change.
+        generation: The job's generation it was decided on.
+    """
+    value = "True" if status else "False"
+    for i, c in enumerate(st.conditions):
+        if c.type == ctype:
+            changed = c.status != value
+            st.conditions[i] = Condition(
+                type=ctype,
+                status=value,
+                reason=reason,
+                message=message,
+                last_transition_time=now if changed else c.last_transition_time,
+                observed_generation=generation,
+            )
+            return
+    st.conditions.append(
+        Condition(
+            type=ctype,
+            status=value,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
+            observed_generation=generation,
+        )
+    )

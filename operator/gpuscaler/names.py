@@ -1,0 +1,115 @@
+"""Every label, annotation, taint, finalizer and condition type the operator reads or writes.
+
+One home for names (as :mod:`gpuscaler.runtime.constants` is for the training container, and
+Karpenter's ``pkg/apis/v1/labels.go`` and ``taints.go`` are for Karpenter): code never spells them
+inline. The well-known keys of others (Kubernetes, clouds, Karpenter, NVIDIA) are listed with who
+sets them. Imports nothing: every layer may use it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+GROUP: Final = "gpuscaler.io"
+"""The API group, and the prefix of the operator's labels and annotations."""
+
+# ------------------------------------------------------------------------- gpuscaler's own labels
+
+JOB_LABEL: Final = "gpuscaler.io/job"
+"""On nodes and pods of a job: ``<namespace>.<name>`` (shortened with a hash when too long)."""
+POOL_LABEL: Final = "gpuscaler.io/pool"
+"""On kwok's fake nodes: the node pool they were made in."""
+GPU_LABEL: Final = "gpuscaler.io/gpu"
+"""On kwok's fake nodes: the catalog's GPU id."""
+PROVIDER_LABEL: Final = "gpuscaler.io/provider"
+"""On kwok's fake nodes: the cloud of the instance type (aws, gcp, azure)."""
+MANAGED_LABEL: Final = "gpuscaler.io/managed"
+"""On cloud objects the operator made (a Karpenter NodeClaim template, EKS node group tags): ``true``."""
+INSTANCE_TYPE_KEY: Final = "gpuscaler.io/instance-type"
+"""The catalog's instance type name: a node label of GKE and Cluster API pools, an EKS node
+group tag, an annotation of kwok's nodes."""
+CAPACITY_TYPE_KEY: Final = "gpuscaler.io/capacity-type"
+"""spot or on-demand: a node label of GKE and Cluster API pools, an EKS node group tag."""
+RANK_LABEL: Final = "gpuscaler.io/rank"
+"""On worker pods: the node rank of the worker."""
+ATTEMPT_LABEL: Final = "gpuscaler.io/attempt"
+"""On worker pods: the gang attempt that created it."""
+
+# -------------------------------------------------------------------- gpuscaler's own annotations
+
+PRICE_ANNOTATION: Final = "gpuscaler.io/usd-per-hour"
+"""On nodes a provider created: the node's price per hour at its capacity type (for cost so far)."""
+INTERRUPTION_ANNOTATION: Final = "gpuscaler.io/interruption-notice"
+"""On a node, for any notice no taint carries: an RFC 3339 deadline, or a reason."""
+NODE_SELECTOR_ANNOTATION: Final = "gpuscaler.io/node-selector"
+"""On a Cluster API MachineDeployment: the node selector of its nodes."""
+FINALIZER: Final = "gpuscaler.io/finalizer"
+"""On TrainingJobs: the operator releases the workers and nodes before the object goes."""
+
+# --------------------------------------------------------------------- well-known labels of others
+
+INSTANCE_TYPE_LABEL: Final = "node.kubernetes.io/instance-type"
+"""Kubernetes: the cloud's instance type of a node (the kubelet's cloud provider sets it)."""
+ZONE_LABEL: Final = "topology.kubernetes.io/zone"
+REGION_LABEL: Final = "topology.kubernetes.io/region"
+CAPACITY_TYPE_LABEL: Final = "karpenter.sh/capacity-type"
+"""Karpenter: ``spot`` or ``on-demand``."""
+KARPENTER_NODEPOOL_LABEL: Final = "karpenter.sh/nodepool"
+EKS_CAPACITY_LABEL: Final = "eks.amazonaws.com/capacityType"
+"""EKS managed node groups: ``SPOT`` or ``ON_DEMAND``."""
+EKS_NODEGROUP_LABEL: Final = "eks.amazonaws.com/nodegroup"
+GKE_SPOT_LABEL: Final = "cloud.google.com/gke-spot"
+GKE_NODEPOOL_LABEL: Final = "cloud.google.com/gke-nodepool"
+GKE_ACCELERATOR_LABEL: Final = "cloud.google.com/gke-accelerator"
+AZURE_PRIORITY_LABEL: Final = "kubernetes.azure.com/scalesetpriority"
+"""AKS: ``spot`` or ``regular``."""
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+"""NVIDIA GPU feature discovery: the GPU's product name."""
+GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
+GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""The extended resource of the NVIDIA device plugin, and the key of the GPU nodes' taint."""
+
+# ---------------------------------------------------------------------------------------- taints
+
+GPU_TAINT_KEY: Final = GPU_RESOURCE
+"""The taint EKS, GKE and AKS GPU node groups carry (``nvidia.com/gpu=present:NoSchedule``)."""
+NOT_READY_TAINT_KEY: Final = "node.kubernetes.io/not-ready"
+"""Kubernetes (TaintNodesByCondition): a node that is not Ready; the scheduler keeps pods off it."""
+AWS_SPOT_ITN_TAINT: Final = "aws-node-termination-handler/spot-itn"
+"""AWS Node Termination Handler: an EC2 spot interruption notice (2 minutes)."""
+AWS_REBALANCE_TAINT: Final = "aws-node-termination-handler/rebalance-recommendation"
+"""AWS Node Termination Handler: an EC2 rebalance recommendation (no deadline)."""
+KARPENTER_DISRUPTED_TAINT: Final = "karpenter.sh/disrupted"
+"""Karpenter: the node is being disrupted (consolidation, drift, expiry, interruption)."""
+GKE_TERMINATION_TAINT: Final = "cloud.google.com/impending-node-termination"
+"""GKE: the node's VM is being preempted (30 s)."""
+
+
+# ------------------------------------------------------------------------------ condition types
+
+
+class ConditionType(StrEnum):
+    """The ``type`` of every condition the operator sets on a TrainingJob's status."""
+
+    PLANNED = "Planned"
+    """True once a plan is chosen (reason Planned or Replanned); False: Infeasible, InvalidSpec."""
+    SUSPENDED = "Suspended"
+    """True while spec.suspend holds the job at its plan."""
+    NODES_READY = "NodesReady"
+    """True when every node of the plan is Ready."""
+    RUNNING = "Running"
+    """True while every worker runs; False with why it stopped (Interrupted, WorkerFailed, ...)."""
+    COMPLETE = "Complete"
+    """True when every worker succeeded."""
+    FAILED = "Failed"
+    """True when the job failed for good (Infeasible, InvalidSpec, BackoffLimitExceeded)."""
+    POLICY_VIOLATION = "PolicyViolation"
+    """True while a policy rule stops the job; False (Compliant) once it meets them."""
+    POLICY_INVALID = "PolicyInvalid"
+    """True while a policy source is invalid (its last good version is in force, or none)."""
+    WORKER_ADMISSION = "WorkerAdmissionPolicy"
+    """False while workers wait for the admission policy that confines their account."""
+    WORKER_REPORTS = "WorkerReports"
+    """False while a worker's annotation values are being ignored (gpuscaler.kube.reports)."""
