@@ -58,9 +58,10 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION, JOB_LABEL, job_label_value
+from gpuscaler.cloud import job_label_value
 from gpuscaler.devcluster.cluster import ClusterState, apply_crds, existing_or_private, free_ports
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
+from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
 from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.cloud import JOB_LABEL, job_label_value
-from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION
+from gpuscaler.names import INTERRUPTION_ANNOTATION
 from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
 from gpuscaler.runtime.progress import Progress
 

@@ -10,30 +10,31 @@ from typing import Any
 
 import pytest
 
+from conftest import node_body
 from gpuscaler.api.status import NoticeStatus, Phase, TrainingJobStatus, UnavailableOffering
 from gpuscaler.cloud import NodeState
-from gpuscaler.cloud.provider import INTERRUPTION_ANNOTATION
-from gpuscaler.controller.interruptions import SpotConfig, observe_node
+from gpuscaler.cloud.nodes import node_state
+from gpuscaler.controller.interruptions import SpotConfig
 from gpuscaler.controller.wakeups import Lane, Lanes, Seen, WakeConfig, Wakeups, drive, lane, next_wake
+from gpuscaler.names import INTERRUPTION_ANNOTATION
+from gpuscaler.settings import Settings
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
-CFG = WakeConfig(resync_s=60.0, urgent_s=1.0, cost_refresh_s=30.0, gang_timeout_s=600.0)
-SPOT = SpotConfig()
+CFG = WakeConfig.from_settings(Settings(resync_interval_s=60, reconcile_interval_s=1, gang_timeout_s=600))
+SPOT = SpotConfig.from_settings(Settings())
 
 
 def node(ready: bool = True, notice: bool = False, deleting: bool = False) -> NodeState:
-    body: dict[str, Any] = {
-        "metadata": {
-            "name": "n-0",
-            "labels": {"node.kubernetes.io/instance-type": "p3.2xlarge", "karpenter.sh/capacity-type": "spot"},
-            "annotations": {INTERRUPTION_ANNOTATION: "test"} if notice else {},
-            "creationTimestamp": "2026-01-01T11:00:00Z",
-        },
-        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
-    }
-    if deleting:
-        body["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
-    return observe_node(body)
+    return node_state(
+        node_body(
+            "n-0",
+            instance_type="p3.2xlarge",
+            capacity_type="spot",
+            ready="True" if ready else "False",
+            annotations={INTERRUPTION_ANNOTATION: "test"} if notice else None,
+            deleting=deleting,
+        )
+    )
 
 
 def status(phase: Phase, **kw: Any) -> TrainingJobStatus:
@@ -64,6 +65,7 @@ def test_next_wake_is_the_resync_unless_time_matters() -> None:
     assert next_wake(status(Phase.PENDING), [], NOW, CFG) == 60.0
     assert next_wake(status(Phase.SUCCEEDED), [], NOW, CFG) == 60.0
     assert next_wake(status(Phase.SUCCEEDED, nodes=["n-0"]), [node()], NOW, CFG) == 1.0  # still to release
+    assert CFG.cost_refresh_s == 30.0
     assert next_wake(status(Phase.RUNNING), [node()], NOW, CFG) == 30.0  # cost and ETA refresh
     assert next_wake(status(Phase.RUNNING), [node(ready=False)], NOW, CFG) == 1.0  # NotReady: grace runs
     assert next_wake(status(Phase.CHECKPOINTING), [node()], NOW, CFG) == 1.0
@@ -99,7 +101,8 @@ def test_lanes_run_the_most_urgent_first_and_keep_order_within_a_lane() -> None:
     ]
     assert lanes.queued() == 4
     gate.set()
-    for f in [blocker, *futures]:
+    blocker.result(timeout=10)
+    for f in futures:
         f.result(timeout=10)
     assert ran == ["notice", "running", "plan-a", "plan-b"]
 

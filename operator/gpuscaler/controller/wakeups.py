@@ -35,6 +35,8 @@ from typing import TypeVar
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.cloud import NodeState
 from gpuscaler.controller import interruptions as spot
+from gpuscaler.controller.reconcile import COST_REFRESH_S
+from gpuscaler.settings import Settings
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -53,19 +55,28 @@ class Lane(IntEnum):
 
 @dataclass(frozen=True)
 class WakeConfig:
-    """The times :func:`next_wake` works with (from :class:`gpuscaler.settings.Settings`)."""
+    """The times :func:`next_wake` works with (:meth:`from_settings`)."""
 
-    resync_s: float = 60.0
+    resync_s: float
     """Longest sleep of any job (``settings.resync_interval_s``)."""
-    urgent_s: float = 1.0
+    urgent_s: float
     """Period of a job in a time-critical phase: Checkpointing, Recovering, a node under notice or
     NotReady (``settings.reconcile_interval_s``)."""
-    cost_refresh_s: float = 30.0
-    """Cost and ETA of a job holding nodes are refreshed this often (the loop's ``COST_REFRESH_S``)."""
-    gang_timeout_s: float = 600.0
+    gang_timeout_s: float
     """The loop's gang timeout (``settings.gang_timeout_s``): a gang not up by then is re-planned."""
+    cost_refresh_s: float = COST_REFRESH_S
+    """Cost and ETA of a job holding nodes are refreshed this often (the loop's write throttle)."""
     min_s: float = 0.05
     """Shortest sleep (a deadline just passed is stepped at once, but not in a busy loop)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WakeConfig:
+        """The operator's values in ``settings``."""
+        return cls(
+            resync_s=settings.resync_interval_s,
+            urgent_s=settings.reconcile_interval_s,
+            gang_timeout_s=settings.gang_timeout_s,
+        )
 
 
 TIME_CRITICAL = frozenset({Phase.CHECKPOINTING, Phase.RECOVERING})
@@ -82,15 +93,15 @@ def lane(status: TrainingJobStatus, nodes: Sequence[NodeState], now: datetime, c
         cfg: The loop's interruption settings (what counts as a notice).
 
     Returns:
-        :attr:`Lane.INTERRUPTION` while a notice is open or any node of a job holding nodes carries
-        one (or is lost), :attr:`Lane.ACTIVE` for the other phases that hold nodes,
+        :attr:`Lane.INTERRUPTION` while a notice is open or any node of a Running job carries one
+        (or is being deleted), :attr:`Lane.ACTIVE` for the other phases that hold nodes,
         :attr:`Lane.WAITING` otherwise.
     """
     if status.phase in TIME_CRITICAL or status.notice is not None:
         return Lane.INTERRUPTION
+    if status.phase is Phase.RUNNING and (any(n.deleting for n in nodes) or spot.detect(nodes, now, cfg) is not None):
+        return Lane.INTERRUPTION  # the loop acts on notices while Running (a gang coming up is NotReady)
     if status.phase in HOLDING:
-        if any(n.deleting for n in nodes) or spot.detect(nodes, now, cfg) is not None:
-            return Lane.INTERRUPTION
         return Lane.ACTIVE
     return Lane.WAITING
 

@@ -142,12 +142,7 @@ def build(settings: Settings, api: Any) -> Operator:
         observer=observer_from_settings(settings, catalog),
         admission=admission.refusal,
     )
-    wake = WakeConfig(
-        resync_s=settings.resync_interval_s,
-        urgent_s=settings.reconcile_interval_s,
-        cost_refresh_s=COST_REFRESH_S,
-        gang_timeout_s=settings.gang_timeout_s,
-    )
+    wake = WakeConfig.from_settings(settings)
     return Operator(
         settings,
         catalog,
@@ -391,7 +386,7 @@ async def pod_event(
 async def node_event(type: str | None, body: kopf.Body, labels: kopf.Labels, name: str | None, **_: Any) -> None:
     """A job's node changed: wake its job when readiness, a notice or its deletion did (not a heartbeat)."""
     if _operator is not None:
-        state = None if type == "DELETED" else observe_node(dict(body))
+        state = None if type == "DELETED" else node_state(dict(body))
         if _operator.seen.changed(f"node/{name}", state):
             _wake("node", labels.get(JOB_LABEL))
 
