@@ -95,6 +95,20 @@ class Operator:
 _operator: Operator | None = None
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff-base (the last-handled configuration) is not kept: no handler here diffs the
+    spec (the loop compares ``metadata.generation`` with ``status.plan.generation``), and keeping it
+    cost a PATCH of every TrainingJob at its creation and at every spec change, plus the watch event
+    of that PATCH to every watcher."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """Nothing is stored, so nothing is fetched."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Store nothing."""
+
+
 def build(settings: Settings, api: Any) -> Operator:
     """The operator's collaborators from settings and an ``ApiClient``."""
     catalog = load_catalog()
@@ -171,9 +185,7 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     ours = Settings()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuscaler.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="gpuscaler.io", key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.ERROR  # Events are the loop's decisions, not kopf's log lines
     settings.peering.name = ours.peering
     settings.peering.mandatory = False
