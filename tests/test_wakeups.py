@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 
 from conftest import node_body
+from gpuscaler.api.events import set_condition
 from gpuscaler.api.status import NoticeStatus, Phase, TrainingJobStatus, UnavailableOffering
 from gpuscaler.cloud import NodeState
 from gpuscaler.cloud.nodes import node_state
 from gpuscaler.controller.interruptions import SpotConfig
 from gpuscaler.controller.wakeups import Lane, Lanes, Seen, WakeConfig, Wakeups, drive, lane, next_wake
-from gpuscaler.names import INTERRUPTION_ANNOTATION
+from gpuscaler.kube.admission import RECHECK_S
+from gpuscaler.names import INTERRUPTION_ANNOTATION, ConditionType
 from gpuscaler.settings import Settings
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -72,6 +74,12 @@ def test_next_wake_is_the_resync_unless_time_matters() -> None:
     assert next_wake(status(Phase.RECOVERING), [], NOW, CFG) == 1.0
     notice = NoticeStatus(request_id="r", node="n-0", signal="annotation", noticed_at=NOW)
     assert next_wake(status(Phase.RUNNING, notice=notice), [node()], NOW, CFG) == 1.0
+
+
+def test_a_job_waiting_for_the_admission_policy_is_stepped_at_its_recheck() -> None:
+    st = status(Phase.PENDING)
+    set_condition(st, ConditionType.WORKER_ADMISSION, False, "PolicyMissing", "not installed", NOW, 1)
+    assert next_wake(st, [], NOW, CFG) == CFG.admission_recheck_s == RECHECK_S
 
 
 def test_next_wake_meets_the_gang_timeout_and_the_end_of_a_back_off() -> None:

@@ -36,6 +36,8 @@ from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.cloud import NodeState
 from gpuscaler.controller import interruptions as spot
 from gpuscaler.controller.reconcile import COST_REFRESH_S
+from gpuscaler.kube.admission import RECHECK_S
+from gpuscaler.names import ConditionType
 from gpuscaler.settings import Settings
 
 T = TypeVar("T")
@@ -68,6 +70,9 @@ class WakeConfig:
     """Cost and ETA of a job holding nodes are refreshed this often (the loop's write throttle)."""
     min_s: float = 0.05
     """Shortest sleep (a deadline just passed is stepped at once, but not in a busy loop)."""
+    admission_recheck_s: float = RECHECK_S
+    """A job whose workers wait for the worker admission policy is stepped this often: the
+    policy's presence is re-read at most this often (:data:`gpuscaler.kube.admission.RECHECK_S`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WakeConfig:
@@ -119,7 +124,8 @@ def next_wake(status: TrainingJobStatus, nodes: Sequence[NodeState], now: dateti
         The earliest of: ``urgent_s`` in a time-critical phase, with a notice open, with a node
         NotReady or deleting while the job holds nodes, or for a finished job still holding nodes;
         the gang timeout of a gang being brought up; the end of the earliest capacity back-off;
-        ``cost_refresh_s`` while nodes are held; ``resync_s`` always. Never below ``min_s``.
+        ``cost_refresh_s`` while nodes are held; ``admission_recheck_s`` while the workers wait
+        for the admission policy; ``resync_s`` always. Never below ``min_s``.
     """
     phase = status.phase
     if phase in TIME_CRITICAL or status.notice is not None:
@@ -136,6 +142,8 @@ def next_wake(status: TrainingJobStatus, nodes: Sequence[NodeState], now: dateti
         times.append(due + cfg.min_s)  # just after the timeout, so the step sees it passed
     if status.unavailable:
         times.append(min((u.until - now).total_seconds() for u in status.unavailable) + cfg.min_s)
+    if any(c.type == ConditionType.WORKER_ADMISSION and c.status == "False" for c in status.conditions):
+        times.append(cfg.admission_recheck_s)  # no watch event tells when the policy is installed
     return max(min(times), cfg.min_s)
 
 
