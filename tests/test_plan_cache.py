@@ -31,7 +31,9 @@ class Counting:
         self.calls = 0
         self.deadlines: list[float | None] = []
 
-    def __call__(self, spec: TrainingJobSpec, catalog: Catalog, policy: Policy | None = None, **kw: Any) -> PlanResult:
+    def __call__(
+        self, spec: TrainingJobSpec, catalog: Catalog, policy: Policy | None = None, **kw: Any
+    ) -> PlanResult:
         self.calls += 1
         self.deadlines.append(kw.get("deadline_h"))
         return plan(spec, catalog, policy, **kw)

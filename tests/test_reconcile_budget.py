@@ -21,7 +21,10 @@ from gpuscaler.api.status import Phase
 from gpuscaler.controller.reconcile import Job, status_change
 from gpuscaler.kube.client import Workers
 
-ONE_NODE = {**RESNET_SPEC, "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"}}
+ONE_NODE = {
+    **RESNET_SPEC,
+    "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"},
+}
 """The benchmark's job (benchmarks/operator_scale.py): one node, one GPU."""
 
 

@@ -91,7 +91,9 @@ def test_next_wake_meets_the_gang_timeout_and_the_end_of_a_back_off() -> None:
     back_off = UnavailableOffering(
         instance_type="p3.2xlarge", capacity_type="spot", until=NOW + timedelta(seconds=5), reason="short"
     )
-    assert next_wake(status(Phase.PLANNING, unavailable=[back_off]), [], NOW, CFG) == pytest.approx(5.0 + CFG.min_s)
+    assert next_wake(status(Phase.PLANNING, unavailable=[back_off]), [], NOW, CFG) == pytest.approx(
+        5.0 + CFG.min_s
+    )
 
 
 def test_lanes_run_the_most_urgent_first_and_keep_order_within_a_lane() -> None:

@@ -117,7 +117,13 @@ class PlanCache:
         if got is not None:
             return got if got.job.name == name else replace(got, job=replace(got.job, name=name))
         result = self.plan_fn(
-            spec, catalog, policy, name=name, deadline_h=deadline, unavailable=unavailable, efficiency=efficiency
+            spec,
+            catalog,
+            policy,
+            name=name,
+            deadline_h=deadline,
+            unavailable=unavailable,
+            efficiency=efficiency,
         )
         with self._lock:
             self.misses += 1

@@ -104,7 +104,9 @@ def lane(status: TrainingJobStatus, nodes: Sequence[NodeState], now: datetime, c
     """
     if status.phase in TIME_CRITICAL or status.notice is not None:
         return Lane.INTERRUPTION
-    if status.phase is Phase.RUNNING and (any(n.deleting for n in nodes) or spot.detect(nodes, now, cfg) is not None):
+    if status.phase is Phase.RUNNING and (
+        any(n.deleting for n in nodes) or spot.detect(nodes, now, cfg) is not None
+    ):
         return Lane.INTERRUPTION  # the loop acts on notices while Running (a gang coming up is NotReady)
     if status.phase in HOLDING:
         return Lane.ACTIVE
@@ -158,9 +160,9 @@ class Lanes:
     def __init__(self, workers: int, name: str = "reconcile") -> None:
         if workers < 1:
             raise ValueError(f"reconcile workers must be at least 1, got {workers}")
-        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], object] | None, Future[object] | None]] = (
-            queue.PriorityQueue()
-        )
+        self._queue: queue.PriorityQueue[
+            tuple[int, int, Callable[[], object] | None, Future[object] | None]
+        ] = queue.PriorityQueue()
         self._seq = itertools.count()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)

@@ -95,6 +95,20 @@ class Operator:
 _operator: Operator | None = None
 
 
+WATCH_HANDLERS = ("pod_event", "node_event", "job_event", "policy_event")
+"""The watch-event handlers: kopf logs a line for every call of each, i.e. for every watch event."""
+
+
+class QuietWatchHandlers(logging.Filter):
+    """Drops kopf's "Handler 'pod_event' succeeded." lines (one per watch event of every pod, node
+    and job: thousands a minute at a few hundred jobs); their failures are still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a success line of a watch-event handler."""
+        msg = str(record.msg)
+        return not (msg.endswith(" succeeded.") and any(f"'{h}'" in msg for h in WATCH_HANDLERS))
+
+
 class NoDiffBase(kopf.DiffBaseStorage):
     """kopf's diff-base (the last-handled configuration) is not kept: no handler here diffs the
     spec (the loop compares ``metadata.generation`` with ``status.plan.generation``), and keeping it
@@ -187,6 +201,7 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuscaler.io")
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.ERROR  # Events are the loop's decisions, not kopf's log lines
+    logging.getLogger("kopf.objects").addFilter(QuietWatchHandlers())
     settings.peering.name = ours.peering
     settings.peering.mandatory = False
     settings.execution.max_workers = 16
