@@ -63,6 +63,39 @@ def test_lane_puts_interruptions_first_and_waiting_jobs_last(
     assert lane(st, nodes, NOW, SPOT) is want
 
 
+def test_a_step_only_a_timer_asked_for_goes_last_unless_it_is_an_interruption() -> None:
+    assert lane(status(Phase.RUNNING), [node()], NOW, SPOT, woken=False) is Lane.REFRESH
+    assert lane(status(Phase.PENDING), [], NOW, SPOT, woken=False) is Lane.REFRESH
+    assert lane(status(Phase.CHECKPOINTING), [node()], NOW, SPOT, woken=False) is Lane.INTERRUPTION
+    assert lane(status(Phase.RUNNING), [node(notice=True)], NOW, SPOT, woken=False) is Lane.INTERRUPTION
+
+
+def test_lanes_age_so_none_starves() -> None:
+    now = [0.0]
+    lanes = Lanes(1, clock=lambda: now[0])
+    gate = threading.Event()
+    ran: list[str] = []
+    blocker = lanes.submit(Lane.ACTIVE, gate.wait)
+    while not blocker.running():
+        time.sleep(0.01)
+    futures = [
+        lanes.submit(Lane.WAITING, lambda: ran.append("plan@0")),
+        lanes.submit(Lane.REFRESH, lambda: ran.append("refresh@0")),
+    ]
+    now[0] = 2.0  # two seconds later: active steps keep coming
+    futures += [lanes.submit(Lane.ACTIVE, lambda: ran.append("active@2"))]
+    now[0] = 31.0
+    futures += [lanes.submit(Lane.ACTIVE, lambda: ran.append("active@31"))]
+    futures += [lanes.submit(Lane.INTERRUPTION, lambda: ran.append("notice@31"))]
+    gate.set()
+    for f in futures:
+        f.result(timeout=10)
+    lanes.close()
+    # the plan queued first goes before active steps queued over a second later; the refresh before
+    # those queued more than 30 s after it; the notice before everything
+    assert ran == ["notice@31", "plan@0", "active@2", "refresh@0", "active@31"]
+
+
 def test_next_wake_is_the_resync_unless_time_matters() -> None:
     assert next_wake(status(Phase.PENDING), [], NOW, CFG) == 60.0
     assert next_wake(status(Phase.SUCCEEDED), [], NOW, CFG) == 60.0
@@ -156,7 +189,7 @@ def test_a_wake_up_steps_the_job_at_once_and_a_burst_is_one_step() -> None:
         wakeups, lanes, stop = Wakeups(), Lanes(2), asyncio.Event()
         step = Steps(delay=3600.0)  # no time-based step within the test
         task = asyncio.ensure_future(
-            drive("ns.job", wakeups, lanes, step, lambda: Lane.ACTIVE, stop, debounce_s=0.2)
+            drive("ns.job", wakeups, lanes, step, lambda woken: Lane.ACTIVE, stop, debounce_s=0.2)
         )
         while step.calls < 1:  # the first step runs at once
             await asyncio.sleep(0.01)
@@ -180,11 +213,17 @@ def test_a_wake_up_steps_the_job_at_once_and_a_burst_is_one_step() -> None:
 
 
 def test_without_events_the_job_is_stepped_at_its_deadline_and_after_a_failure_at_the_retry_delay() -> None:
+    asked: list[bool] = []
+
+    def choose(woken: bool) -> int:
+        asked.append(woken)
+        return Lane.WAITING
+
     async def scenario() -> int:
         wakeups, lanes, stop = Wakeups(), Lanes(1), asyncio.Event()
         step = Steps(delay=0.3, fail=1)
         task = asyncio.ensure_future(
-            drive("ns.job", wakeups, lanes, step, lambda: Lane.WAITING, stop, error_delay=lambda err: 0.1)
+            drive("ns.job", wakeups, lanes, step, choose, stop, error_delay=lambda err: 0.1)
         )
         await asyncio.sleep(1.0)  # fail, 0.1 s, then a step every 0.3 s: at most 1 + 3 more
         stop.set()
@@ -194,6 +233,9 @@ def test_without_events_the_job_is_stepped_at_its_deadline_and_after_a_failure_a
 
     calls = asyncio.run(scenario())
     assert 2 <= calls <= 5  # retried after the failure, then stepped on its deadline (no events)
+    assert asked[0] is True and not any(
+        asked[1:]
+    )  # the first step counts as asked for; the rest are the timer's
 
 
 def test_wake_all_wakes_a_namespaces_jobs() -> None:

@@ -374,11 +374,13 @@ async def job_daemon(
     def step() -> float:
         return context.run(step_job, op, body, job_pods, job_nodes, kwargs, logger)
 
-    def choose_lane() -> int:
+    def choose_lane(woken: bool) -> int:
         meta = body.get("metadata") or {}
-        status = _fresher(op, key, meta.get("resourceVersion"), dict(body.get("status") or {}))
+        status = TrainingJobStatus.model_validate(
+            _fresher(op, key, meta.get("resourceVersion"), dict(body.get("status") or {}))
+        )
         nodes = list(job_nodes.get(key, []))
-        return lane(TrainingJobStatus.model_validate(status), nodes, datetime.now(UTC), op.reconciler.config.spot)
+        return lane(status, nodes, datetime.now(UTC), op.reconciler.config.spot, woken=woken)
 
     try:
         await drive(
