@@ -69,10 +69,13 @@ class Settings(BaseSettings):
         ),
     )
     reconcile_workers: int = Field(
-        default=4,
+        default=8,
         ge=1,
         le=64,
-        description="Threads that run steps, most urgent first (steps mostly wait on the API server).",
+        description=(
+            "Threads that run steps, most urgent first. Steps mostly wait on the API server: at 500 jobs a "
+            "step took 0.3 s of wall time, so 4 threads (about 14 steps/s) were all busy during the apply."
+        ),
     )
     reconcile_debounce_s: float = Field(
         default=0.1,
