@@ -715,7 +715,7 @@ def main() -> int:
         )
         print(
             f"reconcile steps ({RECONCILE}_count): {fmt(rc[0])} during the apply, {fmt(rc[1])} after, "
-            f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time, 16 kopf threads)"
+            f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time summed over the step threads)"
         )
         print(
             f"operator CPU seconds (/proc/{op.pid}/stat utime+stime): start-up {startup_cpu:.1f}, "
