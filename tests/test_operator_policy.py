@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from datetime import UTC, datetime
@@ -14,7 +15,6 @@ from conftest import World, make_job, spec
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase
 from gpuscaler.catalog import load_catalog
-from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import (
     Governance,
     PolicySource,
@@ -29,11 +29,11 @@ CAT = load_catalog()
 
 
 def run(s: TrainingJobSpec, policy: Policy, usage: NamespaceUsage | None = None) -> Any:
-    return gated_plan(s, CAT, "job", None, frozenset(), governance=Governance(policy, usage or NamespaceUsage()))
+    return gated_plan(s, "job", None, frozenset(), governance=Governance(policy, usage or NamespaceUsage()), catalog=CAT)
 
 
 def test_no_governance_plans_like_the_cli() -> None:
-    assert gated_plan(spec(), CAT, "job", None, frozenset()).chosen is not None
+    assert gated_plan(spec(), "job", None, frozenset(), catalog=CAT).chosen is not None
 
 
 def test_job_cost_cap_is_a_violation_naming_rule_and_values() -> None:
@@ -103,7 +103,7 @@ def test_the_step_writes_the_policy_violation_and_clears_it_once_compliant() -> 
     """The governance reaches the loop as an argument; a broken rule is the step's PolicyViolation
     condition (one Event), the job stays Pending with nothing provisioned; once the policy allows
     the job the condition turns False (Compliant) and the job is planned and provisioned."""
-    w = World(planner=gated(CAT))
+    w = World(planner=functools.partial(gated_plan, catalog=CAT))  # the operator's planner
     job = make_job()  # 16 GPUs
     w.governance = Governance(Policy(name="small", max_gpus_per_job=8), NamespaceUsage())
     reasons = w.step(job)
@@ -117,13 +117,3 @@ def test_the_step_writes_the_policy_violation_and_clears_it_once_compliant() -> 
     cond = next(c for c in w.status.conditions if c.type == ConditionType.POLICY_VIOLATION)
     assert cond.status == "False" and cond.reason == "Compliant"
     assert "Planned" in reasons and w.status.phase is Phase.PROVISIONING and w.provider.requests()
-
-
-def gated(catalog: Any) -> Planner:
-    """The operator's planner: the policy gate under the governance the loop passes."""
-
-    def planner(s: TrainingJobSpec, name: str, dl: float | None, un: frozenset[tuple[str, str]], /,
-                efficiency: Any = None, governance: Governance | None = None) -> Any:
-        return gated_plan(s, catalog, name, dl, un, efficiency, governance)
-
-    return planner

@@ -122,3 +122,18 @@ def test_a_planner_error_is_not_cached() -> None:
         with pytest.raises(RuntimeError):
             cache.plan(SPEC, CATALOG)
     assert len(calls) == 2 and len(cache) == 0
+
+
+def test_the_policy_gate_plans_through_the_cache_and_still_checks_every_job() -> None:
+    from gpuscaler.controller.policy import Governance, PolicyViolationError, gated_plan
+    from gpuscaler.policy import NamespaceUsage
+
+    fn = Counting()
+    cache = PlanCache(8, fn)
+    for name in ("a", "b", "c"):
+        got = gated_plan(SPEC, name, None, frozenset(), catalog=CATALOG, plan_fn=cache.plan)
+        assert got.job.name == name and got.chosen is not None
+    assert fn.calls == 1
+    capped = Governance(Policy.model_validate({"name": "lab", "maxGpusPerNamespace": 1}), NamespaceUsage(gpus=1))
+    with pytest.raises(PolicyViolationError, match="maxGpusPerNamespace"):  # the cap is checked per job, hit or not
+        gated_plan(SPEC, "d", None, frozenset(), governance=capped, catalog=CATALOG, plan_fn=cache.plan)

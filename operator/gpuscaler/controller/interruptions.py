@@ -68,15 +68,9 @@ class Planner(Protocol):
     the step, so a planner that knows no policy serves an ungoverned loop.
     """
 
-    def __call__(
-        self,
-        spec: TrainingJobSpec,
-        name: str,
-        deadline_h: float | None,
-        unavailable: frozenset[tuple[str, str]],
-        /,
-        efficiency: Mapping[str, float] | None = None,
-        governance: Governance | None = None,
+    def __call__(  # implemented by gpuscaler.controller.policy.gated_plan (with its catalog bound)
+        self, spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: frozenset[tuple[str, str]], /,
+        efficiency: Mapping[str, float] | None = None, governance: Governance | None = None,
     ) -> PlanResult: ...
 
 

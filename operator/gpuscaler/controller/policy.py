@@ -199,25 +199,30 @@ class Governance:
 
 def gated_plan(
     spec: TrainingJobSpec,
-    catalog: Catalog,
     name: str,
     deadline_h: float | None,
     unavailable: frozenset[tuple[str, str]],
+    /,
     efficiency: Mapping[str, float] | None = None,
     governance: Governance | None = None,
+    *,
+    catalog: Catalog,
     plan_fn: PlanFn = plan,
 ) -> PlanResult:
     """Plan under ``governance`` (no policy when None), the gate of the module docstring.
 
+    With ``catalog`` bound (``functools.partial(gated_plan, catalog=...)``) it is the loop's
+    :class:`gpuscaler.controller.interruptions.Planner`.
+
     Args:
         spec: The job's spec.
-        catalog: The instance catalog.
         name: The job's name.
         deadline_h: Hours left to the deadline (None: no deadline).
         unavailable: Offerings in back-off, as (instance type, capacity type).
         efficiency: Observed/model efficiency per GPU id (None: the model as is).
         governance: The policy governing the job and its namespace's usage (the loop passes
             what the handler read for this step).
+        catalog: The instance catalog.
         plan_fn: The planner (the operator passes its cache's, :mod:`gpuscaler.controller.plan_cache`).
 
     Returns:

@@ -223,31 +223,28 @@ class StepContext:
         self.out.events.append(Event(type_, reason, message))
 
 
+@dataclass
 class Reconciler:
-    """One step of the loop for one job (see the module docstring for the phases)."""
+    """One step of the loop for one job (see the module docstring for the phases).
 
-    def __init__(
-        self,
-        provider: NodePoolProvider,
-        workers: WorkerClient,
-        planner: Planner,
-        catalog: Catalog,
-        config: LoopConfig,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        observer: Observer | None = None,
-        admission: Callable[[], str | None] | None = None,
-    ) -> None:
-        self.admission = admission
-        """Why workers may not run under the gpuscaler-worker account now, or None
-        (:meth:`gpuscaler.kube.admission.WorkerAdmission.refusal`); None: no check."""
-        self.observer = observer
-        """Observed performance (gpuscaler.observe); None when no Prometheus is configured."""
-        self.provider = provider
-        self.workers = workers
-        self.planner = planner
-        self.catalog = catalog
-        self.config = config
-        self.clock = clock
+    Everything it needs is given here, so unit tests drive it with fakes.
+    """
+
+    provider: NodePoolProvider
+    """Grows and shrinks the job's nodes (:class:`gpuscaler.cloud.NodePoolProvider`)."""
+    workers: WorkerClient
+    """Creates and deletes the worker pods and Service."""
+    planner: Planner
+    """The loop's planner (the operator's is the policy gate, :func:`gpuscaler.controller.policy.gated_plan`)."""
+    catalog: Catalog
+    config: LoopConfig
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    """The time, read once per step."""
+    observer: Observer | None = None
+    """Observed performance (gpuscaler.observe); None when no Prometheus is configured."""
+    admission: Callable[[], str | None] | None = None
+    """Why workers may not run under the gpuscaler-worker account now, or None
+    (:meth:`gpuscaler.kube.admission.WorkerAdmission.refusal`); None: no check."""
 
     # ------------------------------------------------------------------------------ entry point
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -134,7 +135,7 @@ def build(settings: Settings, api: Any) -> Operator:
     provider = make_provider(settings.provider_name, settings, api)
     workers = Workers(api)
 
-    def timed_plan(*args: Any, **kwargs: Any) -> PlanResult:
+    def timed_plan(*args: Any, **kwargs: Any) -> PlanResult:  # a real planning, not a cache hit
         with metrics.PLANNER.time():
             return plan(*args, **kwargs)
 
@@ -146,17 +147,7 @@ def build(settings: Settings, api: Any) -> Operator:
         metrics.PLAN_CACHE_HITS.inc(plans.hits - hits)
         return out
 
-    def planner(
-        spec: TrainingJobSpec,
-        name: str,
-        deadline_h: float | None,
-        unavailable: frozenset[tuple[str, str]],
-        /,
-        efficiency: Mapping[str, float] | None = None,
-        governance: Governance | None = None,
-    ) -> PlanResult:
-        return gated_plan(spec, catalog, name, deadline_h, unavailable, efficiency, governance, cached_plan)
-
+    planner = functools.partial(gated_plan, catalog=catalog, plan_fn=cached_plan)
     config = LoopConfig.from_settings(settings)
     admission = WorkerAdmission(
         KubePolicyApi(api), settings.worker_admission_policy, settings.worker_admission_policy_name, settings.namespace
