@@ -22,7 +22,18 @@ operator and, when the cluster's ``state.json`` is next to the kubeconfig, of ea
 component. Prints every figure per phase and per job, the creation-to-Running median and p95, the
 apply time with and without the operator, and the operator's peak RSS (``VmHWM``).
 
+``--nodes N`` first creates N Ready fake GPU nodes of the jobs' instance type (p3.2xlarge, one GPU,
+on-demand) and runs the operator with the static provider, so the jobs run on those nodes and the
+operator watches N nodes it did not make (``--provider kwok`` keeps the kwok provider, which then
+makes a node per job beside the N). ``--spot-notice`` (kwok provider) first runs one job to
+Running, then, ``--notice-after`` seconds into the apply of the N jobs, puts the
+``gpuscaler.io/interruption-notice`` annotation on its node and prints how long the operator took
+to write ``gpuscaler.io/checkpoint-requested`` on its worker (the budget: 2 s while 500 jobs are
+being planned).
+
     python benchmarks/operator_scale.py --jobs 100
+    python benchmarks/operator_scale.py --jobs 1000 --nodes 2000
+    python benchmarks/operator_scale.py --jobs 500 --spot-notice
 """
 
 from __future__ import annotations
@@ -47,7 +58,11 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuscaler.cloud import job_label_value
 from gpuscaler.devcluster.cluster import ClusterState, apply_crds, existing_or_private, free_ports
+from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
+from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
+from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -70,18 +85,24 @@ KWOK_WRITES = {
 }
 """Rows only kwok writes on the dev cluster (pod phases, node status and heartbeats); kwok shares the
 exempt flow schema with the operator."""
+INSTANCE_TYPE = "p3.2xlarge"
+"""The jobs' one instance type (1 x V100-16GB), also that of the ``--nodes`` pre-created nodes."""
+VICTIM = "spot-victim"
+"""The job that gets the spot notice in ``--spot-notice`` (left out of the latency figures)."""
+NOTICE_BUDGET_S = 2.0
+"""Target: a spot notice on a running job is answered (checkpoint requested) within this, under load."""
 
 
-def job(i: int) -> dict[str, Any]:
+def job(i: int | str) -> dict[str, Any]:
     return {
         "apiVersion": "gpuscaler.io/v1alpha1",
         "kind": "TrainingJob",
-        "metadata": {"name": f"bench-{i}"},
+        "metadata": {"name": i if isinstance(i, str) else f"bench-{i}"},
         "spec": {
             "workload": {"model": "resnet50"},
             "globalBatch": 256,
             "training": {"epochs": 1},
-            "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"},
+            "constraints": {"instanceTypes": [INSTANCE_TYPE], "minGpus": 1, "maxGpus": 1, "spot": "never"},
         },
     }
 
@@ -160,11 +181,70 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+def rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """A process's peak (``VmHWM``) or current (``VmRSS``) resident set, MiB (NaN when it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return float("nan")
+    for line in lines:
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class NoticeProbe(threading.Thread):
+    """The spot-notice scenario: ``after`` seconds after :meth:`start`, annotate a running job's node with
+    an interruption notice, then watch its worker pods until the operator writes its checkpoint request.
+    ``answered`` is the seconds from the annotation's write to the request (None until seen)."""
+
+    def __init__(
+        self, core: Any, namespace: str, job_name: str, node: str, after: float, timeout: float
+    ) -> None:
+        super().__init__(daemon=True)
+        self.core = core
+        self.namespace = namespace
+        self.selector = f"{JOB_LABEL}={job_label_value(namespace, job_name)}"
+        self.node = node
+        self.after = after
+        self.timeout = timeout
+        self.answered: float | None = None
+        self.error = ""
+        self.requests: Counter[tuple[str, str]] = Counter()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as e:  # a figure is missing then, and the report says why
+            self.error = repr(e)
+
+    def _run(self) -> None:
+        time.sleep(self.after)
+        self.requests["PATCH", "nodes"] += 1
+        self.core.patch_node(self.node, {"metadata": {"annotations": {INTERRUPTION_ANNOTATION: "benchmark"}}})
+        t0 = time.monotonic()
+        while self.answered is None and time.monotonic() - t0 < self.timeout:
+            self.requests["LIST", "pods"] += 1
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
+            rv = pods.metadata.resource_version
+            if any(ANNOTATION_CHECKPOINT_REQUESTED in (p.metadata.annotations or {}) for p in pods.items):
+                self.answered = time.monotonic() - t0
+                return
+            self.requests["WATCH", "pods"] += 1
+            resp = self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=self.selector,
+                watch=True,
+                resource_version=rv,
+                timeout_seconds=max(1, int(self.timeout)),
+                _preload_content=False,
+            )
+            for line in resp:
+                ann = (json.loads(line)["object"].get("metadata") or {}).get("annotations") or {}
+                if ANNOTATION_CHECKPOINT_REQUESTED in ann:
+                    self.answered = time.monotonic() - t0
+                    break
+            resp.release_conn()
 
 
 @dataclass
@@ -326,8 +406,34 @@ def main() -> int:
     ap.add_argument("--interval", default="1", help="the operator's reconcile interval, seconds")
     ap.add_argument("--idle", type=float, default=10, help="seconds of the no-operator background window")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help=f"pre-create this many Ready {INSTANCE_TYPE} fake nodes (static provider)",
+    )
+    ap.add_argument(
+        "--provider",
+        choices=("kwok", "static"),
+        help="the operator's provider (default: static with --nodes, else kwok)",
+    )
+    ap.add_argument(
+        "--spot-notice",
+        action="store_true",
+        help="one running job gets a spot notice during the apply (kwok provider)",
+    )
+    ap.add_argument(
+        "--notice-after", type=float, default=1.0, help="seconds into the apply the notice is given"
+    )
     args = ap.parse_args()
     n = args.jobs
+    provider = args.provider or ("static" if args.nodes else "kwok")
+    if n < 1 or args.nodes < 0:
+        ap.error(f"--jobs must be at least 1 and --nodes at least 0 (got --jobs {n}, --nodes {args.nodes})")
+    if args.spot_notice and provider != "kwok":
+        ap.error(
+            "--spot-notice needs the kwok provider: the operator sees notices on the nodes it made (add --provider kwok)"
+        )
     ns = f"bench-{os.getpid()}"
     ns_without = f"{ns}-no-operator"
     from kubernetes import client, config
@@ -342,6 +448,14 @@ def main() -> int:
         api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
         (op_port,) = free_ports(1)
         probe = Probe(api, op_port, pids)
+        core = client.CoreV1Api(api)
+        if args.nodes:
+            t_nodes = time.monotonic()
+            pool = create_node_pool(api, "bench-nodes", INSTANCE_TYPE, args.nodes)
+            wait_nodes_ready(api, pool.node_names, timeout=max(120.0, args.nodes / 5))
+            print(
+                f"{args.nodes} Ready {INSTANCE_TYPE} nodes in {time.monotonic() - t_nodes:.1f}s", flush=True
+            )
         load_start = os.getloadavg()
         apply_crds(env, [ROOT / "crds" / "trainingjob.yaml"], ["trainingjobs.gpuscaler.io"])
         run("create", "namespace", ns)
@@ -367,6 +481,7 @@ def main() -> int:
             GPUSCALER_HEALTH_PORT="0",
             GPUSCALER_KWOK_PROVISIONING_DELAY_S=args.delay,
             GPUSCALER_RECONCILE_INTERVAL_S=args.interval,
+            GPUSCALER_PROVIDER_NAME=provider,
         )
         log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
         op = subprocess.Popen(
@@ -386,21 +501,37 @@ def main() -> int:
             startup_cpu = cpu_seconds(op.pid)
             watcher.start()
             watcher.ready.wait(30)
+            notice: NoticeProbe | None = None
+            if args.spot_notice:
+                notice = NoticeProbe(
+                    core,
+                    ns,
+                    VICTIM,
+                    victim_node(run, ns, watcher, args.timeout),
+                    args.notice_after,
+                    args.timeout,
+                )
             load_apply = os.getloadavg()
 
             # 4. apply with the operator, 5. until all Running
             s0 = probe.snap()
+            if notice is not None:
+                notice.start()
             run("apply", "-n", ns, "-f", "-", input=docs)
             s1 = probe.snap()
             own_watch = Counter(watcher.requests)
-            while len(watcher.running) < n and time.monotonic() - s0.at < args.timeout and op.poll() is None:
+            jobs_running = lambda: len(watcher.running) - (VICTIM in watcher.running)  # noqa: E731
+            while jobs_running() < n and time.monotonic() - s0.at < args.timeout and op.poll() is None:
                 time.sleep(0.2)
+            if notice is not None:
+                notice.join(max(0.0, args.timeout - (time.monotonic() - s0.at)))
             s2 = probe.snap()
             watcher.stop.set()
+            own_notice = notice.requests if notice is not None else Counter()
             with_op = Phase("apply with operator", s0, s1)
-            wait = Phase("apply -> all Running", s1, s2, delta(watcher.requests, own_watch))
-            peak = peak_rss_mib(op.pid)
-            lat = sorted(watcher.running.values())
+            wait = Phase("apply -> all Running", s1, s2, delta(watcher.requests, own_watch) + own_notice)
+            peak, rss_end = rss_mib(op.pid), rss_mib(op.pid, "VmRSS")
+            lat = sorted(v for k, v in watcher.running.items() if k != VICTIM)
         finally:
             op.terminate()
             op.wait(30)
@@ -409,8 +540,10 @@ def main() -> int:
         if not lat:
             print("no job reached Running; operator log:", log.name)
             return 1
+        nodes_note = f", on {args.nodes} pre-created nodes" if args.nodes else ""
         print(
-            f"operator scale: {n} one-node TrainingJobs, kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
+            f"operator scale: {n} one-node TrainingJobs{nodes_note}, provider {provider}, "
+            f"kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
         )
         print(
             f"machine: {os.cpu_count()} cores; load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_start)} "
@@ -426,7 +559,18 @@ def main() -> int:
             f"apply with operator {with_op.seconds:.1f}s, without {without.seconds:.1f}s "
             f"(same {n} objects, fresh namespaces, same run; without first, before the operator started)"
         )
-        print(f"operator peak RSS: {peak:.0f} MiB; log {log.name}")
+        print(
+            f"operator peak RSS {peak:.0f} MiB, {rss_end:.0f} MiB at the end (VmHWM, VmRSS; {n} jobs, "
+            f"{args.nodes + (n if provider == 'kwok' else 0)} nodes); log {log.name}"
+        )
+        if notice is not None:
+            got = (
+                f"{notice.answered:.2f}s" if notice.answered is not None else f"not within {args.timeout:g}s"
+            )
+            print(
+                f"spot notice on {VICTIM}'s node {notice.after:g}s into the apply of {n} jobs: checkpoint requested "
+                f"after {got} (budget {NOTICE_BUDGET_S:g}s){'; ' + notice.error if notice.error else ''}"
+            )
         print()
         print(
             f"API requests: {REQUESTS} (by verb and resource) and {FLOWS} (by client identity) from the API\n"
@@ -571,7 +715,7 @@ def main() -> int:
         )
         print(
             f"reconcile steps ({RECONCILE}_count): {fmt(rc[0])} during the apply, {fmt(rc[1])} after, "
-            f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time, 16 kopf threads)"
+            f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time summed over the step threads)"
         )
         print(
             f"operator CPU seconds (/proc/{op.pid}/stat utime+stime): start-up {startup_cpu:.1f}, "
@@ -601,7 +745,26 @@ def main() -> int:
             )
         if args.kubeconfig:
             run("delete", "namespace", ns, ns_without, "--wait=false")
-        return 0 if len(lat) == n else 1
+        return 0 if len(lat) == n and (notice is None or notice.answered is not None) else 1
+
+
+def victim_node(run: Any, namespace: str, watcher: JobWatcher, timeout: float) -> str:
+    """Apply the spot-notice job alone and wait until it is Running; the name of its node."""
+    run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job(VICTIM)))
+    t0 = time.monotonic()
+    while VICTIM not in watcher.running:
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{VICTIM} not Running within {timeout:g}s")
+        time.sleep(0.2)
+    out = run(
+        "get",
+        "nodes",
+        "-l",
+        f"{JOB_LABEL}={job_label_value(namespace, VICTIM)}",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    )
+    return str(out.stdout).strip()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.cloud import JOB_LABEL, job_label_value
+from gpuscaler.names import INTERRUPTION_ANNOTATION
+from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
 from gpuscaler.runtime.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,3 +335,32 @@ def test_operator_fifty_jobs_reach_running(dev_cluster: E2ECluster, core: Any, c
     nodes = core.list_node(label_selector=JOB_LABEL).items
     mine = [n for n in nodes if n.metadata.labels[JOB_LABEL].startswith(f"{namespace}.")]
     assert len(mine) == 50
+
+
+def test_operator_steps_a_job_on_its_pod_and_node_changes_not_on_a_timer(dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess]) -> None:
+    """With the resync and the time-critical period at 10 minutes (the shortest timer left is the 30 s
+    cost refresh of a job holding nodes), jobs still move on each change of their nodes and pods within
+    seconds: their steps are driven by the watch events of those objects, not by a timer."""
+    resync = 600.0
+    operator(GPUSCALER_RESYNC_INTERVAL_S=f"{resync:g}", GPUSCALER_RECONCILE_INTERVAL_S=f"{resync:g}")
+    bound = 20.0  # well under the resync, and under the cost refresh
+    for name in ("by-pod", "by-node"):
+        apply(dev_cluster, namespace, job_manifest(name))
+    for name in ("by-pod", "by-node"):  # node Ready, then the pod Running: each a watch event
+        wait_phase(custom, namespace, name, "Running", timeout=bound * 3)
+
+    t0 = time.monotonic()
+    finish_workers(core, namespace, "by-pod")  # a pod change: its workers exit 0
+    wait_phase(custom, namespace, "by-pod", "Succeeded", timeout=bound)
+    print(f"worker pods Succeeded -> job Succeeded in {time.monotonic() - t0:.1f}s (resync {resync:g}s)")
+
+    (node,) = job_nodes(core, namespace, "by-node")
+    t0 = time.monotonic()
+    core.patch_node(node.metadata.name, {"metadata": {"annotations": {INTERRUPTION_ANNOTATION: "e2e notice"}}})
+
+    def checkpoint_requested() -> bool:
+        return any(ANNOTATION_CHECKPOINT_REQUESTED in (p.metadata.annotations or {}) for p in job_pods(core, namespace, "by-node"))
+
+    wait_for(checkpoint_requested, timeout=bound, interval=0.2, what="the checkpoint request after the node's notice")
+    print(f"node notice -> checkpoint requested in {time.monotonic() - t0:.1f}s (resync {resync:g}s)")
+    assert phase_of(custom, namespace, "by-node") == "Checkpointing"

@@ -74,3 +74,13 @@ def test_failed_requests_only_counts_codes_from_400() -> None:
     assert b.requests_by_verb_resource(METRICS, failed=True) == {
         ("PATCH", "trainingjobs.gpuscaler.io/status"): 1
     }
+
+
+def test_rss_reads_peak_and_current_and_nan_for_a_process_that_is_gone() -> None:
+    import math
+    import os
+
+    b = _bench()
+    peak, now = b.rss_mib(os.getpid()), b.rss_mib(os.getpid(), "VmRSS")
+    assert 0 < now <= peak
+    assert math.isnan(b.rss_mib(2**22 + 12345))  # above the default pid_max: no such process

@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from conftest import World, make_job
 from gpuscaler.api.status import Phase
-from gpuscaler.kube.client import KubeError, Workers
+from gpuscaler.kube.client import SHARED_RECHECK_S, KubeError, Workers
 from gpuscaler.kube.workers import (
     WORKER_SERVICE_ACCOUNT,
     WorkerPlan,
@@ -129,11 +129,62 @@ def test_client_creates_the_identity_if_absent() -> None:
     assert w.core.calls == [("create_namespaced_service_account", "ns")]
     assert w.rbac.calls == [("create_namespaced_role", "ns"), ("create_namespaced_role_binding", "ns")]
     w.core, w.rbac = FakeApi(409), FakeApi(409)
-    assert not any(w.create_if_absent(b) for b in worker_rbac("ns"))  # there from before: fine
+    assert not any(w.create_if_absent(b) for b in worker_rbac("ns2"))  # there from before: fine
     w.rbac = FakeApi(403)
-    with pytest.raises(KubeError, match="creating Role ns/gpuscaler-worker, 403") as err:
-        w.create_if_absent(worker_rbac("ns")[1])
+    with pytest.raises(KubeError, match="creating Role ns3/gpuscaler-worker, 403") as err:
+        w.create_if_absent(worker_rbac("ns3")[1])
     assert not err.value.retriable
+
+
+def test_client_sends_the_shared_identity_once_per_namespace_and_period() -> None:
+    now = [0.0]
+    w = Workers(ApiClient(), clock=lambda: now[0])
+    w.core, w.rbac = FakeApi(), FakeApi()
+    for _ in range(50):  # fifty gang starts in one namespace
+        for b in worker_rbac("ns"):
+            w.create_if_absent(b)
+    assert len(w.core.calls) + len(w.rbac.calls) == 3
+    w.core, w.rbac = FakeApi(409), FakeApi(409)
+    for b in worker_rbac("other"):  # found there (409): remembered as well
+        w.create_if_absent(b)
+    for b in worker_rbac("other"):
+        w.create_if_absent(b)
+    assert len(w.core.calls) + len(w.rbac.calls) == 3
+    now[0] = SHARED_RECHECK_S + 1  # later, sent again once (deleted meanwhile? made again)
+    for _ in range(3):
+        for b in worker_rbac("ns"):
+            w.create_if_absent(b)
+    assert len(w.core.calls) + len(w.rbac.calls) == 6
+
+
+def test_a_pod_refused_for_its_missing_account_makes_the_client_forget_it() -> None:
+    w = Workers(ApiClient())
+    w.core, w.rbac = FakeApi(), FakeApi()
+    for b in worker_rbac("ns"):
+        w.create_if_absent(b)
+
+    class Refusing(FakeApi):
+        def __getattr__(self, method: str) -> Any:
+            def call(namespace: str, body: dict[str, Any]) -> None:
+                self.calls.append((method, namespace))
+                err = ApiException(status=403, reason="Forbidden")
+                err.body = (
+                    'pods "j-worker-0" is forbidden: error looking up service account ns/gpuscaler-worker: '
+                    'serviceaccount "gpuscaler-worker" not found'
+                )
+                raise err
+
+            return call
+
+    w.core = Refusing()
+    pod = {"kind": "Pod", "metadata": {"namespace": "ns", "name": "j-worker-0"}}
+    with pytest.raises(KubeError, match="403") as err:
+        w.create_if_absent(pod)
+    assert err.value.retriable  # the next step makes the account again and retries
+    w.core, w.rbac = FakeApi(), FakeApi()
+    for b in worker_rbac("ns"):
+        w.create_if_absent(b)
+    assert len(w.core.calls) + len(w.rbac.calls) == 3
 
 
 def test_runtime_exports_kube_reporter_lazily() -> None:

@@ -15,6 +15,10 @@ from gpuscaler.policy import PLURAL as POLICY_PLURAL
 from gpuscaler.settings import Settings
 
 _settings = Settings()
+DAEMON_EXIT_S = 30.0
+"""A job's daemon, told to stop (the job finished or is deleted, the operator exits), gets this long
+to finish its step before it is cancelled, then as long again before kopf leaves it (kopf's
+cancellation backoff and timeout): a step is at most a few API calls."""
 
 kopf.on.startup()(h.startup)
 kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT})(h.job_pods)
@@ -22,12 +26,18 @@ kopf.index("nodes", labels={JOB_LABEL: kopf.PRESENT})(h.job_nodes)
 kopf.index(API_GROUP, API_VERSION, PLURAL)(h.namespace_jobs)
 if _settings.watch_policies:
     kopf.index(API_GROUP, API_VERSION, POLICY_PLURAL)(h.policy_objects)
-kopf.timer(
+kopf.daemon(
     API_GROUP,
     API_VERSION,
     PLURAL,
     id="reconcile",
-    interval=_settings.reconcile_interval_s,
     when=h.unfinished,
-)(h.reconcile)  # type: ignore[arg-type]  # kopf's Protocols do not know index kwargs
+    cancellation_backoff=DAEMON_EXIT_S,
+    cancellation_timeout=DAEMON_EXIT_S,
+)(h.job_daemon)  # type: ignore[arg-type]  # kopf's Protocols do not know index kwargs
+kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})(h.pod_event)
+kopf.on.event("nodes", labels={JOB_LABEL: kopf.PRESENT})(h.node_event)
+kopf.on.event(API_GROUP, API_VERSION, PLURAL)(h.job_event)
+if _settings.watch_policies:
+    kopf.on.event(API_GROUP, API_VERSION, POLICY_PLURAL)(h.policy_event)
 kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")(h.delete)  # type: ignore[arg-type]  # ditto

@@ -62,7 +62,37 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(
         default=2.0,
         gt=0,
-        description="Seconds between reconciles of an unfinished job (the level-triggered loop's period).",
+        description=(
+            "Seconds between steps of a job in a time-critical phase (Checkpointing, Recovering, a node under "
+            "notice or NotReady); otherwise a job is stepped on the watch events it depends on (controller/wakeups.py)."
+        ),
+    )
+    resync_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Longest time a job goes without a step when no watch event wakes it (catches a policy file changed "
+            "on disk, a missed event); controller-runtime operators resync rarely for the same reason."
+        ),
+    )
+    reconcile_workers: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description=(
+            "Threads that run steps, most urgent first. Steps mostly wait on the API server: at 500 jobs a "
+            "step took 0.3 s of wall time, so 4 threads (about 14 steps/s) were all busy during the apply."
+        ),
+    )
+    reconcile_debounce_s: float = Field(
+        default=0.1,
+        ge=0,
+        description="Seconds a woken job waits before its step is queued, so one change's burst of events is one step.",
+    )
+    plan_cache_size: int = Field(
+        default=128,
+        ge=0,
+        description="Plans of identical planning inputs kept in memory (controller/plan_cache.py); 0 = off.",
     )
     master_port: int = Field(
         default=29500, ge=1, le=65535, description="Rendezvous port of worker rank 0 (torchrun's default)."

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import Catalog
+from gpuscaler.controller.plan_cache import PlanFn
 from gpuscaler.errors import InfeasibleError, TemporaryError
 from gpuscaler.inputs import format_validation
 from gpuscaler.planner import PlanResult, plan
@@ -207,6 +208,7 @@ def gated_plan(
     governance: Governance | None = None,
     *,
     catalog: Catalog,
+    plan_fn: PlanFn = plan,
 ) -> PlanResult:
     """Plan under ``governance`` (no policy when None), the gate of the module docstring.
 
@@ -222,6 +224,7 @@ def gated_plan(
         governance: The policy governing the job and its namespace's usage (the loop passes
             what the handler read for this step).
         catalog: The instance catalog.
+        plan_fn: The planner (the operator passes its cache's, :mod:`gpuscaler.controller.plan_cache`).
 
     Returns:
         The planner's result under the policy.
@@ -235,14 +238,14 @@ def gated_plan(
     before = check_job(spec.model_dump(mode="json", by_alias=True, exclude_none=True), policy, usage, catalog)
     if before:
         raise PolicyViolationError(before)
-    result = plan(
+    result = plan_fn(
         spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
     )
     chosen = result.chosen
     if chosen is None:
         if gov is None:
             return result
-        free = plan(
+        free = plan_fn(
             spec, catalog, None, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
         ).chosen
         if free is None:

@@ -650,7 +650,9 @@ class Reconciler:
             self._starting(ctx, request, nodes)
             return
         ready = [n for n in nodes if n.ready]
-        st.nodes = sorted(n.name for n in nodes)
+        # the nodes made in this step too: the watch shows them only later, and that step then
+        # writes nothing new
+        st.nodes = sorted({n.name for n in nodes} | set(created))
         if len(ready) >= request.count:
             ctx.condition(ConditionType.NODES_READY, True, "NodesReady", f"{len(ready)} node(s) Ready")
             ctx.event("Normal", "NodesReady", f"all {request.count} node(s) Ready")
@@ -695,11 +697,14 @@ class Reconciler:
         wp = self._worker_plan(ctx, request)
         if queueing.uses_jobset(job):
             self._start_jobset(ctx, request, wp)
+            have = set(range(request.count))  # the JobSet controller makes the pods and their Service
         else:
-            self.workers.create_if_absent(headless_service(wp))
-        have = {p.rank for p in pods if not p.deleting} if not queueing.uses_jobset(job) else set(range(request.count))
+            have = {p.rank for p in pods if not p.deleting}
         if len(have) < request.count and self._workers_refused(ctx):
             return  # the admission policy went away since the gang began: no new workers without it
+        if len(have) < request.count:
+            # the rendezvous Service with the pods that need it (not on every step: each repeat was a 409)
+            self.workers.create_if_absent(headless_service(wp))
         if len(have) < request.count and uses_worker_account(wp.template):
             # the workers' ServiceAccount and Role (KubeReporter patches its pod); before the pods,
             # which the ServiceAccount admission refuses while their account is missing

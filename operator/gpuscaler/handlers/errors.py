@@ -11,6 +11,9 @@ Handlers wrap their body in :func:`kopf_errors`, which maps on the error's kind
   a pydantic ``ValidationError`` of an object's body is invalid input too;
 - ``INTERNAL`` (a bug, a broken install) and anything that is not a gpuscaler error: left to
   kopf's own retry with backoff, the traceback in the log.
+
+The reconcile daemon, which kopf does not retry, waits :func:`retry_delay` after a failed step
+instead: the error's own delay for a temporary error, the resync interval for anything else.
 """
 
 from __future__ import annotations
@@ -55,3 +58,18 @@ def kopf_errors() -> Iterator[None]:
         if mapped is None:
             raise
         raise mapped from err
+
+
+def retry_delay(err: BaseException, permanent_s: float) -> float:
+    """Seconds before a job's daemon steps again after its step raised ``err``.
+
+    Args:
+        err: what the step raised.
+        permanent_s: the delay for what will not pass by waiting (the resync interval).
+
+    Returns:
+        The error's own ``retry_delay_s`` for a temporary error, else ``permanent_s``.
+    """
+    if isinstance(err, GpuscalerError) and err.kind is ErrorKind.TEMPORARY:
+        return err.retry_delay_s
+    return permanent_s

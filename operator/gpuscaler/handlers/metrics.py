@@ -5,8 +5,10 @@
 ``gpuscaler_throughput_predicted{namespace,job}``, ``gpuscaler_throughput_observed{namespace,job}``
 and ``gpuscaler_efficiency_factor{namespace,job}`` (observed performance, :mod:`gpuscaler.observe`;
 :func:`observe_performance`), the counters ``gpuscaler_interruptions_total{namespace,job,signal}``
-and ``gpuscaler_lost_steps_total{namespace,job}`` (:func:`observe_interruptions`), and histograms of
-``gpuscaler_reconcile_duration_seconds`` and ``gpuscaler_planner_latency_seconds``. The handlers
+and ``gpuscaler_lost_steps_total{namespace,job}`` (:func:`observe_interruptions`), histograms of
+``gpuscaler_reconcile_duration_seconds`` and ``gpuscaler_planner_latency_seconds``, and the counters
+``gpuscaler_plan_cache_hits_total`` and ``gpuscaler_reconcile_wakeups_total{source}`` (what woke
+jobs: the event-driven loop, :mod:`gpuscaler.controller.wakeups`). The handlers
 call :func:`observe_job` and :func:`observe_interruptions` after every reconcile and
 :func:`forget_job` when a job is deleted.
 """
@@ -31,8 +33,16 @@ RECONCILE = Histogram(
 )
 PLANNER = Histogram(
     "gpuscaler_planner_latency_seconds",
-    "Duration of one planner call.",
+    "Duration of one planner call (a plan found in the plan cache is not a call).",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+PLAN_CACHE_HITS = Counter(
+    "gpuscaler_plan_cache_hits_total", "Plans served from the plan cache (identical planning inputs)."
+)
+WAKEUPS = Counter(
+    "gpuscaler_reconcile_wakeups_total",
+    "Watch events that woke a job for a step, by the object that changed (pod, node, trainingjob, policy).",
+    ["source"],
 )
 
 THROUGHPUT_PREDICTED = Gauge(

@@ -4,14 +4,25 @@ Registered in :mod:`gpuscaler.main`. The loop itself is :class:`gpuscaler.contro
 these functions only translate: kopf bodies -> models, the indexes of the job's pods and nodes
 (kept by watches, so a reconcile makes no list calls) -> observed state, the outcome -> a status
 patch, Events and metrics. Domain errors become kopf errors in :mod:`gpuscaler.handlers.errors`.
+
+Event-driven (:mod:`gpuscaler.controller.wakeups`): each unfinished job has one async kopf daemon,
+:func:`job_daemon`, that steps it on a lane thread, then sleeps until it is woken or its next
+time-based deadline comes. The watch-event handlers :func:`pod_event`, :func:`node_event`,
+:func:`job_event` and :func:`policy_event` wake the jobs whose pods, nodes, spec or policies
+changed in a way the loop reads (a node's heartbeat is not such a change). A step writes the
+status itself (:class:`gpuscaler.kube.client.TrainingJobs`), once, and only what changed; until the
+watch brings that write back, the next step starts from the status it wrote, not the older one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,8 +34,8 @@ from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
 from gpuscaler.cloud import JobRef, NodePoolProvider, job_label_value, make_provider
 from gpuscaler.cloud.nodes import node_state
-from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.outcomes import invalid_spec, policy_invalid, policy_unavailable
+from gpuscaler.controller.plan_cache import PlanCache
 from gpuscaler.controller.policy import (
     Governance,
     PolicySource,
@@ -40,15 +51,16 @@ from gpuscaler.controller.reconcile import (
     Reconciler,
     status_change,
 )
+from gpuscaler.controller.wakeups import Lanes, Seen, WakeConfig, Wakeups, drive, lane, next_wake
 from gpuscaler.handlers import metrics
-from gpuscaler.handlers.errors import kopf_errors
+from gpuscaler.handlers.errors import kopf_errors, retry_delay
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
-from gpuscaler.kube.client import Workers, load_config
+from gpuscaler.kube.client import TrainingJobs, Workers, load_config
 from gpuscaler.kube.gangs import Gangs
 from gpuscaler.kube.workers import pod_state, service_name
 from gpuscaler.names import FINALIZER, JOB_LABEL
 from gpuscaler.observe.controller import from_settings as observer_from_settings
-from gpuscaler.planner import PlanResult
+from gpuscaler.planner import PlanResult, plan
 from gpuscaler.settings import Settings
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -67,20 +79,50 @@ class Operator:
     last_write: dict[tuple[str, str], float]
     admission: WorkerAdmission
     """The workers' admission policy (installed or checked at start-up; the loop asks it)."""
+    jobs: TrainingJobs
+    """Status writes (the daemon's own)."""
+    plans: PlanCache
+    wake: WakeConfig
+    lanes: Lanes
+    wakeups: Wakeups = field(default_factory=Wakeups)
+    seen: Seen = field(default_factory=Seen)
+    """What the watch-event handlers last saw of each pod, node and job (a change wakes the job)."""
+    written: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """Job key -> (resourceVersion, status) of the last status write, until the watch brings it back."""
+    blocked: dict[str, str] = field(default_factory=dict)
+    """Job key -> namespace of the jobs a policy stops (PolicyViolation): woken when a job of their
+    namespace finishes."""
 
 
 _operator: Operator | None = None
 
 
-@dataclass(frozen=True)
-class TimedPlanner:
-    """A planner whose every call is timed into ``gpuscaler_planner_latency_seconds``."""
+WATCH_HANDLERS = ("pod_event", "node_event", "job_event", "policy_event")
+"""The watch-event handlers: kopf logs a line for every call of each, i.e. for every watch event."""
 
-    planner: Planner
 
-    def __call__(self, *args: Any, **kwargs: Any) -> PlanResult:
-        with metrics.PLANNER.time():
-            return self.planner(*args, **kwargs)
+class QuietWatchHandlers(logging.Filter):
+    """Drops kopf's "Handler 'pod_event' succeeded." lines (one per watch event of every pod, node
+    and job: thousands a minute at a few hundred jobs); their failures are still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a success line of a watch-event handler."""
+        msg = str(record.msg)
+        return not (msg.endswith(" succeeded.") and any(f"'{h}'" in msg for h in WATCH_HANDLERS))
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff-base (the last-handled configuration) is not kept: no handler here diffs the
+    spec (the loop compares ``metadata.generation`` with ``status.plan.generation``), and keeping it
+    cost a PATCH of every TrainingJob at its creation and at every spec change, plus the watch event
+    of that PATCH to every watcher."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """Nothing is stored, so nothing is fetched."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Store nothing."""
 
 
 def build(settings: Settings, api: Any) -> Operator:
@@ -94,7 +136,19 @@ def build(settings: Settings, api: Any) -> Operator:
     provider = make_provider(settings.provider_name, settings, api)
     workers = Workers(api)
 
-    planner = TimedPlanner(functools.partial(gated_plan, catalog=catalog))
+    def timed_plan(*args: Any, **kwargs: Any) -> PlanResult:  # a real planning, not a cache hit
+        with metrics.PLANNER.time():
+            return plan(*args, **kwargs)
+
+    plans = PlanCache(settings.plan_cache_size, timed_plan)
+
+    def cached_plan(*args: Any, **kwargs: Any) -> PlanResult:
+        hits = plans.hits
+        out = plans.plan(*args, **kwargs)
+        metrics.PLAN_CACHE_HITS.inc(plans.hits - hits)
+        return out
+
+    planner = functools.partial(gated_plan, catalog=catalog, plan_fn=cached_plan)
     config = LoopConfig.from_settings(settings)
     admission = WorkerAdmission(
         KubePolicyApi(api), settings.worker_admission_policy, settings.worker_admission_policy_name, settings.namespace
@@ -109,7 +163,21 @@ def build(settings: Settings, api: Any) -> Operator:
         admission=admission.refusal,
         gangs=Gangs(api),
     )
-    return Operator(settings, catalog, policies, provider, workers, reconciler, {}, admission)
+    wake = WakeConfig.from_settings(settings)
+    return Operator(
+        settings,
+        catalog,
+        policies,
+        provider,
+        workers,
+        reconciler,
+        {},
+        admission,
+        TrainingJobs(api),
+        plans,
+        wake,
+        Lanes(settings.reconcile_workers),
+    )
 
 
 def _op() -> Operator:
@@ -124,10 +192,9 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     ours = Settings()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuscaler.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="gpuscaler.io", key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.ERROR  # Events are the loop's decisions, not kopf's log lines
+    logging.getLogger("kopf.objects").addFilter(QuietWatchHandlers())
     settings.peering.name = ours.peering
     settings.peering.mandatory = False
     settings.execution.max_workers = 16
@@ -137,11 +204,13 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     (logger.info if admitted.enforced else logger.warning)("worker admission policy: %s", admitted.detail)
     metrics.serve(ours.metrics_port)
     logger.info(
-        "gpuscaler operator: provider %s, policy file %s, GPUScalingPolicy objects %s, reconcile every %gs, "
-        "metrics port %s",
+        "gpuscaler operator: provider %s, policy file %s, GPUScalingPolicy objects %s, jobs stepped on watch "
+        "events by %d threads, resync every %gs, time-critical phases every %gs, metrics port %s",
         ours.provider_name,
         ours.policy_file or "none",
         "watched" if ours.watch_policies else "ignored",
+        ours.reconcile_workers,
+        ours.resync_interval_s,
         ours.reconcile_interval_s,
         ours.metrics_port or "off",
     )
@@ -187,65 +256,188 @@ def governance_for(op: Operator, namespace: str, name: str, kwargs: dict[str, An
 
 
 def unfinished(status: kopf.Status, **_: Any) -> bool:
-    """Timer filter: skip jobs that are done and hold no nodes."""
+    """Daemon filter: no daemon for jobs that are done and hold no nodes."""
     return not (status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED) and not status.get("nodes"))
 
 
-def _creation(meta: kopf.Meta) -> datetime:
+def _creation(meta: Mapping[str, Any]) -> datetime:
     ts = meta.get("creationTimestamp")
     return datetime.fromisoformat(ts.replace("Z", "+00:00")) if ts else datetime.now(UTC)
 
 
-def reconcile(
+def _fresher(op: Operator, key: str, rv: str | None, status: dict[str, Any]) -> dict[str, Any]:
+    """The job's status to step from: the watched one, or the one the last step wrote while the watch
+    has not brought that write back yet (resourceVersions of one object grow with each write)."""
+    got = op.written.get(key)
+    if got is None:
+        return status
+    try:
+        behind = int(rv or 0) < int(got[0])
+    except ValueError:
+        behind = False
+    if behind:
+        return dict(got[1])
+    del op.written[key]
+    return status
+
+
+def step_job(
+    op: Operator,
     body: kopf.Body,
-    meta: kopf.Meta,
-    status: kopf.Status,
-    name: str,
-    namespace: str,
-    uid: str,
-    patch: kopf.Patch,
+    job_pods: Mapping[str, Any],
+    job_nodes: Mapping[str, Any],
+    kwargs: dict[str, Any],
     logger: Logger,
-    job_pods: kopf.Index[str, Any],
-    job_nodes: kopf.Index[str, Any],
-    **kwargs: Any,
-) -> None:
-    """One reconcile step of one job (a kopf timer, every ``reconcile_interval_s``)."""
-    op = _op()
+) -> float:
+    """One reconcile step of one job (on a lane thread, for its daemon): the loop, one status patch of
+    what changed when something did, the Events and metrics.
+
+    Returns:
+        Seconds until the job's next time-based step (:func:`gpuscaler.controller.wakeups.next_wake`).
+
+    Raises:
+        KubeError, ProviderError and the planner's input errors: the daemon waits
+        :func:`gpuscaler.handlers.errors.retry_delay` and steps again.
+    """
     t0 = time.perf_counter()
+    meta = body.get("metadata") or {}
+    name, namespace, uid = str(meta.get("name")), str(meta.get("namespace")), str(meta.get("uid"))
     generation = int(meta.get("generation") or 0)
     label = job_label_value(namespace, name)
     pods, nodes = list(job_pods.get(label, [])), list(job_nodes.get(label, []))
-    with kopf_errors():
-        current = TrainingJobStatus.model_validate(dict(status))
-        try:
-            spec = TrainingJobSpec.model_validate(body.get("spec") or {})
-        except ValidationError as err:
-            out = invalid_spec(current, err, generation)
-            _teardown(op, namespace, name, pods, nodes, logger)
-        else:
-            job = Job(namespace, name, uid, generation, _creation(meta), spec, dict(meta.get("labels") or {}))
-            out = _step(op, job, current, pods, nodes, kwargs)
+    status = _fresher(op, label, meta.get("resourceVersion"), dict(body.get("status") or {}))
+    current = TrainingJobStatus.model_validate(status)
+    try:
+        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        out = invalid_spec(current, err, generation)
+        _teardown(op, namespace, name, pods, nodes, logger)
+    else:
+        job = Job(namespace, name, uid, generation, _creation(meta), spec, dict(meta.get("labels") or {}))
+        out = _step(op, job, current, pods, nodes, kwargs)
     old = current.model_dump(mode="json", by_alias=True, exclude_none=True)
     new = out.status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    change = status_change(dict(status), new) if status else "state"
+    change = status_change(status, new) if status else "state"
     key = (namespace, name)
     now = time.monotonic()
     if change == "state" or (change == "clock" and now - op.last_write.get(key, 0) >= COST_REFRESH_S):
-        for k in old:
-            if k not in new:
-                patch.status[k] = None
-        for k, v in new.items():
-            patch.status[k] = v
+        patch: dict[str, Any] = {k: None for k in old if k not in new}
+        patch.update({k: v for k, v in new.items() if status.get(k) != v})
+        rv = op.jobs.patch_status(namespace, name, patch)
+        op.written[label] = (rv, new)
         op.last_write[key] = now
     for ev in out.events:
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
         logger.info("%s: %s", ev.reason, ev.message)
+    if any(c.type == "PolicyViolation" and c.status == "True" for c in out.status.conditions):
+        op.blocked[label] = namespace
+    else:
+        op.blocked.pop(label, None)
     metrics.observe_job(namespace, name, out.status.phase, out.status.gpus or 0, out.status.cost_usd)
     metrics.observe_interruptions(namespace, name, current, out.status)
     seen = out.status.observed
     if seen is not None:
         metrics.observe_performance(namespace, name, seen.predicted, seen.throughput, seen.efficiency_factor)
     metrics.RECONCILE.observe(time.perf_counter() - t0)
+    return next_wake(out.status, nodes, datetime.now(UTC), op.wake)
+
+
+async def job_daemon(
+    stopped: kopf.DaemonStopped,
+    body: kopf.Body,
+    name: str,
+    namespace: str,
+    logger: Logger,
+    job_pods: kopf.Index[str, Any],
+    job_nodes: kopf.Index[str, Any],
+    **kwargs: Any,
+) -> None:
+    """The job's driver while it is unfinished: a step now, then on every wake-up or deadline
+    (:func:`gpuscaler.controller.wakeups.drive`); ``body`` is kopf's live view of the object."""
+    op = _op()
+    key = job_label_value(namespace, name)
+    stop = asyncio.Event()
+
+    async def on_stop() -> None:
+        await stopped.wait()
+        stop.set()
+
+    watcher = asyncio.ensure_future(on_stop())
+    context = contextvars.copy_context()  # kopf.event needs the operator's posting queue
+
+    def step() -> float:
+        return context.run(step_job, op, body, job_pods, job_nodes, kwargs, logger)
+
+    def choose_lane(woken: bool) -> int:
+        meta = body.get("metadata") or {}
+        status = TrainingJobStatus.model_validate(
+            _fresher(op, key, meta.get("resourceVersion"), dict(body.get("status") or {}))
+        )
+        nodes = list(job_nodes.get(key, []))
+        return lane(status, nodes, datetime.now(UTC), op.reconciler.config.spot, woken=woken)
+
+    try:
+        await drive(
+            key,
+            op.wakeups,
+            op.lanes,
+            step,
+            choose_lane,
+            stop,
+            debounce_s=op.settings.reconcile_debounce_s,
+            error_delay=lambda err: retry_delay(err, op.wake.resync_s),
+        )
+    finally:
+        watcher.cancel()
+
+
+def _wake(source: str, key: str | None) -> None:
+    if _operator is not None and key and _operator.wakeups.wake(key):
+        metrics.WAKEUPS.labels(source).inc()
+
+
+async def pod_event(
+    type: str | None, body: kopf.Body, labels: kopf.Labels, namespace: str | None, name: str | None, **_: Any
+) -> None:
+    """A worker pod changed: wake its job when what the loop reads of it did (phase, node, reports...)."""
+    if _operator is not None:
+        state = None if type == "DELETED" else pod_state(dict(body))
+        if _operator.seen.changed(f"pod/{namespace}/{name}", state):
+            _wake("pod", labels.get(JOB_LABEL))
+
+
+async def node_event(type: str | None, body: kopf.Body, labels: kopf.Labels, name: str | None, **_: Any) -> None:
+    """A job's node changed: wake its job when readiness, a notice or its deletion did (not a heartbeat)."""
+    if _operator is not None:
+        state = None if type == "DELETED" else node_state(dict(body))
+        if _operator.seen.changed(f"node/{name}", state):
+            _wake("node", labels.get(JOB_LABEL))
+
+
+async def job_event(
+    type: str | None, meta: kopf.Meta, status: kopf.Status, namespace: str | None, name: str | None, **_: Any
+) -> None:
+    """A TrainingJob changed: wake it on a new generation or deletion (its own status writes do not);
+    when one finishes, wake the jobs of its namespace a policy holds back (a namespace cap may allow them now)."""
+    if _operator is None or not name or not namespace:
+        return
+    key = job_label_value(namespace, name)
+    gone = type == "DELETED"
+    if _operator.seen.changed(f"job/{key}", None if gone else (meta.get("generation"), meta.get("deletionTimestamp"))):
+        _wake("trainingjob", key)
+    phase = None if gone else status.get("phase")
+    if _operator.seen.changed(f"phase/{key}", phase) and (gone or phase in (Phase.SUCCEEDED, Phase.FAILED)):
+        for other in [k for k, ns in list(_operator.blocked.items()) if ns == namespace and k != key]:
+            _wake("trainingjob", other)
+    if gone:
+        _operator.blocked.pop(key, None)
+        _operator.written.pop(key, None)
+
+
+async def policy_event(type: str | None, name: str | None, spec: kopf.Spec, **_: Any) -> None:
+    """A GPUScalingPolicy changed: wake every job (which namespaces it governs is the policy's to say)."""
+    if _operator is not None and _operator.seen.changed(f"policy/{name}", None if type == "DELETED" else repr(dict(spec))):
+        metrics.WAKEUPS.labels("policy").inc(_operator.wakeups.wake_all())
 
 
 def _step(

@@ -3,19 +3,36 @@
 Every create is create-if-absent (409 Conflict is success: the object exists from before a
 restart) and every delete is delete-if-present (404 is success). Errors are
 :class:`KubeError` wrapping the ``ApiException``, with what was being done in the message.
+
+The workers' ServiceAccount, Role and RoleBinding are shared by every job of a namespace, so
+:class:`Workers` remembers the ones it created or found, for :data:`SHARED_RECHECK_S`, and does not
+send them again meanwhile: without that each job's gang start cost three POSTs, all but the first
+namespace's answered 409 Conflict. A pod the API server refuses because its ServiceAccount is
+missing (someone deleted it) makes it forget the namespace's, so the next step creates them again.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, PLURAL
 from gpuscaler.errors import ErrorKind, GpuscalerError
 
+HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+SHARED_KINDS = frozenset({"ServiceAccount", "Role", "RoleBinding"})
+"""Kinds of the workers' identity, one of each per namespace for all its jobs."""
+SHARED_RECHECK_S = 600.0
+"""Seconds a shared object created or found is taken to be there without asking the API server
+(an object deleted behind the operator's back is made again within this; at most three POSTs per
+namespace per period, against three per job without it)."""
 
 
 class KubeError(GpuscalerError, RuntimeError):
@@ -25,14 +42,16 @@ class KubeError(GpuscalerError, RuntimeError):
     ``INVALID_INPUT``: a 4xx the API server will answer the same way again.
     """
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, *, retry: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self._retry = retry
         self.kind = ErrorKind.TEMPORARY if self.retriable else ErrorKind.INVALID_INPUT
 
     @property
     def retriable(self) -> bool:
-        return self.status in {0, 429} or self.status >= 500
+        """Whether the same call may succeed later (server unreachable, throttled, 5xx, or marked so)."""
+        return self._retry or self.status in {0, 429} or self.status >= 500
 
 
 def load_config() -> Any:
@@ -49,15 +68,46 @@ def load_config() -> Any:
 class Workers:
     """Worker pods and Services of jobs, and the workers' ServiceAccount, Role and RoleBinding."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.core: Any = client.CoreV1Api(api)
         self.rbac: Any = client.RbacAuthorizationV1Api(api)
+        self.clock = clock
+        self._shared: dict[tuple[str, str, str], float] = {}
+        """(kind, namespace, name) of shared objects known to exist -> when that was learnt."""
+        self._lock = threading.Lock()
+
+    def _known(self, key: tuple[str, str, str]) -> bool:
+        with self._lock:
+            seen = self._shared.get(key)
+            return seen is not None and self.clock() - seen < SHARED_RECHECK_S
+
+    def _learn(self, key: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._shared[key] = self.clock()
+
+    def forget_shared(self, namespace: str) -> None:
+        """Forget the shared objects of a namespace: the next create sends them again."""
+        with self._lock:
+            for key in [k for k in self._shared if k[1] == namespace]:
+                del self._shared[key]
 
     def create_if_absent(self, body: dict[str, Any]) -> bool:
-        """Create a Pod, Service, ServiceAccount, Role or RoleBinding; False when it already existed."""
+        """Create a Pod, Service, ServiceAccount, Role or RoleBinding; False when it already existed.
+
+        A shared object (:data:`SHARED_KINDS`) known to exist is not sent again (False).
+
+        Raises:
+            KubeError: the API server refused or was not reached; a pod refused for a missing
+                ServiceAccount is retriable (the shared objects are forgotten and made again).
+            ValueError: a kind this client does not create.
+        """
         ns = body["metadata"]["namespace"]
         name = body["metadata"]["name"]
         kind = body["kind"]
+        key = (kind, ns, name)
+        shared = kind in SHARED_KINDS
+        if shared and self._known(key):
+            return False
         try:
             if kind == "Pod":
                 self.core.create_namespaced_pod(ns, body)
@@ -73,8 +123,17 @@ class Workers:
                 raise ValueError(f"create_if_absent: kind {kind} not handled")
         except ApiException as err:
             if err.status == HTTP_CONFLICT:
+                if shared:
+                    self._learn(key)
                 return False
-            raise KubeError(f"creating {kind} {ns}/{name}, {err.status} {err.reason}", err.status) from err
+            lost_account = kind == "Pod" and err.status == HTTP_FORBIDDEN and "service account" in str(err.body)
+            if lost_account:
+                self.forget_shared(ns)
+            raise KubeError(
+                f"creating {kind} {ns}/{name}, {err.status} {err.reason}", err.status, retry=lost_account
+            ) from err
+        if shared:
+            self._learn(key)
         return True
 
     def delete_pod(self, namespace: str, name: str) -> bool:
@@ -107,3 +166,30 @@ class Workers:
             if err.status == HTTP_NOT_FOUND:
                 return
             raise KubeError(f"annotating Pod {namespace}/{name}, {err.status} {err.reason}", err.status) from err
+
+
+class TrainingJobs:
+    """Status writes of TrainingJobs: the reconcile daemon patches them itself (kopf applies a
+    handler's ``patch`` only when the handler returns, and a daemon does not return)."""
+
+    def __init__(self, api: Any) -> None:
+        self.custom: Any = client.CustomObjectsApi(api)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
+        """Merge-patch the status subresource (a None value removes a field).
+
+        Returns:
+            The resourceVersion the write made.
+
+        Raises:
+            KubeError: the API server refused or was not reached (404: the job is gone).
+        """
+        try:
+            obj = self.custom.patch_namespaced_custom_object_status(
+                API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status}
+            )
+        except ApiException as err:
+            raise KubeError(
+                f"patching the status of TrainingJob {namespace}/{name}, {err.status} {err.reason}", err.status
+            ) from err
+        return str((obj.get("metadata") or {}).get("resourceVersion") or "")

@@ -1,0 +1,170 @@
+"""The watch-event handlers that wake jobs (handlers/trainingjob.py): only changes the loop reads wake a job."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import kopf
+import pytest
+
+from conftest import node_body
+from gpuscaler.controller.wakeups import Seen, Wakeups
+from gpuscaler.handlers import trainingjob as h
+from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
+
+KEY = "ns.job"
+
+
+@pytest.fixture
+def op() -> Iterator[SimpleNamespace]:
+    """The parts of the operator the watch-event handlers use, installed as the running operator."""
+    fake = SimpleNamespace(seen=Seen(), wakeups=Wakeups(), blocked={}, written={})
+    before = h._operator
+    h._operator = fake  # type: ignore[assignment]
+    yield fake
+    h._operator = before
+
+
+def woken(op: SimpleNamespace, *events: tuple[str, Any]) -> list[bool]:
+    """Feed (handler, kwargs) calls to the handlers with one job registered; which calls woke it."""
+
+    async def run() -> list[bool]:
+        flag = op.wakeups.register(KEY)
+        out = []
+        for fn, kwargs in events:
+            flag.clear()
+            await getattr(h, fn)(**kwargs)
+            await asyncio.sleep(0)
+            out.append(flag.is_set())
+        return out
+
+    return asyncio.run(run())
+
+
+def node(**kw: Any) -> dict[str, Any]:
+    body = node_body("n-0", instance_type="p3.2xlarge", capacity_type="on-demand", **kw)
+    body["metadata"]["labels"][JOB_LABEL] = KEY
+    return body
+
+
+def node_event(body: dict[str, Any], type: str = "MODIFIED") -> tuple[str, dict[str, Any]]:
+    return "node_event", {
+        "type": type,
+        "body": kopf.Body(body),
+        "labels": body["metadata"]["labels"],
+        "name": "n-0",
+    }
+
+
+def test_a_node_wakes_its_job_on_readiness_notice_and_deletion_not_on_a_heartbeat(
+    op: SimpleNamespace,
+) -> None:
+    registering = node(ready="False")
+    heartbeat = node(ready="False")
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T00:00:10Z"
+    ready = node(ready="True")
+    noticed = node(ready="True", annotations={INTERRUPTION_ANNOTATION: "reclaim"})
+    got = woken(
+        op,
+        node_event(registering, "ADDED"),
+        node_event(heartbeat),
+        node_event(ready),
+        node_event(ready),
+        node_event(noticed),
+        node_event(noticed, "DELETED"),
+    )
+    assert got == [True, False, True, False, True, True]
+
+
+def pod(phase: str, **annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "job-worker-0",
+            "namespace": "ns",
+            "labels": {JOB_LABEL: KEY, "gpuscaler.io/rank": "0"},
+            "annotations": annotations,
+            "resourceVersion": phase,
+        },
+        "status": {"phase": phase},
+    }
+
+
+def pod_event(body: dict[str, Any], type: str = "MODIFIED") -> tuple[str, dict[str, Any]]:
+    meta = body["metadata"]
+    return "pod_event", {
+        "type": type,
+        "body": kopf.Body(body),
+        "labels": meta["labels"],
+        "namespace": "ns",
+        "name": meta["name"],
+    }
+
+
+def test_a_pod_wakes_its_job_on_what_the_loop_reads(op: SimpleNamespace) -> None:
+    pending = pod("Pending")
+    repeat = pod("Pending")
+    repeat["metadata"]["annotations"]["unrelated.example.com/x"] = "1"  # not read by the loop
+    got = woken(
+        op,
+        pod_event(pending, "ADDED"),
+        pod_event(repeat),
+        pod_event(pod("Running")),
+        pod_event(pod("Running", **{"gpuscaler.io/progress-step": "10"})),  # a progress report
+        pod_event(pod("Running", **{"gpuscaler.io/progress-step": "10"}), "DELETED"),
+    )
+    assert got == [True, False, True, True, True]
+
+
+def job_event(
+    generation: int, phase: str | None = None, type: str = "MODIFIED", name: str = "job"
+) -> tuple[str, dict[str, Any]]:
+    return "job_event", {
+        "type": type,
+        "meta": {"generation": generation},
+        "status": {"phase": phase} if phase else {},
+        "namespace": "ns",
+        "name": name,
+    }
+
+
+def test_a_job_wakes_on_its_spec_not_on_its_own_status_and_a_finish_wakes_the_held_back(
+    op: SimpleNamespace,
+) -> None:
+    got = woken(
+        op, job_event(1, "Pending", "ADDED"), job_event(1, "Provisioning"), job_event(2, "Provisioning")
+    )
+    assert got == [True, False, True]  # its own status write (phase) is not a wake-up; a new generation is
+    op.blocked[KEY] = "ns"  # a policy holds it back
+    got = woken(op, job_event(1, "Running", name="other"), job_event(1, "Succeeded", name="other"))
+    assert got == [False, True]  # another job of the namespace finished: the cap may allow it now
+
+
+def test_a_policy_change_wakes_every_job(op: SimpleNamespace) -> None:
+    event = ("policy_event", {"type": "ADDED", "name": "lab", "spec": {"maxGpusPerJob": 8}})
+    same = ("policy_event", {"type": "MODIFIED", "name": "lab", "spec": {"maxGpusPerJob": 8}})
+    assert woken(op, event, same) == [True, False]
+
+
+def test_the_next_step_starts_from_the_status_it_wrote_until_the_watch_brings_it_back() -> None:
+    op = SimpleNamespace(written={KEY: ("120", {"phase": "Provisioning"})})
+    stale, fresh = {"phase": "Pending"}, {"phase": "Provisioning", "message": "0/1 nodes Ready"}
+    assert h._fresher(op, KEY, "110", stale) == {"phase": "Provisioning"}  # type: ignore[arg-type]
+    assert h._fresher(op, KEY, "121", fresh) == fresh  # type: ignore[arg-type]
+    assert KEY not in op.written
+    assert h._fresher(op, KEY, "100", stale) == stale  # type: ignore[arg-type]
+
+
+def test_kopf_success_lines_of_the_watch_handlers_are_dropped_and_nothing_else() -> None:
+    f = h.QuietWatchHandlers()
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, msg, None, None)
+
+    assert not f.filter(record("Handler 'pod_event' succeeded."))
+    assert f.filter(record("Handler 'pod_event' failed with an exception. Will retry."))
+    assert f.filter(record("Handler 'cleanup' succeeded."))
+    assert f.filter(record("Planned: 1 x p3.2xlarge"))

@@ -1,0 +1,157 @@
+"""The API-call budget of a job from creation to Running, counted on the fake clients (counts, not times).
+
+The loop is stepped the way the event-driven operator steps it: once when the job appears, then
+once per watch event that concerns it (its nodes appear, turn Ready; its pods appear, turn
+Running), plus repeats of events that change nothing the loop reads. The worker client is the
+real :class:`gpuscaler.kube.client.Workers` over a recording stand-in for the Kubernetes API, so
+its memory of the namespace's shared worker identity is part of what is counted. A status write
+is a step whose status differs in more than cost and ETA (what the handler writes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from conftest import RESNET_SPEC, World, make_job
+from gpuscaler.api.status import Phase
+from gpuscaler.controller.reconcile import Job, status_change
+from gpuscaler.kube.client import Workers
+
+ONE_NODE = {
+    **RESNET_SPEC,
+    "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"},
+}
+"""The benchmark's job (benchmarks/operator_scale.py): one node, one GPU."""
+
+
+class RecordingApi:
+    """CoreV1Api / RbacAuthorizationV1Api stand-in: records every call; a second create of the same
+    object is a 409 Conflict, as the API server answers."""
+
+    def __init__(self, calls: Counter[str], objects: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+        self.calls = calls
+        self.objects = objects
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> None:
+            self.calls[method] += 1
+            if method.startswith("create_"):
+                namespace, body = args
+                key = (body["kind"], namespace, body["metadata"]["name"])
+                if key in self.objects:
+                    raise ApiException(status=409, reason="Conflict")
+                self.objects[key] = body
+            elif method == "delete_namespaced_pod":
+                self.objects.pop(("Pod", args[1], args[0]), None)
+
+        return call
+
+
+class RecordedWorkers(Workers):
+    """The real worker client over :class:`RecordingApi`, with the pods it made for the harness."""
+
+    def __init__(self) -> None:
+        super().__init__(ApiClient())
+        self.calls: Counter[str] = Counter()
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.core = RecordingApi(self.calls, self.objects)
+        self.rbac = RecordingApi(self.calls, self.objects)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return [b for (kind, _, _), b in self.objects.items() if kind == "Pod"]
+
+
+class Counted:
+    """A world whose steps count status writes and Events (the nodes made are the world's nodes)."""
+
+    def __init__(self, world: World | None = None) -> None:
+        self.w = world or World()
+        self.workers = RecordedWorkers()
+        self.w.workers = self.workers  # type: ignore[assignment]
+        self.w.loop.workers = self.workers
+        self.writes = 0
+        self.events: Counter[str] = Counter()
+
+    def step(self, job: Job) -> None:
+        before = self.w.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        reasons = self.w.step(job)
+        after = self.w.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if status_change(before, after) == "state" or not before:
+            self.writes += 1
+        self.events.update(reasons)
+
+    def calls(self) -> int:
+        return sum(self.workers.calls.values())
+
+
+def to_running(c: Counted, job: Job) -> None:
+    """The watch events of one job's start, each a step, with a repeat after each."""
+    c.step(job)  # created: plans, asks for its node
+    c.step(job)  # its node appears (NotReady)
+    c.step(job)  # a repeat (the node's status, nothing the loop reads)
+    c.w.ready()
+    c.step(job)  # the node Ready: starts the workers
+    c.step(job)  # the pods appear (Pending)
+    c.step(job)  # a repeat
+    c.w.pod_phase = "Running"
+    c.step(job)  # the pods Running
+    assert c.w.status.phase is Phase.RUNNING, c.w.status.message
+
+
+def test_one_node_job_to_running_within_the_budget() -> None:
+    c = Counted()
+    job = make_job(ONE_NODE)
+    to_running(c, job)
+    made = len(c.w.nodes)
+    assert made == 1
+    # the worker client: the Service, the namespace's ServiceAccount, Role and RoleBinding, the pod
+    assert c.workers.calls == {
+        "create_namespaced_service": 1,
+        "create_namespaced_service_account": 1,
+        "create_namespaced_role": 1,
+        "create_namespaced_role_binding": 1,
+        "create_namespaced_pod": 1,
+    }
+    # status writes: Provisioning (planned, node asked for), Starting, Running
+    assert c.writes == 3
+    assert c.events == {"Planned": 1, "ScaledUp": 1, "NodesReady": 1, "WorkersCreated": 1, "Started": 1}
+    total = made + c.calls() + c.writes + sum(c.events.values())
+    assert total == 14  # the namespace's first job; kopf adds its finalizer patch
+
+
+def test_steps_that_change_nothing_call_nothing_and_write_nothing() -> None:
+    c = Counted()
+    job = make_job(ONE_NODE)
+    to_running(c, job)
+    calls, writes, events = c.calls(), c.writes, sum(c.events.values())
+    for _ in range(10):  # ten more events of the running job that change nothing
+        c.step(job)
+    assert (c.calls(), c.writes, sum(c.events.values())) == (calls, writes, events)
+    assert len(c.w.nodes) == 1
+
+
+def test_the_second_job_of_a_namespace_sends_no_worker_identity() -> None:
+    first, second = Counted(), Counted()
+    second.workers = first.workers  # one operator, one worker client, one namespace
+    second.w.workers = first.workers  # type: ignore[assignment]
+    second.w.loop.workers = first.workers
+    to_running(first, make_job(ONE_NODE, name="a", uid="uid-a"))
+    before = Counter(first.workers.calls)
+    to_running(second, make_job(ONE_NODE, name="b", uid="uid-b"))
+    sent = first.workers.calls - before
+    assert sent == {"create_namespaced_service": 1, "create_namespaced_pod": 1}
+    # 1 node + 2 worker creates + 3 status writes + 5 Events: every later job of the namespace
+    assert len(second.w.nodes) + sum(sent.values()) + second.writes + sum(second.events.values()) == 11
+
+
+def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_three_writes() -> None:
+    c = Counted()
+    job = make_job()  # two 8-GPU nodes
+    to_running(c, job)
+    assert len(c.w.nodes) == 2
+    assert c.workers.calls["create_namespaced_pod"] == 2 and c.workers.calls["create_namespaced_service"] == 1
+    assert c.writes == 3
