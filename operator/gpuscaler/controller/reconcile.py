@@ -555,21 +555,27 @@ class Reconciler:
         st = ctx.status
         assert st.plan is not None
         before = st.plan.summary
-        self._stop_gang(ctx, nodes)
-        st.unavailable.append(
-            UnavailableOffering(
-                instance_type=st.plan.instance_type,
-                capacity_type=st.plan.capacity_type,
-                until=ctx.now + timedelta(seconds=self.config.capacity_backoff_s),
-                reason=f"no Kueue quota: {why}",
-            )
-        )
+        self._back_off(ctx, nodes, f"no Kueue quota: {why}")
         st.plan = None
         st.phase = Phase.PLANNING
         if self._plan(ctx) and st.plan is not None:
             st.plan.why = f"chosen within the Kueue quota left: {before} has none ({why}); {st.plan.why}"
             ctx.event("Normal", "ReplannedWithinQuota", f"{before} -> {st.plan.summary}: {why}"[:1000])
             self._begin_gang(ctx)
+
+    def _back_off(self, ctx: StepContext, nodes: list[NodeState], reason: str) -> None:
+        """Stop the gang of the current plan and leave its offering out for the capacity back-off."""
+        st = ctx.status
+        assert st.plan is not None
+        self._stop_gang(ctx, nodes)
+        st.unavailable.append(
+            UnavailableOffering(
+                instance_type=st.plan.instance_type,
+                capacity_type=st.plan.capacity_type,
+                until=ctx.now + timedelta(seconds=self.config.capacity_backoff_s),
+                reason=reason,
+            )
+        )
 
     def _split_nodes(self, request: NodeRequest, nodes: list[NodeState]) -> tuple[list[NodeState], list[NodeState]]:
         """The live nodes of the current plan, and those of an earlier plan (to release), as the
@@ -608,15 +614,7 @@ class Reconciler:
         """Release a partial gang, back off its offering, and re-plan without it."""
         st = ctx.status
         assert st.plan is not None
-        self._stop_gang(ctx, nodes)
-        st.unavailable.append(
-            UnavailableOffering(
-                instance_type=st.plan.instance_type,
-                capacity_type=st.plan.capacity_type,
-                until=ctx.now + timedelta(seconds=self.config.capacity_backoff_s),
-                reason=why,
-            )
-        )
+        self._back_off(ctx, nodes, why)
         ctx.event(
             "Warning",
             "GangTimeout",
