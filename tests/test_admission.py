@@ -13,7 +13,6 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from conftest import World, make_job
 from gpuscaler.api.status import Phase
 from gpuscaler.controller.reconcile import Reconciler
 from gpuscaler.kube import admission
@@ -22,6 +21,7 @@ from gpuscaler.kube.workers import WORKER_SERVICE_ACCOUNT
 from gpuscaler.names import ConditionType
 from gpuscaler.runtime.constants import REPORTED_ANNOTATIONS
 from gpuscaler.settings import Settings
+from loop_harness import World, make_job
 from test_helm_chart import CHART, env_of, one, render
 
 # ------------------------------------------------------------------------------ one set of rules

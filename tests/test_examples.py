@@ -11,7 +11,7 @@ Like kopf's ``tests/e2e/test_examples.py``, the expectation lives in the example
   TrainingJob example with a pod template must run;
 - the training script (``examples/train/train_ddp.py``): ``run-by=`` the test that runs it.
 
-The e2e suite applies the TrainingJob examples to the dev cluster (``e2e/test_examples.py``).
+The e2e suite applies the TrainingJob examples to the dev cluster (``e2e/test_examples_applied.py``).
 """
 
 from __future__ import annotations

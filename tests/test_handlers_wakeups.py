@@ -11,10 +11,10 @@ from typing import Any
 import kopf
 import pytest
 
-from conftest import node_body
 from gpuscaler.controller.wakeups import Seen, Wakeups
 from gpuscaler.handlers import trainingjob as h
 from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
+from loop_harness import node_body
 
 KEY = "ns.job"
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from conftest import CATALOG, SPOT_SPEC, T0, first_plan, make_job, node_body, planner_with, spec, spot_world
 from gpuscaler.api import Objective, TrainingJobSpec
 from gpuscaler.api.status import ObservedStatus, Phase, Progress, TrainingJobStatus
 from gpuscaler.cloud.nodes import NOTICE_SOURCES, node_state
@@ -21,6 +20,17 @@ from gpuscaler.policy import Policy
 from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
 from gpuscaler.settings import Settings
+from loop_harness import (
+    CATALOG,
+    SPOT_SPEC,
+    T0,
+    first_plan,
+    make_job,
+    node_body,
+    planner_with,
+    spec,
+    spot_world,
+)
 
 CFG = spot.SpotConfig.from_settings(Settings(node_not_ready_grace_s=60, soft_notice_wait_s=30, annotation_notice_s=30))
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from conftest import World, make_job, spec
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase
 from gpuscaler.catalog import load_catalog
@@ -24,6 +23,7 @@ from gpuscaler.controller.policy import (
 )
 from gpuscaler.names import ConditionType
 from gpuscaler.policy import NamespaceUsage, Policy
+from loop_harness import World, make_job, spec
 
 CAT = load_catalog()
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CATALOG, World, make_job, node_body
 from gpuscaler.api.status import Phase
 from gpuscaler.cloud import JobRef, NodeRequest, node_names
 from gpuscaler.cloud.fake import FakeNodeGroup, FakePodProvisioner, FakeProvider
 from gpuscaler.cloud.provider import job_label_value
 from gpuscaler.controller.reconcile import Job, format_duration, status_change
 from gpuscaler.kube.workers import PodState, pod_state, worker_pod
+from loop_harness import CATALOG, World, make_job, node_body
 
 
 def test_happy_path_plans_provisions_starts_and_succeeds() -> None:

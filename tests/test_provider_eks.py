@@ -12,13 +12,13 @@ from botocore.exceptions import ClientError
 from kubernetes import client
 from moto import mock_aws
 
-from conftest import FakeCore
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, InsufficientCapacityError, JobRef, NodeRequest, ProviderError
 from gpuscaler.cloud.eks import CAPACITY_TAG, INSTANCE_TAG, EksProvider, EksTemplate
 from gpuscaler.cloud.nodes import node_state
 from gpuscaler.planner import plan
+from loop_harness import FakeCore
 
 CAT = load_catalog()
 REGION = "us-east-1"

@@ -17,10 +17,10 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.container_v1 import ClusterManagerClient
 
-from conftest import FakeCore
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, InsufficientCapacityError, JobRef, NodeRequest, ProviderError
 from gpuscaler.cloud.gke import GkeProvider
+from loop_harness import FakeCore
 
 CAT = load_catalog()
 JOB = JobRef("ml", "llm")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CATALOG, World, make_job
 from gpuscaler.api.status import Phase
 from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud import (
@@ -25,6 +24,7 @@ from gpuscaler.cloud.karpenter import KarpenterProvider
 from gpuscaler.cloud.kwok import KwokProvider
 from gpuscaler.cloud.static import StaticProvider
 from gpuscaler.names import ConditionType
+from loop_harness import CATALOG, World, make_job
 
 REQUEST = NodeRequest(JobRef("ns", "job"), CATALOG.instance("p4d.24xlarge"), CapacityType.ON_DEMAND, 2, 32.0)
 

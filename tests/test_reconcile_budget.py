@@ -16,10 +16,10 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from conftest import RESNET_SPEC, World, make_job
 from gpuscaler.api.status import Phase
 from gpuscaler.controller.reconcile import Job, status_change
 from gpuscaler.kube.client import Workers
+from loop_harness import RESNET_SPEC, World, make_job
 
 ONE_NODE = {
     **RESNET_SPEC,

@@ -2,7 +2,7 @@
 
 torchrun exits 1 when its workers stopped cleanly with 75; the loop must still count that as an
 interruption (against ``spot.maxInterruptions``), not a failure (against ``backoffLimit``). These
-drive the reconcile loop of tests/conftest.py (World) with full pod statuses.
+drive the reconcile loop of tests/loop_harness.py (World) with full pod statuses.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from conftest import World, make_job, node_body
 from gpuscaler.api.status import Phase
 from gpuscaler.controller.reconcile import preemption
 from gpuscaler.kube.workers import pod_state
 from gpuscaler.names import INTERRUPTION_ANNOTATION
 from gpuscaler.runtime import constants as rc
+from loop_harness import World, make_job, node_body
 
 
 def running(w: World) -> Any:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import GANG_SPEC, World, make_job
 from gpuscaler.api.status import Phase
 from gpuscaler.kube import jobset as js
 from gpuscaler.kube import kueue
 from gpuscaler.names import COMPLETION_INDEX_LABEL, JOB_LABEL
+from loop_harness import GANG_SPEC, World, make_job
 
 WAITING = "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu in flavor a100-spot"
 

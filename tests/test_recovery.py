@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from conftest import CATALOG, SPOT_SPEC, T0, spec, spot_world
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase
 from gpuscaler.controller import interruptions as spot
@@ -24,6 +23,7 @@ from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
 from gpuscaler.simulator.planning import CachedPlanner
 from gpuscaler.simulator.strategies import Decision, Gpuscaler, JobState
+from loop_harness import CATALOG, SPOT_SPEC, T0, spec, spot_world
 
 SPEC: dict[str, Any] = {
     **{k: v for k, v in SPOT_SPEC.items() if k != "maxDuration"},  # the hours left are given per case

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from conftest import node_body
 from gpuscaler.api.events import set_condition
 from gpuscaler.api.status import NoticeStatus, Phase, TrainingJobStatus, UnavailableOffering
 from gpuscaler.cloud import NodeState
@@ -20,6 +19,7 @@ from gpuscaler.controller.wakeups import Lane, Lanes, Seen, WakeConfig, Wakeups,
 from gpuscaler.kube.admission import RECHECK_S
 from gpuscaler.names import INTERRUPTION_ANNOTATION, ConditionType
 from gpuscaler.settings import Settings
+from loop_harness import node_body
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 CFG = WakeConfig.from_settings(Settings(resync_interval_s=60, reconcile_interval_s=1, gang_timeout_s=600))

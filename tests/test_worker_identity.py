@@ -12,7 +12,6 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from conftest import World, make_job
 from gpuscaler.api.status import Phase
 from gpuscaler.kube.client import SHARED_RECHECK_S, KubeError, Workers
 from gpuscaler.kube.workers import (
@@ -22,6 +21,7 @@ from gpuscaler.kube.workers import (
     worker_pod,
     worker_rbac,
 )
+from loop_harness import World, make_job
 
 IDENTITY = ["ServiceAccount/gpuscaler-worker", "Role/gpuscaler-worker", "RoleBinding/gpuscaler-worker"]
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from conftest import SPOT_SPEC, T0, World, first_plan, make_job, spec, spot_world
 from gpuscaler.api.status import NoticeStatus, Phase, Progress, TrainingJobStatus
 from gpuscaler.controller.reconcile import Job
 from gpuscaler.kube import reports
@@ -17,6 +16,7 @@ from gpuscaler.kube.workers import NO_RANK, pod_state
 from gpuscaler.names import ConditionType
 from gpuscaler.runtime import constants as rc
 from gpuscaler.settings import Settings
+from loop_harness import SPOT_SPEC, T0, World, first_plan, make_job, spec, spot_world
 
 STEP, SAMPLES, CKPT, ACK = (
     rc.ANNOTATION_PROGRESS_STEP,

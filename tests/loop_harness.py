@@ -6,7 +6,8 @@ Factories with defaults plus overrides (after Karpenter's test factories): :func
 by every test that drives :class:`gpuscaler.controller.reconcile.Reconciler`. The fake providers
 are the package's own (:mod:`gpuscaler.cloud.fake`); :class:`FakeCore` stands in for the
 Kubernetes API of the providers that adopt nodes. Test modules import these from here, never
-from one another.
+from one another. It is not named ``conftest``: ``pytest tests e2e`` puts both folders on
+``sys.path``, and ``e2e/conftest.py`` would answer ``import conftest`` first.
 """
 
 from __future__ import annotations
