@@ -20,7 +20,7 @@ PYTHONPATH=operator "$BASE_PYTHON" -c \
   'from gpuscaler.devcluster.build import ensure_all; ensure_all(addons=("kueue", "jobset"))' \
   >"$BUILD_LOG" 2>&1 &
 BUILD_PID=$!
-trap 'kill "$BUILD_PID" 2>/dev/null; rm -f "$BUILD_LOG"' EXIT
+trap 'kill "$BUILD_PID" 2>/dev/null || true; rm -f "$BUILD_LOG"' EXIT
 
 echo "==> the test venv: pinned torch, transformers, Lightning (cached after the first build)"
 VENV="$(PYTHON="$BASE_PYTHON" scripts/ci-torch-venv.sh | tail -n 1)"
@@ -38,7 +38,7 @@ KARPENTER_LOG="$(mktemp)"
   'import karpenter_helpers as k; from gpuscaler.devcluster import build; build.ensure(k.KARPENTER_KWOK)') \
   >"$KARPENTER_LOG" 2>&1 &
 KARPENTER_PID=$!
-trap 'kill "$BUILD_PID" "$KARPENTER_PID" 2>/dev/null; rm -f "$BUILD_LOG" "$KARPENTER_LOG"' EXIT
+trap 'kill "$BUILD_PID" "$KARPENTER_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$KARPENTER_LOG"' EXIT
 
 echo "==> static checks: ruff, mypy --strict, import-linter layers"
 "$PYTHON" -m ruff check operator tests e2e scripts benchmarks
