@@ -4,10 +4,11 @@ kubeconfigs that authenticate as a ServiceAccount."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -112,6 +113,28 @@ def go_module_dir(module: str, version: str) -> Path:
 
 
 GPU_TOLERATION: dict[str, str] = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+
+
+@contextlib.contextmanager
+def rbac_checked(proc: subprocess.Popen[bytes], log: Path) -> Iterator[None]:
+    """Run the body, then stop the operator subprocess and print the end of its log; when the body
+    passed, fail if the operator hit an RBAC denial.
+
+    For tests that run the operator under a ServiceAccount with exactly the chart's RBAC: every
+    call the operator makes there must be allowed, so a ``Forbidden``/403 in its log is a missing rule.
+    """
+    try:
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        text = log.read_text(errors="replace")
+        print(text[-4000:])
+    forbidden = [line for line in text.splitlines() if "Forbidden" in line or " 403" in line]
+    assert not forbidden, "the operator hit RBAC denials:\n" + "\n".join(forbidden[:10])
 
 
 def wait_for(

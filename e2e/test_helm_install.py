@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client
 
 import test_providers_crds as upstream
-from e2e_helpers import E2ECluster, service_account_kubeconfig, wait_for
+from e2e_helpers import E2ECluster, rbac_checked, service_account_kubeconfig, wait_for
 from gpuscaler.devcluster.cluster import wait_established
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("helm")]
@@ -353,7 +353,7 @@ def test_operator_runs_a_job_with_the_charts_credentials(
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=env, stdout=out, stderr=out
         )
-    try:
+    with rbac_checked(proc, log):
 
         def healthy() -> bool:
             try:
@@ -397,13 +397,3 @@ def test_operator_runs_a_job_with_the_charts_credentials(
         assert rbac.read_namespaced_role_binding("gpuscaler-worker", namespace).role_ref.name == "gpuscaler-worker"
         # delete while the operator runs: its finalizer releases the worker and the kwok node
         run(dev_cluster, "kubectl", "delete", "trainingjob", "rbac", "-n", namespace, "--timeout=60s")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        text = log.read_text(errors="replace")
-        print(text[-4000:])
-    forbidden = [line for line in text.splitlines() if "Forbidden" in line or " 403" in line]
-    assert not forbidden, "the operator hit RBAC denials:\n" + "\n".join(forbidden[:10])

@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import any_cluster
-from e2e_helpers import E2ECluster, wait_for
+from e2e_helpers import E2ECluster, rbac_checked, wait_for
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.devcluster import build
 from gpuscaler.devcluster.cluster import Cluster, apply_crds
@@ -454,7 +454,7 @@ def test_the_charts_kueue_and_jobset_rbac_runs_a_queued_job(kq: Kueued, ns: str,
         log = tmp_path / "operator.log"
         with log.open("wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=out, stderr=out)
-        try:
+        with rbac_checked(proc, log):
             manifest = job_manifest("helm", instance=P4D.name, gpus=2 * GPUS_PER_NODE)
             manifest["spec"]["queueName"] = queue
             manifest["spec"]["template"]["metadata"] = {"annotations": {POD_COMPLETE_DELAY_ANNOTATION: "1h"}}
@@ -466,16 +466,6 @@ def test_the_charts_kueue_and_jobset_rbac_runs_a_queued_job(kq: Kueued, ns: str,
                 lambda: not kq.custom.list_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL)["items"],
                 timeout=90, what="the JobSet deleted with the job",
             )
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            text = log.read_text(errors="replace")
-            print(text[-4000:])
-        forbidden = [line for line in text.splitlines() if "Forbidden" in line or " 403" in line]
-        assert not forbidden, "the operator hit RBAC denials:\n" + "\n".join(forbidden[:10])
     finally:
         kubectl(e2e, "delete", "trainingjobs", "--all", "-n", ns, "--timeout=60s", check=False)
         subprocess.run(["helm", "uninstall", rel.name, "-n", ns], env=env, capture_output=True, check=False, timeout=120)
