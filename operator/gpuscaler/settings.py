@@ -89,6 +89,15 @@ class Settings(BaseSettings):
         ge=0,
         description="Seconds a woken job waits before its step is queued, so one change's burst of events is one step.",
     )
+    status_refresh_s: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "Seconds between status writes that only move a job's cost or ETA (the COST and ETA columns, to the "
+            "cent and as shown); a change of anything else is written at once. Each write is an API call and a "
+            "watch event to every watcher: at 30 s, 500 running jobs wrote 17 times a second."
+        ),
+    )
     plan_cache_size: int = Field(
         default=128,
         ge=0,

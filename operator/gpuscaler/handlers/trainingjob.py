@@ -29,6 +29,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from gpuscaler import __version__
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
@@ -44,7 +45,6 @@ from gpuscaler.controller.policy import (
     namespace_usage,
 )
 from gpuscaler.controller.reconcile import (
-    COST_REFRESH_S,
     Job,
     LoopConfig,
     Outcome,
@@ -64,6 +64,11 @@ from gpuscaler.planner import PlanResult, plan
 from gpuscaler.settings import Settings
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+USER_AGENT = f"gpuscaler-operator/{__version__}"
+"""The User-Agent of the operator's own API calls (status writes, nodes, pods: the Kubernetes client);
+kopf's watches, finalizer patches and Events go as ``kopf/<version>``. An API server's audit log
+tells the operator's requests apart by these two (benchmarks/operator_scale.py does)."""
 
 
 @dataclass
@@ -199,7 +204,9 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     settings.peering.mandatory = False
     settings.execution.max_workers = 16
     with kopf_errors():
-        _operator = build(ours, load_config())
+        api = load_config()
+        api.user_agent = USER_AGENT
+        _operator = build(ours, api)
     admitted = _operator.admission.ensure()
     (logger.info if admitted.enforced else logger.warning)("worker admission policy: %s", admitted.detail)
     metrics.serve(ours.metrics_port)
@@ -320,7 +327,7 @@ def step_job(
     change = status_change(status, new) if status else "state"
     key = (namespace, name)
     now = time.monotonic()
-    if change == "state" or (change == "clock" and now - op.last_write.get(key, 0) >= COST_REFRESH_S):
+    if change == "state" or (change == "clock" and now - op.last_write.get(key, 0) >= op.settings.status_refresh_s):
         patch: dict[str, Any] = {k: None for k in old if k not in new}
         patch.update({k: v for k, v in new.items() if status.get(k) != v})
         rv = op.jobs.patch_status(namespace, name, patch)
