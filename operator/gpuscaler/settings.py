@@ -84,6 +84,15 @@ class Settings(BaseSettings):
             "step took 0.3 s of wall time, so 4 threads (about 14 steps/s) were all busy during the apply."
         ),
     )
+    reconcile_slow_step_s: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "A client-side limit (controller/wakeups.py StepGate): when above 0, a step slower than this many "
+            "seconds (the API server is slow to answer) lowers how many steps run at once, a fast one raises it, "
+            "between 1 and reconcileWorkers; interruptions are never held back. 0 = off."
+        ),
+    )
     reconcile_debounce_s: float = Field(
         default=0.1,
         ge=0,

@@ -51,7 +51,7 @@ from gpuscaler.controller.reconcile import (
     Reconciler,
     status_change,
 )
-from gpuscaler.controller.wakeups import Lanes, Seen, WakeConfig, Wakeups, drive, lane, next_wake
+from gpuscaler.controller.wakeups import Lanes, Seen, StepGate, WakeConfig, Wakeups, drive, lane, next_wake
 from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors, retry_delay
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
@@ -89,6 +89,8 @@ class Operator:
     plans: PlanCache
     wake: WakeConfig
     lanes: Lanes
+    gate: StepGate
+    """The client-side limit on steps at once (off unless ``settings.reconcile_slow_step_s``)."""
     wakeups: Wakeups = field(default_factory=Wakeups)
     seen: Seen = field(default_factory=Seen)
     """What the watch-event handlers last saw of each pod, node and job (a change wakes the job)."""
@@ -182,6 +184,7 @@ def build(settings: Settings, api: Any) -> Operator:
         plans,
         wake,
         Lanes(settings.reconcile_workers),
+        StepGate(settings.reconcile_workers, settings.reconcile_slow_step_s),
     )
 
 
@@ -393,6 +396,7 @@ async def job_daemon(
             stop,
             debounce_s=op.settings.reconcile_debounce_s,
             error_delay=lambda err: retry_delay(err, op.wake.resync_s),
+            gate=op.gate,
         )
     finally:
         watcher.cancel()
