@@ -878,9 +878,11 @@ def main() -> int:
                 + (f"; errors: {baseline.errors[:3]}" if baseline is not None and baseline.errors else "")
             )
         else:
+            overrides = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("GPUSCALER_"))
             print(
                 f"operator scale: {n} one-node TrainingJobs{nodes_note}, provider {provider}, "
                 f"kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
+                + (f"; settings from the environment: {', '.join(overrides)}" if overrides else "")
             )
         print(
             f"machine: {os.cpu_count()} cores; load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_start)} "
