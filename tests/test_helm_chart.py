@@ -604,8 +604,25 @@ def test_worker_admission_policy_follows_namespaced_mode_and_can_be_turned_off(t
 
 def test_optional_objects_off_by_default() -> None:
     got = kinds(render())
-    assert not {"ServiceMonitor", "PodDisruptionBudget", "NetworkPolicy"} & got
+    assert not {"ServiceMonitor", "PodDisruptionBudget", "NetworkPolicy", "FlowSchema", "PriorityLevelConfiguration"} & got
     assert {"Service", "ClusterKopfPeering"} <= got
+
+
+def test_api_priority_puts_the_operators_service_account_at_its_own_limited_level() -> None:
+    docs = render("--set", "apiPriority.enabled=true", "--set", "apiPriority.nominalConcurrencyShares=3")
+    level, schema = one(docs, "PriorityLevelConfiguration"), one(docs, "FlowSchema")
+    account = one(docs, "ServiceAccount")["metadata"]
+    assert level["apiVersion"] == schema["apiVersion"] == "flowcontrol.apiserver.k8s.io/v1"
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == level["metadata"]["name"]
+    limited = level["spec"]["limited"]
+    assert level["spec"]["type"] == "Limited" and limited["nominalConcurrencyShares"] == 3
+    assert limited["borrowingLimitPercent"] == 0 and limited["limitResponse"]["type"] == "Queue"
+    (rule,) = schema["spec"]["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": account["name"], "namespace": "gpuscaler-system"}}
+    ]
+    assert rule["resourceRules"][0]["clusterScope"] is True and rule["resourceRules"][0]["namespaces"] == ["*"]
+    assert schema["spec"]["matchingPrecedence"] < 9000  # before the built-in service-accounts schema
 
 
 def test_observability_values() -> None:

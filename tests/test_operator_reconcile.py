@@ -10,7 +10,7 @@ from gpuscaler.cloud.fake import FakeNodeGroup, FakePodProvisioner, FakeProvider
 from gpuscaler.cloud.provider import job_label_value
 from gpuscaler.controller.reconcile import Job, format_duration, status_change
 from gpuscaler.kube.workers import PodState, pod_state, worker_pod
-from loop_harness import CATALOG, World, make_job, node_body
+from loop_harness import CATALOG, RESNET_SPEC, World, make_job, node_body
 
 
 def test_happy_path_plans_provisions_starts_and_succeeds() -> None:
@@ -218,6 +218,21 @@ def test_worker_pod_manifest() -> None:
     assert state.rank == 1 and state.owner_uid == "u"
 
 
+def test_a_one_node_gang_meets_on_its_own_pod_without_a_service() -> None:
+    w = World()
+    job = make_job({**RESNET_SPEC, "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1}})
+    w.step(job)  # planned, its node asked for
+    w.step(job)  # the node appears
+    w.ready()
+    w.step(job)  # Ready: the worker
+    assert [p["metadata"]["name"] for p in w.workers.pods()] == [f"{job.name}-worker-0"]
+    pod = w.workers.pods()[0]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["WORLD_SIZE"] == "1" and env["MASTER_ADDR"] == "127.0.0.1"
+    assert "subdomain" not in pod["spec"]
+    assert not [k for k in w.workers.objects if k.startswith("Service/")], "no rendezvous Service for one node"
+
+
 def test_names_and_labels_are_deterministic_and_valid() -> None:
     inst = CATALOG.instance("p4d.24xlarge")
     from gpuscaler.catalog import CapacityType
@@ -238,6 +253,10 @@ def test_status_change_throttles_the_clock() -> None:
     assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 1}) == "none"
     assert status_change({"phase": "Running", "costUsd": 1}, {"phase": "Running", "costUsd": 2}) == "clock"
     assert status_change({"phase": "Running"}, {"phase": "Succeeded"}) == "state"
+    # only what kubectl get shows counts: the completion time shifting by seconds alone is no change
+    at = {"phase": "Running", "costUsd": 1, "eta": "2h13m", "estimatedCompletionTime": "2026-12-01T18:00:00Z"}
+    assert status_change(at, {**at, "estimatedCompletionTime": "2026-12-01T18:00:04Z"}) == "none"
+    assert status_change(at, {**at, "eta": "2h12m"}) == "clock"
 
 
 def test_node_group_nodes_with_cloud_names_are_the_jobs_not_an_earlier_plans() -> None:

@@ -84,3 +84,57 @@ def test_rss_reads_peak_and_current_and_nan_for_a_process_that_is_gone() -> None
     peak, now = b.rss_mib(os.getpid()), b.rss_mib(os.getpid(), "VmRSS")
     assert 0 < now <= peak
     assert math.isnan(b.rss_mib(2**22 + 12345))  # above the default pid_max: no such process
+
+
+def _audit(verb: str, stage: str, user: str, agent: str, resource: str = "pods", **ref: str) -> str:
+    import json
+
+    return json.dumps(
+        {
+            "stage": stage,
+            "verb": verb,
+            "user": {"username": user},
+            "userAgent": agent,
+            "objectRef": {"resource": resource, **ref} if resource else {},
+            "responseStatus": {"code": int(ref.pop("code", "200")) if "code" in ref else 200},
+            "requestReceivedTimestamp": "2026-12-01T16:00:10.500000Z",
+        }
+    )
+
+
+def test_audit_clients_are_told_apart_by_user_and_agent() -> None:
+    b = _bench()
+    who = lambda user, agent: b.audit_client({"user": {"username": user}, "userAgent": agent})  # noqa: E731
+    assert who("kubernetes-admin", "gpuscaler-operator/0.1.0") == "operator"
+    assert who("system:serviceaccount:gpuscaler:gpuscaler", "kopf/1.37") == "operator"
+    assert who("kubernetes-admin", "gpuscaler-benchmark") == "benchmark"
+    assert who("system:serviceaccount:kube-system:node-controller", "kube-controller-manager/v1.32") == "kcm/node-controller"
+    assert who("system:kube-scheduler", "kube-scheduler/v1.32") == "scheduler"
+    assert who("kwok-controller", "kwok/v0.6.1 (linux/amd64)") == "kwok"
+    assert who("kubernetes-admin", "kubectl/v1.32.0 (linux/amd64)") == "kubectl"
+    assert who("someone", "curl/8.0") == "curl"
+
+
+def test_audit_counts_each_request_once_in_the_window() -> None:
+    from datetime import datetime
+
+    b = _bench()
+    t = datetime.fromisoformat("2026-12-01T16:00:10.500000+00:00").timestamp()
+    lines = [
+        _audit("create", "ResponseComplete", "admin", "gpuscaler-operator/0.1.0", "nodes"),
+        _audit("patch", "ResponseComplete", "admin", "kopf/1.37", "trainingjobs", apiGroup="gpuscaler.io", subresource="status"),
+        _audit("watch", "ResponseStarted", "admin", "kopf/1.37", "pods"),
+        _audit("watch", "ResponseComplete", "admin", "kopf/1.37", "pods"),  # the same watch ending
+        _audit("get", "ResponseComplete", "admin", "kubectl/v1.32", "", code="200"),  # non-resource
+        _audit("patch", "ResponseComplete", "system:serviceaccount:kube-system:node-controller", "kcm", "nodes", code="409"),
+        "",
+    ]
+    counts, failed = b.audit_counts(lines, t - 1, t + 1)
+    assert counts == {
+        ("operator", "POST", "nodes"): 1,
+        ("operator", "PATCH", "trainingjobs.gpuscaler.io/status"): 1,
+        ("operator", "WATCH", "pods"): 1,
+        ("kcm/node-controller", "PATCH", "nodes"): 1,
+    }
+    assert failed == {("kcm/node-controller", "PATCH", "nodes"): 1}
+    assert b.audit_counts(lines, t + 1, t + 2) == ({}, {})

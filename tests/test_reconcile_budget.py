@@ -10,6 +10,8 @@ is a step whose status differs in more than cost and ETA (what the handler write
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -19,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuscaler.api.status import Phase
 from gpuscaler.controller.reconcile import Job, status_change
 from gpuscaler.kube.client import Workers
+from gpuscaler.kube.workers import worker_rbac
 from loop_harness import RESNET_SPEC, World, make_job
 
 ONE_NODE = {
@@ -35,16 +38,22 @@ class RecordingApi:
     def __init__(self, calls: Counter[str], objects: dict[tuple[str, str, str], dict[str, Any]]) -> None:
         self.calls = calls
         self.objects = objects
+        self.latency_s = 0.0
+        """Seconds each call takes (the API server's answer time, for steps on several threads)."""
+        self.lock = threading.Lock()
 
     def __getattr__(self, method: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> None:
-            self.calls[method] += 1
+            time.sleep(self.latency_s)
+            with self.lock:
+                self.calls[method] += 1
             if method.startswith("create_"):
                 namespace, body = args
                 key = (body["kind"], namespace, body["metadata"]["name"])
-                if key in self.objects:
-                    raise ApiException(status=409, reason="Conflict")
-                self.objects[key] = body
+                with self.lock:
+                    if key in self.objects:
+                        raise ApiException(status=409, reason="Conflict")
+                    self.objects[key] = body
             elif method == "delete_namespaced_pod":
                 self.objects.pop(("Pod", args[1], args[0]), None)
 
@@ -75,10 +84,13 @@ class Counted:
         self.w.loop.workers = self.workers
         self.writes = 0
         self.events: Counter[str] = Counter()
+        self.messages: dict[str, list[str]] = {}
 
     def step(self, job: Job) -> None:
         before = self.w.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         reasons = self.w.step(job)
+        for e in self.w.events:
+            self.messages.setdefault(e.reason, []).append(e.message)
         after = self.w.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         if status_change(before, after) == "state" or not before:
             self.writes += 1
@@ -108,9 +120,9 @@ def test_one_node_job_to_running_within_the_budget() -> None:
     to_running(c, job)
     made = len(c.w.nodes)
     assert made == 1
-    # the worker client: the Service, the namespace's ServiceAccount, Role and RoleBinding, the pod
+    # the worker client: the namespace's ServiceAccount, Role and RoleBinding, the pod (a one-node
+    # gang meets on its own pod: no rendezvous Service)
     assert c.workers.calls == {
-        "create_namespaced_service": 1,
         "create_namespaced_service_account": 1,
         "create_namespaced_role": 1,
         "create_namespaced_role_binding": 1,
@@ -118,9 +130,10 @@ def test_one_node_job_to_running_within_the_budget() -> None:
     }
     # status writes: Provisioning (planned, node asked for), Starting, Running
     assert c.writes == 3
-    assert c.events == {"Planned": 1, "ScaledUp": 1, "NodesReady": 1, "WorkersCreated": 1, "Started": 1}
+    # one Event per decision: planned, nodes requested, nodes Ready with the workers made, running
+    assert c.events == {"Planned": 1, "ScaledUp": 1, "NodesReady": 1, "Started": 1}
     total = made + c.calls() + c.writes + sum(c.events.values())
-    assert total == 14  # the namespace's first job; kopf adds its finalizer patch
+    assert total == 12  # the namespace's first job; kopf adds its finalizer patch
 
 
 def test_steps_that_change_nothing_call_nothing_and_write_nothing() -> None:
@@ -143,9 +156,9 @@ def test_the_second_job_of_a_namespace_sends_no_worker_identity() -> None:
     before = Counter(first.workers.calls)
     to_running(second, make_job(ONE_NODE, name="b", uid="uid-b"))
     sent = first.workers.calls - before
-    assert sent == {"create_namespaced_service": 1, "create_namespaced_pod": 1}
-    # 1 node + 2 worker creates + 3 status writes + 5 Events: every later job of the namespace
-    assert len(second.w.nodes) + sum(sent.values()) + second.writes + sum(second.events.values()) == 11
+    assert sent == {"create_namespaced_pod": 1}
+    # 1 node + 1 pod + 3 status writes + 4 Events: every later job of the namespace
+    assert len(second.w.nodes) + sum(sent.values()) + second.writes + sum(second.events.values()) == 9
 
 
 def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_three_writes() -> None:
@@ -155,3 +168,32 @@ def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_three_writes(
     assert len(c.w.nodes) == 2
     assert c.workers.calls["create_namespaced_pod"] == 2 and c.workers.calls["create_namespaced_service"] == 1
     assert c.writes == 3
+
+
+def test_the_nodes_ready_event_says_the_workers_were_made() -> None:
+    c = Counted()
+    to_running(c, make_job(ONE_NODE))
+    assert "WorkersCreated" not in c.events
+    assert c.messages["NodesReady"] == ["all 1 node(s) Ready; created 1 worker pod(s) (attempt 1)"]
+
+
+def test_a_namespace_identity_is_sent_once_by_steps_on_many_threads() -> None:
+    workers = RecordedWorkers()
+    workers.core.latency_s = workers.rbac.latency_s = 0.05  # all eight are inside create_if_absent at once
+    barrier = threading.Barrier(8)
+
+    def start() -> None:
+        barrier.wait()
+        for body in worker_rbac("ns"):
+            workers.create_if_absent(body)
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert workers.calls == {
+        "create_namespaced_service_account": 1,
+        "create_namespaced_role": 1,
+        "create_namespaced_role_binding": 1,
+    }

@@ -15,7 +15,17 @@ from gpuscaler.api.status import NoticeStatus, Phase, TrainingJobStatus, Unavail
 from gpuscaler.cloud import NodeState
 from gpuscaler.cloud.nodes import node_state
 from gpuscaler.controller.interruptions import SpotConfig
-from gpuscaler.controller.wakeups import Lane, Lanes, Seen, WakeConfig, Wakeups, drive, lane, next_wake
+from gpuscaler.controller.wakeups import (
+    Lane,
+    Lanes,
+    Seen,
+    StepGate,
+    WakeConfig,
+    Wakeups,
+    drive,
+    lane,
+    next_wake,
+)
 from gpuscaler.kube.admission import RECHECK_S
 from gpuscaler.names import INTERRUPTION_ANNOTATION, ConditionType
 from gpuscaler.settings import Settings
@@ -246,3 +256,62 @@ def test_wake_all_wakes_a_namespaces_jobs() -> None:
         return wakeups.wake_all("a."), wakeups.wake_all(), len(wakeups)
 
     assert asyncio.run(scenario()) == (2, 3, 3)
+
+
+def test_the_gate_narrows_on_slow_steps_and_widens_on_fast_ones() -> None:
+    gate = StepGate(8, slow_s=0.2)
+    for _ in range(3):
+        gate.adapt(0.5)
+    assert gate.limit == pytest.approx(8 * 0.8**3)
+    for _ in range(50):
+        gate.adapt(0.5)
+    assert gate.limit == 1.0  # never below the floor
+    for _ in range(200):
+        gate.adapt(0.01)
+    assert gate.limit == 8.0  # never above the step threads
+    assert not StepGate(8, slow_s=0).enabled
+
+
+def test_the_gate_holds_back_steps_but_never_an_interruption() -> None:
+    async def scenario() -> tuple[bool, bool, bool, bool]:
+        gate = StepGate(8, slow_s=0.2)
+        gate.limit = 1.0
+        assert await gate.acquire(Lane.ACTIVE)
+        second = asyncio.ensure_future(gate.acquire(Lane.WAITING))
+        await asyncio.sleep(0.05)
+        waited = not second.done()
+        urgent = await asyncio.wait_for(gate.acquire(Lane.INTERRUPTION), timeout=1)  # no wait, no place
+        await gate.release(0.01)
+        got = await asyncio.wait_for(second, timeout=1)
+        off = await StepGate(8, slow_s=0).acquire(Lane.ACTIVE)
+        return waited, urgent, got, off
+
+    assert asyncio.run(scenario()) == (True, False, True, False)
+
+
+def test_drive_feeds_the_gate_the_steps_time() -> None:
+    lanes = Lanes(2)
+    gate = StepGate(8, slow_s=0.05)
+
+    def slow_step() -> float:
+        time.sleep(0.1)
+        return 60.0
+
+    async def scenario() -> tuple[int, int]:
+        wakeups, stop = Wakeups(), asyncio.Event()
+        task = asyncio.ensure_future(
+            drive("ns.a", wakeups, lanes, slow_step, lambda woken: Lane.ACTIVE, stop, debounce_s=0, gate=gate)
+        )
+        for _ in range(3):
+            await asyncio.sleep(0.15)
+            wakeups.wake("ns.a")
+        await asyncio.sleep(0.15)
+        stop.set()
+        return await task, gate.running
+
+    try:
+        steps, running = asyncio.run(scenario())
+    finally:
+        lanes.close()
+    assert steps >= 3 and running == 0
+    assert gate.limit == pytest.approx(8 * 0.8**steps)

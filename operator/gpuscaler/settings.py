@@ -84,10 +84,28 @@ class Settings(BaseSettings):
             "step took 0.3 s of wall time, so 4 threads (about 14 steps/s) were all busy during the apply."
         ),
     )
+    reconcile_slow_step_s: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "A client-side limit (controller/wakeups.py StepGate): when above 0, a step slower than this many "
+            "seconds (the API server is slow to answer) lowers how many steps run at once, a fast one raises it, "
+            "between 1 and reconcileWorkers; interruptions are never held back. 0 = off."
+        ),
+    )
     reconcile_debounce_s: float = Field(
         default=0.1,
         ge=0,
         description="Seconds a woken job waits before its step is queued, so one change's burst of events is one step.",
+    )
+    status_refresh_s: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "Seconds between status writes that only move a job's cost or ETA (the COST and ETA columns, to the "
+            "cent and as shown); a change of anything else is written at once. Each write is an API call and a "
+            "watch event to every watcher: at 30 s, 500 running jobs wrote 17 times a second."
+        ),
     )
     plan_cache_size: int = Field(
         default=128,

@@ -56,6 +56,7 @@ from gpuscaler.kube.workers import (
     PodState,
     WorkerPlan,
     headless_service,
+    needs_rendezvous_service,
     uses_worker_account,
     worker_pod,
     worker_rbac,
@@ -68,8 +69,9 @@ from gpuscaler.runtime import constants as rc
 from gpuscaler.settings import Settings
 
 COST_REFRESH_S = 30.0
-"""Cost and ETA alone are rewritten at most this often (each status write is an API call and a
-watch event; at 200 jobs a per-tick write would be ~100 writes/s)."""
+"""A job holding nodes is stepped at least this often (its cost, ETA and observed performance move
+with time); the step writes cost and ETA alone at most every ``settings.status_refresh_s``
+(:func:`status_change`)."""
 
 
 class WorkerClient(Protocol):
@@ -700,8 +702,9 @@ class Reconciler:
             have = {p.rank for p in pods if not p.deleting}
         if len(have) < request.count and self._workers_refused(ctx):
             return  # the admission policy went away since the gang began: no new workers without it
-        if len(have) < request.count:
-            # the rendezvous Service with the pods that need it (not on every step: each repeat was a 409)
+        if len(have) < request.count and needs_rendezvous_service(wp):
+            # the rendezvous Service with the pods that need it (not on every step: each repeat was a 409);
+            # a one-node gang meets on its own pod and needs none
             self.workers.create_if_absent(headless_service(wp))
         if len(have) < request.count and uses_worker_account(wp.template):
             # the workers' ServiceAccount and Role (KubeReporter patches its pod); before the pods,
@@ -710,7 +713,7 @@ class Reconciler:
                 self.workers.create_if_absent(body)
         made = [r for r in range(request.count) if r not in have and self.workers.create_if_absent(worker_pod(wp, r))]
         if made:
-            ctx.event("Normal", "WorkersCreated", f"created {len(made)} worker pod(s) (attempt {st.attempt})")
+            self._workers_created(ctx, f"created {len(made)} worker pod(s) (attempt {st.attempt})")
         running = [p for p in pods if p.running or p.succeeded]
         if len(running) >= request.count:
             first = st.start_time is None
@@ -733,6 +736,15 @@ class Reconciler:
         if self._gang_timed_out(ctx):
             why = f"only {len(running)} of {request.count} workers started within {self.config.gang_timeout_s:g}s"
             self._give_up_offering(ctx, nodes, why)
+
+    def _workers_created(self, ctx: StepContext, text: str) -> None:
+        """The WorkersCreated Event, or, when this step also found the nodes Ready, that NodesReady
+        Event saying so too: one Event per step on the way to Running (each is a POST)."""
+        events = ctx.out.events
+        if events and events[-1].reason == "NodesReady":
+            events[-1] = replace(events[-1], message=f"{events[-1].message}; {text}")
+        else:
+            ctx.event("Normal", "WorkersCreated", text)
 
     def _nodes_for_pods(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
         """While the workers wait for nodes a provider launches for them: status.nodes, NodesReady."""
@@ -1050,16 +1062,23 @@ def _node_cost(node: NodeState, now: datetime) -> float:
     return hours * node.usd_per_hour
 
 
-def status_change(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """``none``, ``clock`` (only cost/ETA moved, as they do every second while nodes run) or ``state``.
+SHOWN_CLOCK_FIELDS = ("costUsd", "eta")
+"""The status fields that move with time alone and that ``kubectl get`` shows (COST to the cent, as
+:meth:`Reconciler._cost` rounds it, and ETA as :func:`format_duration` writes it)."""
+CLOCK_FIELDS = (*SHOWN_CLOCK_FIELDS, "estimatedCompletionTime")
+"""Every field that moves with time alone; ``estimatedCompletionTime`` shifts by seconds as the
+throughput estimate does and is written with the next change of the others."""
 
-    The handler writes ``clock`` changes at most every :data:`COST_REFRESH_S` seconds.
+
+def status_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """``none``, ``clock`` (only what time moves changed, and cost or ETA as shown did) or ``state``.
+
+    The handler writes ``clock`` changes at most every ``settings.status_refresh_s`` seconds.
     """
-    volatile = ("costUsd", "eta", "estimatedCompletionTime")
-    a = {k: v for k, v in old.items() if k not in volatile}
-    b = {k: v for k, v in new.items() if k not in volatile}
+    a = {k: v for k, v in old.items() if k not in CLOCK_FIELDS}
+    b = {k: v for k, v in new.items() if k not in CLOCK_FIELDS}
     if a != b:
         return "state"
-    if all(old.get(k) == new.get(k) for k in volatile):
+    if all(old.get(k) == new.get(k) for k in SHOWN_CLOCK_FIELDS):
         return "none"
     return "clock"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -229,6 +230,75 @@ class Lanes:
                 fut.set_exception(err)
 
 
+GATE_DECREASE = 0.8
+"""A slow step multiplies :class:`StepGate`'s limit by this (multiplicative decrease)."""
+GATE_INCREASE = 1.0
+"""A fast step adds this divided by the limit (about one more step at once per limit-many fast steps:
+additive increase, as TCP's congestion window grows by one segment per round trip)."""
+
+
+class StepGate:
+    """How many steps outside the interruption lane may run at once, adapted to how long steps take:
+    a client-side limit that leaves a busy API server's CPU to its other clients.
+
+    Steps mostly wait on the API server, so a step that takes longer than ``slow_s`` says the server
+    is slow to answer (its CPU is taken). Each such step lowers the limit (x :data:`GATE_DECREASE`,
+    never below ``floor``); each fast one raises it (+ :data:`GATE_INCREASE` / limit, never above
+    ``ceiling``, the step threads). The interruption lane is never held back, so a spot notice's
+    checkpoint request keeps its budget. ``slow_s`` 0 turns the gate off. Used by :func:`drive`
+    from one event loop (the operator's).
+
+    Args:
+        ceiling: Most steps at once (``settings.reconcile_workers``).
+        slow_s: A step slower than this lowers the limit (``settings.reconcile_slow_step_s``).
+        floor: Fewest steps at once.
+    """
+
+    def __init__(self, ceiling: int, slow_s: float, floor: int = 1) -> None:
+        self.ceiling = ceiling
+        self.floor = min(floor, ceiling)
+        self.slow_s = slow_s
+        self.limit = float(ceiling)
+        self.running = 0
+        self._cond: asyncio.Condition | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether steps are held back at all."""
+        return self.slow_s > 0
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    def adapt(self, seconds: float) -> None:
+        """Move the limit after a step of ``seconds``."""
+        if seconds > self.slow_s:
+            self.limit = max(float(self.floor), self.limit * GATE_DECREASE)
+        else:
+            self.limit = min(float(self.ceiling), self.limit + GATE_INCREASE / self.limit)
+
+    async def acquire(self, lane: int) -> bool:
+        """Wait until a step of ``lane`` may run; whether it took a place (release it after the step).
+        The interruption lane, and every lane when the gate is off, never waits and takes none."""
+        if not self.enabled or lane == Lane.INTERRUPTION:
+            return False
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: self.running < max(self.floor, int(self.limit)))
+            self.running += 1
+        return True
+
+    async def release(self, seconds: float) -> None:
+        """A step that took a place ended after ``seconds``: free it and adapt the limit."""
+        cond = self._condition()
+        async with cond:
+            self.running -= 1
+            self.adapt(seconds)
+            cond.notify_all()
+
+
 class Wakeups:
     """The wake-up flag of every job being driven, by key (the job label value ``<ns>.<name>``).
 
@@ -319,6 +389,7 @@ async def drive(
     *,
     debounce_s: float = 0.1,
     error_delay: Callable[[BaseException], float] = lambda err: 10.0,
+    gate: StepGate | None = None,
 ) -> int:
     """Step one job now, then each time it is woken or its next deadline comes, until ``stop`` is set.
 
@@ -333,6 +404,7 @@ async def drive(
         stop: Set when the job is gone, finished, or the operator exits.
         debounce_s: Wait this long after a wake-up before queueing the step (a burst is one step).
         error_delay: Seconds to wait after a step raised (it is logged), from the error.
+        gate: Holds the step back while too many run at once (:class:`StepGate`); None: never.
 
     Returns:
         The number of steps run.
@@ -343,11 +415,17 @@ async def drive(
     try:
         while not stop.is_set():
             flag.clear()  # a wake-up during the step sets it again: no event is lost
+            chosen = choose_lane(woken)
+            held = gate is not None and await gate.acquire(chosen)
+            took = [0.0]
             try:
-                delay = await asyncio.wrap_future(lanes.submit(choose_lane(woken), step))
+                delay = await asyncio.wrap_future(lanes.submit(chosen, functools.partial(_timed, step, took)))
             except Exception as err:  # the job's step failed: logged, retried after the delay
                 log.warning("step of %s failed: %s", key, err, exc_info=not isinstance(err, RuntimeError))
                 delay = error_delay(err)
+            finally:
+                if held and gate is not None:
+                    await gate.release(took[0])
             steps += 1
             woken = await _woken(flag, stop, delay)
             if woken and debounce_s > 0:
@@ -355,6 +433,15 @@ async def drive(
     finally:
         wakeups.unregister(key, flag)
     return steps
+
+
+def _timed(step: Callable[[], float], took: list[float]) -> float:
+    """Run ``step`` (on a lane thread) and put its wall time in ``took[0]``."""
+    t0 = time.perf_counter()
+    try:
+        return step()
+    finally:
+        took[0] = time.perf_counter() - t0
 
 
 async def _woken(flag: asyncio.Event, stop: asyncio.Event, timeout: float) -> bool:

@@ -59,6 +59,20 @@ POD_CIDR = "10.244.0.0/16"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok")
 """Start order; stop runs in reverse."""
 
+AUDIT_LOG = "audit.log"
+"""The API server's audit log in ``<data dir>/logs`` when the cluster is started with ``audit=True``."""
+AUDIT_LOG_ENV = "GPUSCALER_DEVCLUSTER_AUDIT_LOG"
+"""Set by :func:`existing_or_private` to the audit log's path when the cluster writes one."""
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata"}],
+}
+"""Every request at Metadata level (who, verb, resource, object name, response code; no bodies), one
+line per request once answered (the RequestReceived stage is left out; a WATCH also logs when it
+starts, stage ResponseStarted). Kubernetes' auditing docs: kubernetes.io/docs/tasks/debug/debug-cluster/audit/."""
+
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
@@ -253,9 +267,12 @@ class Cluster:
         keep_data: bool = False,
         extra_args: dict[str, list[str]] | None = None,
         addons: tuple[str, ...] = (),
+        audit: bool = False,
     ) -> None:
         self.binaries = binaries or find_binaries()
         self.addons = addons
+        self.audit = audit
+        """Whether the API server writes an audit log of every request (:attr:`audit_log`)."""
         """Add-ons (``kueue``, ``jobset``) started with the cluster (:mod:`gpuscaler.devcluster.addons`)."""
         self.name = name
         self.state_dir = (state_dir or state_root()) / name
@@ -282,6 +299,13 @@ class Cluster:
     def server(self) -> str:
         """The API server URL."""
         return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    @property
+    def audit_log(self) -> Path | None:
+        """The audit log (JSON lines, :data:`AUDIT_POLICY`) of a cluster started with ``audit=True``, else None."""
+        if not self.audit or self.data_dir is None:
+            return None
+        return self.data_dir / "logs" / AUDIT_LOG
 
     @property
     def state_file(self) -> Path:
@@ -498,6 +522,17 @@ class Cluster:
         self.wait_for("etcd", lambda: '"health":"true"' in _probe(f"{etcd_url}/health", None)[1], deadline)
 
         # kube-apiserver
+        audit: list[str] = []
+        if self.audit:
+            policy = d / "audit-policy.yaml"
+            policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+            audit = [
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={d / 'logs' / AUDIT_LOG}",
+                "--audit-log-format=json",
+                "--audit-log-mode=batch",  # written off the request path: the log costs no latency
+                "--audit-log-maxsize=0",  # one file, never rotated (a run's requests, read after it)
+            ]
         self.spawn(
             "kube-apiserver",
             [
@@ -528,6 +563,7 @@ class Cluster:
                 f"--proxy-client-cert-file={pki.clients['front-proxy-client'].cert}",
                 f"--proxy-client-key-file={pki.clients['front-proxy-client'].key}",  # 127.0.0.1 is not a valid Endpoints address
                 "--profiling=false",
+                *audit,
             ],
         )
         admin = pki.clients["admin"]
@@ -674,17 +710,23 @@ def running_cluster(**kwargs: Any) -> Iterator[Cluster]:
 
 
 @contextlib.contextmanager
-def existing_or_private(kubeconfig: str | None, name: str) -> Iterator[tuple[str, dict[str, str]]]:
+def existing_or_private(
+    kubeconfig: str | None, name: str, *, audit: bool = False
+) -> Iterator[tuple[str, dict[str, str]]]:
     """(kubeconfig path, env) of the cluster ``kubeconfig`` names, or of a private one started here
     (binaries built if missing) and stopped on exit. For benchmarks and scripts that take an
-    optional ``--kubeconfig``."""
+    optional ``--kubeconfig``. ``audit``: the private cluster writes an audit log
+    (:attr:`Cluster.audit_log`; its path is in the env as ``GPUSCALER_DEVCLUSTER_AUDIT_LOG``)."""
     if kubeconfig:
         yield kubeconfig, dict(os.environ, KUBECONFIG=kubeconfig)
         return
     from gpuscaler.devcluster.build import ensure_all
 
-    with running_cluster(binaries=ensure_all(), name=name) as c:
-        yield str(c.kubeconfig), c.env()
+    with running_cluster(binaries=ensure_all(), name=name, audit=audit) as c:
+        env = c.env()
+        if c.audit_log is not None:
+            env[AUDIT_LOG_ENV] = str(c.audit_log)
+        yield str(c.kubeconfig), env
 
 
 def apply_crds(env: dict[str, str], paths: list[Path], names: list[str], timeout: float = 60.0) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from gpuscaler import __version__
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
@@ -44,14 +45,13 @@ from gpuscaler.controller.policy import (
     namespace_usage,
 )
 from gpuscaler.controller.reconcile import (
-    COST_REFRESH_S,
     Job,
     LoopConfig,
     Outcome,
     Reconciler,
     status_change,
 )
-from gpuscaler.controller.wakeups import Lanes, Seen, WakeConfig, Wakeups, drive, lane, next_wake
+from gpuscaler.controller.wakeups import Lanes, Seen, StepGate, WakeConfig, Wakeups, drive, lane, next_wake
 from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors, retry_delay
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
@@ -64,6 +64,11 @@ from gpuscaler.planner import PlanResult, plan
 from gpuscaler.settings import Settings
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+USER_AGENT = f"gpuscaler-operator/{__version__}"
+"""The User-Agent of the operator's own API calls (status writes, nodes, pods: the Kubernetes client);
+kopf's watches, finalizer patches and Events go as ``kopf/<version>``. An API server's audit log
+tells the operator's requests apart by these two (benchmarks/operator_scale.py does)."""
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Operator:
     plans: PlanCache
     wake: WakeConfig
     lanes: Lanes
+    gate: StepGate
+    """The client-side limit on steps at once (off unless ``settings.reconcile_slow_step_s``)."""
     wakeups: Wakeups = field(default_factory=Wakeups)
     seen: Seen = field(default_factory=Seen)
     """What the watch-event handlers last saw of each pod, node and job (a change wakes the job)."""
@@ -177,6 +184,7 @@ def build(settings: Settings, api: Any) -> Operator:
         plans,
         wake,
         Lanes(settings.reconcile_workers),
+        StepGate(settings.reconcile_workers, settings.reconcile_slow_step_s),
     )
 
 
@@ -186,6 +194,18 @@ def _op() -> Operator:
     return _operator
 
 
+WATCHED_BY_LABEL = ("pods", "nodes")
+"""Resources watched only where they carry :data:`gpuscaler.names.JOB_LABEL`, filtered by the API
+server: the handlers' ``labels=`` filters are kopf's, on the client, so without this every pod and
+node of the cluster (at 2,000 nodes, each node's status updates) went through kopf's processing."""
+
+
+def watch_selectors(settings: kopf.OperatorSettings) -> None:
+    """Server-side label selectors of the pod and node watches (:data:`WATCHED_BY_LABEL`)."""
+    for plural in WATCHED_BY_LABEL:
+        settings.watching.label_selectors[plural] = JOB_LABEL
+
+
 def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     """Configure kopf (finalizer and bookkeeping under gpuscaler.io), build the operator, serve metrics."""
     global _operator  # noqa: PLW0603  (built once per process, read by every handler)
@@ -193,13 +213,16 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpuscaler.io")
     settings.persistence.diffbase_storage = NoDiffBase()
+    watch_selectors(settings)
     settings.posting.level = logging.ERROR  # Events are the loop's decisions, not kopf's log lines
     logging.getLogger("kopf.objects").addFilter(QuietWatchHandlers())
     settings.peering.name = ours.peering
     settings.peering.mandatory = False
     settings.execution.max_workers = 16
     with kopf_errors():
-        _operator = build(ours, load_config())
+        api = load_config()
+        api.user_agent = USER_AGENT
+        _operator = build(ours, api)
     admitted = _operator.admission.ensure()
     (logger.info if admitted.enforced else logger.warning)("worker admission policy: %s", admitted.detail)
     metrics.serve(ours.metrics_port)
@@ -320,7 +343,7 @@ def step_job(
     change = status_change(status, new) if status else "state"
     key = (namespace, name)
     now = time.monotonic()
-    if change == "state" or (change == "clock" and now - op.last_write.get(key, 0) >= COST_REFRESH_S):
+    if change == "state" or (change == "clock" and now - op.last_write.get(key, 0) >= op.settings.status_refresh_s):
         patch: dict[str, Any] = {k: None for k in old if k not in new}
         patch.update({k: v for k, v in new.items() if status.get(k) != v})
         rv = op.jobs.patch_status(namespace, name, patch)
@@ -386,6 +409,7 @@ async def job_daemon(
             stop,
             debounce_s=op.settings.reconcile_debounce_s,
             error_delay=lambda err: retry_delay(err, op.wake.resync_s),
+            gate=op.gate,
         )
     finally:
         watcher.cancel()

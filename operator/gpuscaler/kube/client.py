@@ -7,7 +7,8 @@ restart) and every delete is delete-if-present (404 is success). Errors are
 The workers' ServiceAccount, Role and RoleBinding are shared by every job of a namespace, so
 :class:`Workers` remembers the ones it created or found, for :data:`SHARED_RECHECK_S`, and does not
 send them again meanwhile: without that each job's gang start cost three POSTs, all but the first
-namespace's answered 409 Conflict. A pod the API server refuses because its ServiceAccount is
+namespace's answered 409 Conflict. Steps running at once on several threads send each of them once:
+the others wait for that answer. A pod the API server refuses because its ServiceAccount is
 missing (someone deleted it) makes it forget the namespace's, so the next step creates them again.
 """
 
@@ -74,6 +75,8 @@ class Workers:
         self.clock = clock
         self._shared: dict[tuple[str, str, str], float] = {}
         """(kind, namespace, name) of shared objects known to exist -> when that was learnt."""
+        self._sending: dict[tuple[str, str, str], threading.Lock] = {}
+        """A lock per shared object: steps of a namespace's jobs on several threads send it once."""
         self._lock = threading.Lock()
 
     def _known(self, key: tuple[str, str, str]) -> bool:
@@ -101,13 +104,20 @@ class Workers:
                 ServiceAccount is retriable (the shared objects are forgotten and made again).
             ValueError: a kind this client does not create.
         """
-        ns = body["metadata"]["namespace"]
-        name = body["metadata"]["name"]
         kind = body["kind"]
-        key = (kind, ns, name)
+        key = (kind, body["metadata"]["namespace"], body["metadata"]["name"])
+        if kind not in SHARED_KINDS:
+            return self._create(key, body)
+        with self._lock:
+            sending = self._sending.setdefault(key, threading.Lock())
+        with sending:  # one step sends it; the others of the namespace wait and then know it is there
+            if self._known(key):
+                return False
+            return self._create(key, body)
+
+    def _create(self, key: tuple[str, str, str], body: dict[str, Any]) -> bool:
+        kind, ns, name = key
         shared = kind in SHARED_KINDS
-        if shared and self._known(key):
-            return False
         try:
             if kind == "Pod":
                 self.core.create_namespaced_pod(ns, body)

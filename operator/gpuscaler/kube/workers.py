@@ -1,7 +1,8 @@
 """Worker pods and the headless rendezvous Service of a TrainingJob: manifests and observed state.
 
 One pod per node (a gang), named ``<job>-worker-<rank>``, with the torchrun-style launch env
-(``WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``NPROC_PER_NODE``) and the plan
+(``WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``NPROC_PER_NODE``; a one-node
+gang's ``MASTER_ADDR`` is the pod itself and it gets no Service) and the plan
 (``GPUSCALER_PRECISION``, ``GPUSCALER_MICRO_BATCH``, ``GPUSCALER_ACCUMULATION_STEPS``,
 ``GPUSCALER_CHECKPOINT_DIR``, ``GPUSCALER_CHECKPOINT_INTERVAL_S``; the names come from
 :mod:`gpuscaler.runtime.constants`, the training side of the handshake), ``nvidia.com/gpu``
@@ -98,8 +99,21 @@ def worker_hostname(job_name: str, rank: int) -> str:
     return _dns_label(job_name, 63 - len(suffix)) + suffix
 
 
+LOCAL_MASTER_ADDR = "127.0.0.1"
+"""``MASTER_ADDR`` of a one-node gang: rank 0 is the pod itself (torchrun's ``--standalone`` does
+the same), so no Service is made for it (a Service costs its create and the endpoints
+controllers' Endpoints and EndpointSlice writes)."""
+
+
+def needs_rendezvous_service(plan: WorkerPlan) -> bool:
+    """Whether the gang needs the headless Service to find rank 0: more than one node."""
+    return plan.nodes > 1
+
+
 def master_addr(plan: WorkerPlan) -> str:
-    """DNS name of rank 0 through the headless Service."""
+    """DNS name of rank 0 through the headless Service; the pod itself for a one-node gang."""
+    if not needs_rendezvous_service(plan):
+        return LOCAL_MASTER_ADDR
     return f"{worker_hostname(plan.job_name, 0)}.{service_name(plan.job_name)}.{plan.namespace}.svc"
 
 
@@ -198,7 +212,8 @@ def worker_pod(plan: WorkerPlan, rank: int) -> dict[str, Any]:
         spec["serviceAccountName"] = WORKER_SERVICE_ACCOUNT
     spec["restartPolicy"] = "Never"
     spec["hostname"] = worker_hostname(plan.job_name, rank)
-    spec["subdomain"] = service_name(plan.job_name)
+    if needs_rendezvous_service(plan):
+        spec["subdomain"] = service_name(plan.job_name)
     spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **plan.node_selector}
     tolerations = list(spec.get("tolerations") or [])
     spec["tolerations"] = tolerations + [t for t in plan.tolerations if t not in tolerations]
