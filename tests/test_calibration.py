@@ -87,12 +87,19 @@ def test_vectorised_fit_path_equals_the_model() -> None:
     moved = replace(
         p,
         families={
-            k: replace(f, tensor_efficiency=f.tensor_efficiency * 0.7, launch_overhead_s=f.launch_overhead_s * 2)
+            k: replace(
+                f,
+                tensor_efficiency=f.tensor_efficiency * 0.7,
+                launch_overhead_s=f.launch_overhead_s * 2,
+                straggler_cv=f.straggler_cv * 1.5 + 0.05,
+            )
             for k, f in p.families.items()
         },
         framework_scale={k: v * 1.1 for k, v in p.framework_scale.items()},
         workload_scale={k: v * 0.9 for k, v in p.workload_scale.items()},
+        workload_launch_scale={k: v * 1.3 for k, v in p.workload_launch_scale.items()},
         overlap=0.5,
+        depthwise_efficiency=p.depthwise_efficiency * 0.5,
     )
     batch = cal.Batch([r.terms for r in rows])
     for params in (p, moved):
