@@ -222,6 +222,8 @@ def test_calibration_rows_declare_what_dle_ran() -> None:
     rows, _ = load_rows()
     rn50 = [r for r in rows if r.workload.id == "resnet50" and r.cfg.framework == "pytorch"]
     assert {(r.precision, r.cfg.channels_last) for r in rn50} == {("AMP", True), ("TF32", False), ("FP32", False)}
+    ssd = [r for r in rows if r.workload.id == "ssd300"]
+    assert ssd and all(r.cfg.channels_last == (r.precision == "AMP") for r in ssd)
     assert not any(r.cfg.channels_last for r in rows if r.workload.family == "transformer")
     txl = next(r for r in rows if r.workload.id == "transformerxl-base")
     assert txl.cfg.micro_batch < 1000  # sequences, as the source table gives them
