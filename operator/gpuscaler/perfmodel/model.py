@@ -374,10 +374,12 @@ def wave_efficiency(workload: Workload, gpu: GPU, micro_batch: int) -> float:
 @lru_cache(maxsize=CACHE_SIZE)
 def expected_max_normal(n: int) -> float:
     """E[max of n independent standard normals] (0 for one, 0.564 for two, 1.029 for four, 1.424 for
-    eight), by quadrature of ``x d/dx Phi(x)^n`` over [-12, 12] (error below 1e-9)."""
+    eight): the trapezoid rule on ``x d/dx Phi(x)^n`` over [-12, 12] in 480 steps, which for this
+    smooth, fast-decaying integrand is exact to ~1e-13 (against 1/sqrt(pi) for two, and 4,800 steps
+    up to 4,096 GPUs); ~0.2 ms once per GPU count."""
     if n <= 1:
         return 0.0
-    steps = 4800
+    steps = 480
     h = 24.0 / steps
     total = 0.0
     for i in range(steps + 1):
