@@ -10,6 +10,7 @@ validate`` reports both.
     python scripts/calibrate.py              # fit, cross-validate, write both files
     python scripts/calibrate.py --check      # refit and cross-validate; fail on drift (CI)
     python scripts/calibrate.py --holdout    # print the cross-validation table only
+    python scripts/calibrate.py --residuals  # ... and where the held-out error sits, by workload
 
 Free parameters: per family the tensor and SIMT efficiencies, the share of FLOPs that never
 reach tensor cores, DRAM traffic per activation byte, the share of it autocast keeps in fp32,
@@ -323,25 +324,53 @@ def _summary(errors: list[float]) -> dict[str, float | int]:
     }
 
 
-def cross_validate(rows: list[calibration.Row]) -> dict[str, Any]:
-    """Out-of-sample errors by scheme and pooled (the cross_validation.json body)."""
-    pooled: dict[str, list[float]] = {m: [] for m in ("throughput", *calibration.RATIO_METRICS)}
-    schemes: dict[str, Any] = {}
+HeldOut = tuple[str, str, int, int, float]
+"""One held-out error: scheme, metric, the row's index, the other row's index (-1 for the
+throughput metric) and the relative error."""
+
+
+def held_out_errors(rows: list[calibration.Row]) -> list[HeldOut]:
+    """Every scored prediction of the cross-validation: each refit predicts all rows, and a row (or
+    a pair with at least one row) that the refit did not see is scored."""
+    out: list[HeldOut] = []
     for scheme, parts in splits(rows).items():
-        got: dict[str, list[float]] = {m: [] for m in pooled}
         for _, held_out in parts:
             test = [held_out(r) for r in rows]
             train = [r for r, t in zip(rows, test, strict=True) if not t]
             if not train or all(not t for t in test):
                 continue
             preds = calibration.predict(rows, fit(train))
-            got["throughput"] += [p / r.measured - 1 for p, r, t in zip(preds, rows, test, strict=True) if t]
+            out += [(scheme, "throughput", i, -1, p / r.measured - 1) for i, (p, r) in enumerate(zip(preds, rows, strict=True)) if test[i]]
             for metric, pairs in calibration.ratio_pairs(rows, preds).items():
-                got[metric] += [e for i, j, e in pairs if test[i] or test[j]]
-        schemes[scheme] = {m: _summary(v) for m, v in got.items()}
-        for m, v in got.items():
-            pooled[m] += v
-    return {"metrics": {m: _summary(v) for m, v in pooled.items()}, "schemes": schemes}
+                out += [(scheme, metric, i, j, e) for i, j, e in pairs if test[i] or test[j]]
+    return out
+
+
+def cross_validate(rows: list[calibration.Row], errors: list[HeldOut] | None = None) -> dict[str, Any]:
+    """Out-of-sample errors by scheme and pooled (the cross_validation.json body), from
+    :func:`held_out_errors` (computed when not given)."""
+    metrics = ("throughput", *calibration.RATIO_METRICS)
+    errors = held_out_errors(rows) if errors is None else errors
+    schemes = {s: {m: _summary([e for s2, m2, _, _, e in errors if (s2, m2) == (s, m)]) for m in metrics} for s in splits(rows)}
+    return {"metrics": {m: _summary([e for _, m2, _, _, e in errors if m2 == m]) for m in metrics}, "schemes": schemes}
+
+
+def print_residuals(rows: list[calibration.Row], errors: list[HeldOut], top: int = 12) -> None:
+    """Where the held-out error sits: per metric, the workload, framework and GPU generation (the
+    precision for the GPU ratio) of the pairs' first row, by share of the summed absolute error."""
+    for metric in calibration.RATIO_METRICS:
+        groups: dict[tuple[str, str, str], list[float]] = {}
+        for _, m, i, _, e in errors:
+            if m == metric:
+                r = rows[i]
+                third = r.precision if metric == "gpu_ratio" else r.gpu.arch
+                groups.setdefault((r.workload.id, r.cfg.framework, third), []).append(e)
+        total = sum(abs(e) for v in groups.values() for e in v)
+        n = sum(len(v) for v in groups.values())
+        print(f"{metric}: MAPE {total / n:.1%} over {n} held-out pairs; by share of the summed error")
+        for key, v in sorted(groups.items(), key=lambda kv: -sum(abs(e) for e in kv[1]))[:top]:
+            err = sum(abs(e) for e in v)
+            print(f"  {' / '.join(key):<48} {len(v):4d} pairs  share {err / total:5.1%}  MAPE {err / len(v):6.1%}  bias {statistics.fmean(v):+6.1%}")
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -500,11 +529,17 @@ def main() -> int:
         ),
     )
     ap.add_argument("--holdout", action="store_true", help="print the cross-validated errors only")
+    ap.add_argument(
+        "--residuals", action="store_true", help="print the cross-validated errors and where they sit, by workload"
+    )
     args = ap.parse_args()
 
     rows, skipped = calibration.load_rows()
-    if args.holdout:
-        print_cv(cross_validate(rows))
+    if args.holdout or args.residuals:
+        errors = held_out_errors(rows)
+        print_cv(cross_validate(rows, errors))
+        if args.residuals:
+            print_residuals(rows, errors)
         return 0
     print(f"fitting on {len(rows)} rows ({sum(skipped.values())} skipped)...", file=sys.stderr)
     digest = inputs_sha256(rows)
