@@ -367,6 +367,9 @@ def print_residuals(rows: list[calibration.Row], errors: list[HeldOut], top: int
                 groups.setdefault((r.workload.id, r.cfg.framework, third), []).append(e)
         total = sum(abs(e) for v in groups.values() for e in v)
         n = sum(len(v) for v in groups.values())
+        if not n or not total:
+            print(f"{metric}: no held-out pairs with an error")
+            continue
         print(f"{metric}: MAPE {total / n:.1%} over {n} held-out pairs; by share of the summed error")
         for key, v in sorted(groups.items(), key=lambda kv: -sum(abs(e) for e in kv[1]))[:top]:
             err = sum(abs(e) for e in v)
