@@ -10,13 +10,18 @@ validate`` reports both.
     python scripts/calibrate.py              # fit, cross-validate, write both files
     python scripts/calibrate.py --check      # refit and cross-validate; fail on drift (CI)
     python scripts/calibrate.py --holdout    # print the cross-validation table only
+    python scripts/calibrate.py --residuals  # ... and where the held-out error sits, by workload
 
 Free parameters: per family the tensor and SIMT efficiencies, the share of FLOPs that never
-reach tensor cores, DRAM traffic per activation byte, the share of it autocast keeps in fp32, fixed host time per micro-batch and per item, and per
-optimizer step; per framework a throughput factor (PyTorch = 1); per named workload a scale
-regularised towards 1 (a log-normal prior, weight REG); the communication overlap and the
-synchronisation cost per GPU doubling. Family parameters carry a weak prior towards their start
-values (REG_FAMILY), which decides only what the rows leave undetermined.
+reach tensor cores, DRAM traffic per activation byte, the share of it autocast keeps in fp32,
+fixed host time per micro-batch and per item, and per optimizer step, and the coefficient of
+variation of a GPU's micro-batch time (workloads with variable inputs); per framework a
+throughput factor (PyTorch = 1); per named workload a throughput scale and a factor on its
+family's fixed time per micro-batch, both regularised towards 1 (log-normal priors, weight REG);
+the communication overlap, the synchronisation cost per GPU doubling and the fraction of the
+CUDA-core peak depthwise convolutions reach. Family parameters and the depthwise efficiency carry
+a weak prior towards their start values (REG_FAMILY), which decides only what the rows leave
+undetermined.
 
 Cross-validation (every prediction scored is of a row the fit did not see):
 - GPU transfer: fit on the V100 rows, predict the A100 rows, and the reverse;
@@ -84,18 +89,28 @@ FAMILY_FIELDS = (
     "fp32_memory_fraction",
     "host_s_per_item",
     "simt_fraction",
+    "straggler_cv",
 )
 # Per family: start, lower and upper bound of each field: efficiencies in (0, 1] (tensor: below), DRAM traffic
 # 0.1-50 x the stored activations, fp32 share of it under autocast 0.01-1, per-step cost 10 us -
 # 0.5 s, per-micro-batch launch cost at most 20 ms (a physical prior: the forward and backward of a
 # ~24-layer model launch ~1,000-3,000 kernels at ~5-10 us each), host time per item 10 ns - 1 ms,
-# share of FLOPs off the tensor cores 0.01% - 50% (start 2%).
+# share of FLOPs off the tensor cores 0.01% - 50% (start 2%), coefficient of variation of a GPU's
+# micro-batch time 0.1% - 100% (start 10%; only rows of workloads with variable inputs and several
+# GPUs inform it).
 # The tensor efficiency is at most the measured maximum achievable matmul fraction of the A100
 # reference (constants.yaml reference_matmul_efficiency, ml-engineering MAMF 0.869): no family's
 # convolutions and GEMMs beat the best square BF16 matmul on the same GPU.
-FAMILY_START = (0.5, 0.6, 2.0, 0.005, 0.005, 0.3, 1e-5, 0.02)
-FAMILY_LO = (0.01, 0.01, 0.1, 1e-5, 1e-5, 0.01, 1e-8, 1e-4)
-FAMILY_HI = (constants()["compute"]["reference_matmul_efficiency"], 1.0, 50.0, 0.02, 0.5, 1.0, 1e-3, 0.5)
+FAMILY_START = (0.5, 0.6, 2.0, 0.005, 0.005, 0.3, 1e-5, 0.02, 0.1)
+FAMILY_LO = (0.01, 0.01, 0.1, 1e-5, 1e-5, 0.01, 1e-8, 1e-4, 1e-3)
+FAMILY_HI = (constants()["compute"]["reference_matmul_efficiency"], 1.0, 50.0, 0.02, 0.5, 1.0, 1e-3, 0.5, 1.0)
+DEPTHWISE_START, DEPTHWISE_LO, DEPTHWISE_HI = 0.1, 0.001, 1.0
+"""Start and bounds of the fraction of the CUDA-core FP32 peak depthwise convolutions reach (a weak
+prior at the start, as REG_FAMILY: the rows of workloads with depthwise convolutions decide)."""
+LAUNCH_SCALE_LO, LAUNCH_SCALE_HI = 0.1, 10.0
+"""Bounds of a named workload's factor on its family's fixed time per micro-batch (the family's
+own bound, 20 ms, allows ~1,000-3,000 kernels; a two-stage detector's step runs several times as
+many)."""
 MAX_NFEV = 2000
 SOLVER_SETTINGS: dict[str, Any] = {"ftol": 1e-12, "xtol": 1e-12, "gtol": 1e-12, "x_scale": "jac"}
 """Tight stopping tolerances and Jacobian-scaled steps: the fit stops at the optimum, not wherever a
@@ -120,8 +135,13 @@ def unpack(x: np.ndarray, families: list[str], frameworks: list[str], workloads:
     for w in workloads:
         ws[w] = float(math.exp(x[i]))
         i += 1
+    wlaunch = {}
+    for w in workloads:
+        wlaunch[w] = float(math.exp(x[i]))
+        i += 1
     overlap = float(1 / (1 + math.exp(-x[i])))
     sync = float(math.exp(x[i + 1]))
+    depthwise = float(math.exp(x[i + 2]))
     # Custom workloads of a family not in the data use the geometric mean of the fitted families.
     fams["default"] = FamilyParams(
         **{
@@ -129,7 +149,7 @@ def unpack(x: np.ndarray, families: list[str], frameworks: list[str], workloads:
             for a in FAMILY_FIELDS
         }
     )
-    return FittedParams(fams, ws, fw, overlap, sync)
+    return FittedParams(fams, ws, fw, wlaunch, overlap, sync, depthwise)
 
 
 class Batch:
@@ -152,6 +172,7 @@ class Batch:
         self.wl = np.array([self.workloads.index(t.workload_id) for t in terms])
         self.b, self.k, self.gpus = col("items"), col("accumulation"), col("gpus")
         self.work = self.b * col("flops_per_item")
+        self.dw_work = self.b * col("depthwise_flops_per_item")
         self.rate, self.simt_rate, self.layout = col("rate"), col("simt_rate"), col("layout")
         self.tensor = np.array([t.tensor for t in terms])
         self.sixteen = np.array([t.sixteen_bit for t in terms])
@@ -159,6 +180,7 @@ class Batch:
         self.optimizer_s, self.comm_s, self.tail_s = col("optimizer_s"), col("comm_s"), col("comm_tail_s")
         self.cap = np.array([math.inf if t.input_cap is None else t.input_cap for t in terms])
         self.log2_gpus = np.log2(self.gpus)
+        self.straggle = col("straggler_z") * np.sqrt(self.k)
         self.samples = self.b * self.k * self.gpus * col("samples_per_item")
 
     def throughput(
@@ -166,8 +188,10 @@ class Batch:
         fam: np.ndarray,
         fw: np.ndarray,
         wl: np.ndarray,
+        wlaunch: np.ndarray,
         overlap: float,
         sync_s: float,
+        depthwise: float,
     ) -> np.ndarray:
         """Throughput of every row.
 
@@ -177,24 +201,25 @@ class Batch:
             wl: workload scale per entry of ``workloads``.
             overlap: share of the backward pass that hides communication.
             sync_s: synchronisation cost per GPU doubling.
+            depthwise: fraction of the CUDA-core peak depthwise convolutions reach.
 
         Returns:
             Samples/s per row, as ``combine(terms, params).throughput``.
         """
-        te, se, mt, launch, update, fp32_share, host_item, u = fam[self.fam].T
+        te, se, mt, launch, update, fp32_share, host_item, u, cv = fam[self.fam].T
         scale = wl[self.wl] * fw[self.fw]
         per_flop = np.where(
             self.tensor,
             (1.0 - u) / (self.rate * te) * self.layout + u / (self.simt_rate * se),
             1.0 / (self.rate * se),
         )
-        compute = self.work * per_flop / scale
+        compute = ((self.work - self.dw_work) * per_flop + self.dw_work / (self.simt_rate * depthwise)) / scale
         memory = self.bytes * mt * np.where(self.sixteen, 1.0 + fp32_share, 2.0) / scale
-        micro = launch + self.b * host_item + compute + memory
+        micro = launch * wlaunch[self.wl] + self.b * host_item + compute + memory
         backward = (2.0 / 3.0) * (compute + memory)
         exposed = np.where(self.comm_s > 0, np.maximum(self.tail_s, self.comm_s - overlap * backward), 0.0)
         sync = np.where(self.gpus > 1, sync_s * self.log2_gpus, 0.0)
-        step = self.k * micro + update + self.optimizer_s + exposed + sync
+        step = self.k * micro + update + self.optimizer_s + exposed + sync + self.straggle * cv * micro
         out: np.ndarray = np.minimum(self.samples / step, self.cap)
         return out
 
@@ -203,14 +228,17 @@ class Batch:
         fam = np.array([[getattr(p.family(f), a) for a in FAMILY_FIELDS] for f in self.families])
         fw = np.array([p.framework_scale.get(f, 1.0) for f in self.frameworks])
         wl = np.array([p.workload_scale.get(w, 1.0) for w in self.workloads])
-        return self.throughput(fam, fw, wl, p.overlap, p.sync_overhead_s)
+        wlaunch = np.array([p.workload_launch_scale.get(w, 1.0) for w in self.workloads])
+        return self.throughput(fam, fw, wl, wlaunch, p.overlap, p.sync_overhead_s, p.depthwise_efficiency)
 
 
 def fit(rows: list[calibration.Row]) -> FittedParams:
     """Least-squares fit of every free parameter on ``rows``.
 
     The solver vector (log space): per family FAMILY_FIELDS; per framework other than PyTorch its
-    throughput scale; per workload its scale; the overlap (a logit) and the synchronisation cost.
+    throughput scale; per workload its throughput scale, then per workload its factor on the
+    family's fixed time per micro-batch; the overlap (a logit), the synchronisation cost and the
+    depthwise-convolution efficiency.
     """
     families = sorted({r.workload.family for r in rows})
     frameworks = sorted({r.cfg.framework for r in rows} - {"pytorch"})
@@ -223,11 +251,15 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
         x0 += [math.log(v) for v in FAMILY_START]
         lo += [math.log(v) for v in FAMILY_LO]
         hi += [math.log(v) for v in FAMILY_HI]
-    x0 += [0.0] * (nf + nw) + [0.0, math.log(0.002)]
-    lo += [math.log(0.5)] * nf + [math.log(0.25)] * nw + [-6.0, math.log(1e-6)]
-    hi += [math.log(2.0)] * nf + [math.log(4.0)] * nw + [6.0, math.log(0.1)]
+    x0 += [0.0] * (nf + 2 * nw) + [0.0, math.log(0.002), math.log(DEPTHWISE_START)]
+    lo += [math.log(0.5)] * nf + [math.log(0.25)] * nw + [math.log(LAUNCH_SCALE_LO)] * nw
+    lo += [-6.0, math.log(1e-6), math.log(DEPTHWISE_LO)]
+    hi += [math.log(2.0)] * nf + [math.log(4.0)] * nw + [math.log(LAUNCH_SCALE_HI)] * nw
+    hi += [6.0, math.log(0.1), math.log(DEPTHWISE_HI)]
     n_fam = len(FAMILY_FIELDS) * len(families)
     w_offset = n_fam + nf
+    l_offset = w_offset + nw
+    g_offset = l_offset + nw
     log_measured = np.log(np.array([r.measured for r in rows]))
     fam_start = np.array(x0[:n_fam])
     batch = Batch([r.terms for r in rows])
@@ -239,11 +271,13 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
         fam = np.exp(x[:n_fam]).reshape(len(families), len(FAMILY_FIELDS))
         fw[free_fw] = np.exp(x[n_fam:w_offset])
         wl = np.exp(x[w_offset : w_offset + nw])
-        overlap = 1 / (1 + math.exp(-x[-2]))
-        pred = batch.throughput(fam, fw, wl, overlap, math.exp(x[-1]))
-        prior = math.sqrt(REG) * x[w_offset : w_offset + nw]
+        wlaunch = np.exp(x[l_offset:g_offset])
+        overlap = 1 / (1 + math.exp(-x[g_offset]))
+        pred = batch.throughput(fam, fw, wl, wlaunch, overlap, math.exp(x[g_offset + 1]), math.exp(x[g_offset + 2]))
+        prior = math.sqrt(REG) * x[w_offset:g_offset]
         fam_prior = math.sqrt(REG_FAMILY) * (x[:n_fam] - fam_start)
-        return np.concatenate([np.log(pred) - log_measured, prior, fam_prior])
+        dw_prior = math.sqrt(REG_FAMILY) * (x[g_offset + 2 : g_offset + 3] - math.log(DEPTHWISE_START))
+        return np.concatenate([np.log(pred) - log_measured, prior, fam_prior, dw_prior])
 
     result = least_squares(
         residuals, np.array(x0), bounds=(lo, hi), method="trf", max_nfev=MAX_NFEV, **SOLVER_SETTINGS
@@ -290,25 +324,56 @@ def _summary(errors: list[float]) -> dict[str, float | int]:
     }
 
 
-def cross_validate(rows: list[calibration.Row]) -> dict[str, Any]:
-    """Out-of-sample errors by scheme and pooled (the cross_validation.json body)."""
-    pooled: dict[str, list[float]] = {m: [] for m in ("throughput", *calibration.RATIO_METRICS)}
-    schemes: dict[str, Any] = {}
+HeldOut = tuple[str, str, int, int, float]
+"""One held-out error: scheme, metric, the row's index, the other row's index (-1 for the
+throughput metric) and the relative error."""
+
+
+def held_out_errors(rows: list[calibration.Row]) -> list[HeldOut]:
+    """Every scored prediction of the cross-validation: each refit predicts all rows, and a row (or
+    a pair with at least one row) that the refit did not see is scored."""
+    out: list[HeldOut] = []
     for scheme, parts in splits(rows).items():
-        got: dict[str, list[float]] = {m: [] for m in pooled}
         for _, held_out in parts:
             test = [held_out(r) for r in rows]
             train = [r for r, t in zip(rows, test, strict=True) if not t]
             if not train or all(not t for t in test):
                 continue
             preds = calibration.predict(rows, fit(train))
-            got["throughput"] += [p / r.measured - 1 for p, r, t in zip(preds, rows, test, strict=True) if t]
+            out += [(scheme, "throughput", i, -1, p / r.measured - 1) for i, (p, r) in enumerate(zip(preds, rows, strict=True)) if test[i]]
             for metric, pairs in calibration.ratio_pairs(rows, preds).items():
-                got[metric] += [e for i, j, e in pairs if test[i] or test[j]]
-        schemes[scheme] = {m: _summary(v) for m, v in got.items()}
-        for m, v in got.items():
-            pooled[m] += v
-    return {"metrics": {m: _summary(v) for m, v in pooled.items()}, "schemes": schemes}
+                out += [(scheme, metric, i, j, e) for i, j, e in pairs if test[i] or test[j]]
+    return out
+
+
+def cross_validate(rows: list[calibration.Row], errors: list[HeldOut] | None = None) -> dict[str, Any]:
+    """Out-of-sample errors by scheme and pooled (the cross_validation.json body), from
+    :func:`held_out_errors` (computed when not given)."""
+    metrics = ("throughput", *calibration.RATIO_METRICS)
+    errors = held_out_errors(rows) if errors is None else errors
+    schemes = {s: {m: _summary([e for s2, m2, _, _, e in errors if (s2, m2) == (s, m)]) for m in metrics} for s in splits(rows)}
+    return {"metrics": {m: _summary([e for _, m2, _, _, e in errors if m2 == m]) for m in metrics}, "schemes": schemes}
+
+
+def print_residuals(rows: list[calibration.Row], errors: list[HeldOut], top: int = 12) -> None:
+    """Where the held-out error sits: per metric, the workload, framework and GPU generation (the
+    precision for the GPU ratio) of the pairs' first row, by share of the summed absolute error."""
+    for metric in calibration.RATIO_METRICS:
+        groups: dict[tuple[str, str, str], list[float]] = {}
+        for _, m, i, _, e in errors:
+            if m == metric:
+                r = rows[i]
+                third = r.precision if metric == "gpu_ratio" else r.gpu.arch
+                groups.setdefault((r.workload.id, r.cfg.framework, third), []).append(e)
+        total = sum(abs(e) for v in groups.values() for e in v)
+        n = sum(len(v) for v in groups.values())
+        if not n or not total:
+            print(f"{metric}: no held-out pairs with an error")
+            continue
+        print(f"{metric}: MAPE {total / n:.1%} over {n} held-out pairs; by share of the summed error")
+        for key, v in sorted(groups.items(), key=lambda kv: -sum(abs(e) for e in kv[1]))[:top]:
+            err = sum(abs(e) for e in v)
+            print(f"  {' / '.join(key):<48} {len(v):4d} pairs  share {err / total:5.1%}  MAPE {err / len(v):6.1%}  bias {statistics.fmean(v):+6.1%}")
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -467,11 +532,17 @@ def main() -> int:
         ),
     )
     ap.add_argument("--holdout", action="store_true", help="print the cross-validated errors only")
+    ap.add_argument(
+        "--residuals", action="store_true", help="print the cross-validated errors and where they sit, by workload"
+    )
     args = ap.parse_args()
 
     rows, skipped = calibration.load_rows()
-    if args.holdout:
-        print_cv(cross_validate(rows))
+    if args.holdout or args.residuals:
+        errors = held_out_errors(rows)
+        print_cv(cross_validate(rows, errors))
+        if args.residuals:
+            print_residuals(rows, errors)
         return 0
     print(f"fitting on {len(rows)} rows ({sum(skipped.values())} skipped)...", file=sys.stderr)
     digest = inputs_sha256(rows)

@@ -87,12 +87,19 @@ def test_vectorised_fit_path_equals_the_model() -> None:
     moved = replace(
         p,
         families={
-            k: replace(f, tensor_efficiency=f.tensor_efficiency * 0.7, launch_overhead_s=f.launch_overhead_s * 2)
+            k: replace(
+                f,
+                tensor_efficiency=f.tensor_efficiency * 0.7,
+                launch_overhead_s=f.launch_overhead_s * 2,
+                straggler_cv=f.straggler_cv * 1.5 + 0.05,
+            )
             for k, f in p.families.items()
         },
         framework_scale={k: v * 1.1 for k, v in p.framework_scale.items()},
         workload_scale={k: v * 0.9 for k, v in p.workload_scale.items()},
+        workload_launch_scale={k: v * 1.3 for k, v in p.workload_launch_scale.items()},
         overlap=0.5,
+        depthwise_efficiency=p.depthwise_efficiency * 0.5,
     )
     batch = cal.Batch([r.terms for r in rows])
     for params in (p, moved):
@@ -165,3 +172,21 @@ def test_ci_installs_the_solver_the_fit_was_made_with() -> None:
     pins = dict(p.split("==") for p in dev if p.startswith(("numpy", "scipy")))
     assert set(pins) == {"numpy", "scipy"}, f"numpy and scipy must be pinned with == in the dev extra: {dev}"
     assert _fitted_json()["meta"]["solver"] == f"numpy {pins['numpy']}, scipy {pins['scipy']}"
+
+
+def test_residuals_rank_workloads_by_their_share_of_the_held_out_error(capsys: pytest.CaptureFixture[str]) -> None:
+    cal = _calibrate()
+    rows, _ = calibration.load_rows()
+    mrcnn = next(i for i, r in enumerate(rows) if r.workload.id == "maskrcnn" and r.precision != "AMP")
+    rn50 = next(i for i, r in enumerate(rows) if r.workload.id == "resnet50" and r.precision != "AMP")
+    errors = [("gpu_transfer", "gpu_ratio", mrcnn, rn50, 0.9), ("gpu_transfer", "gpu_ratio", rn50, mrcnn, -0.1)]
+    errors += [("gpu_transfer", "throughput", rn50, -1, 0.5)]  # not a ratio metric: not listed
+    cv = cal.cross_validate(rows, errors)
+    assert cv["schemes"]["gpu_transfer"]["gpu_ratio"]["n"] == 2
+    assert cv["metrics"]["gpu_ratio"]["mape"] == pytest.approx(0.5)
+    cal.print_residuals(rows, errors)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gpu_ratio: MAPE 50.0% over 2 held-out pairs")
+    assert out[1].split()[0] == "maskrcnn" and "share 90.0%" in out[1] and "bias +90.0%" in out[1]
+    assert out[2].split()[0] == "resnet50" and "share 10.0%" in out[2]
+    assert out[3:] == ["amp_speedup: no held-out pairs with an error", "scaling: no held-out pairs with an error"]

@@ -3,11 +3,13 @@
 Bandwidth, peak and batch make training faster; mixed precision gains at most the tensor peak ratio,
 at least nothing on tensor-core GPUs, and less on faster GPUs (host time does not scale); gradients
 all-reduce in fp32 also under AMP; NVLink nodes scale better than PCIe ones; memory format, input
-pipeline, power limit and wave quantization act where they should and nowhere else.
+pipeline, power limit, wave quantization, depthwise convolutions, stragglers and a workload's own
+fixed time act where they should and nowhere else.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -15,14 +17,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuscaler.catalog import Precision, load_catalog
-from gpuscaler.catalog.models import GPU
+from gpuscaler.catalog.loader import CatalogError, parse_workloads, read_rows
+from gpuscaler.catalog.models import GPU, Workload
 from gpuscaler.perfmodel import ParallelConfig, allreduce_seconds, constants, estimate, fitted
 from gpuscaler.perfmodel.calibration import load_rows, predict
-from gpuscaler.perfmodel.model import clock_derate, intra_node_busbw, wave_efficiency
+from gpuscaler.perfmodel.model import clock_derate, expected_max_normal, intra_node_busbw, wave_efficiency
 
 CAT = load_catalog()
 WORKLOADS = [w.id for w in CAT.workloads]
 GPUS = [g.id for g in CAT.gpus]
+WORKLOAD_HEADER = (
+    "id,aliases,family,unit,batch_unit,params,flops_per_sample,activation_bytes_per_sample,seq_len,layers,hidden,"
+    "heads,vocab,ffn,gated,head,flash,optimizer,default_global_batch,samples_per_epoch,depthwise_flop_share,"
+    "variable_inputs,source"
+)
 TENSOR_GPUS = [g.id for g in CAT.gpus if g.tf32_tflops is not None]
 """GPUs whose framework-default fp32 runs on TF32 tensor cores (Ampere and newer)."""
 
@@ -214,6 +222,8 @@ def test_calibration_rows_declare_what_dle_ran() -> None:
     rows, _ = load_rows()
     rn50 = [r for r in rows if r.workload.id == "resnet50" and r.cfg.framework == "pytorch"]
     assert {(r.precision, r.cfg.channels_last) for r in rn50} == {("AMP", True), ("TF32", False), ("FP32", False)}
+    ssd = [r for r in rows if r.workload.id == "ssd300"]
+    assert ssd and all(r.cfg.channels_last == (r.precision == "AMP") for r in ssd)
     assert not any(r.cfg.channels_last for r in rows if r.workload.family == "transformer")
     txl = next(r for r in rows if r.workload.id == "transformerxl-base")
     assert txl.cfg.micro_batch < 1000  # sequences, as the source table gives them
@@ -231,3 +241,85 @@ def test_flops_off_the_tensor_cores_cap_the_amp_speedup() -> None:
         return estimate(w, g, ParallelConfig(micro_batch=4, precision=Precision.AMP), params).throughput / fp32
 
     assert speedup(0.0) > speedup(0.05) > speedup(0.3) > 1.0
+
+
+def test_expected_max_of_standard_normals() -> None:
+    """Closed forms for 2 and 3 (1/sqrt(pi), 3/(2 sqrt(pi))); Harter's 1961 table for 4 and 8."""
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-8)
+    assert expected_max_normal(3) == pytest.approx(1.5 / math.sqrt(math.pi), abs=1e-8)
+    assert expected_max_normal(4) == pytest.approx(1.02938, abs=1e-5)
+    assert expected_max_normal(8) == pytest.approx(1.42360, abs=1e-5)
+    z = [expected_max_normal(n) for n in (2, 8, 64, 512, 4096)]
+    assert z == sorted(z) and z[-1] < 4.0
+
+
+def test_stragglers_slow_variable_input_workloads_on_several_gpus_only() -> None:
+    """A synchronous step waits for the slowest GPU where the work varies with the input; the wait
+    grows with the GPU count, averages out over accumulation, and is absent on one GPU."""
+    g = CAT.gpu("A100-80GB")
+    mrcnn = CAT.workload("maskrcnn")
+    assert mrcnn.variable_inputs and CAT.workload("gnmt").variable_inputs
+    assert not CAT.workload("ssd300").variable_inputs and not CAT.workload("resnet50").variable_inputs
+    fixed = replace(mrcnn, variable_inputs=False)
+
+    def eff(w: Workload, n: int, k: int = 1) -> float:
+        return estimate(w, g, ParallelConfig(micro_batch=4, gpus_per_node=n, accumulation=k)).scaling_efficiency
+
+    assert estimate(mrcnn, g, ParallelConfig(micro_batch=4)) == estimate(fixed, g, ParallelConfig(micro_batch=4))
+    effs = [eff(mrcnn, n) for n in (2, 4, 8)]
+    assert effs == sorted(effs, reverse=True)
+    assert all(e < eff(fixed, n) for e, n in zip(effs, (2, 4, 8), strict=True))
+    assert eff(mrcnn, 8, k=4) > eff(mrcnn, 8)
+    # Across nodes the slowest of all ranks counts.
+    two_nodes = ParallelConfig(micro_batch=4, gpus_per_node=8, nodes=2, network_gbps=400.0)
+    assert estimate(mrcnn, g, two_nodes).scaling_efficiency < effs[-1]
+
+
+def test_depthwise_convolutions_run_on_cuda_cores() -> None:
+    """Depthwise FLOPs gain neither from tensor cores between GPUs nor from AMP."""
+    b0 = CAT.workload("efficientnet-b0")
+    assert 0.05 < b0.depthwise_flop_share < 0.15
+    assert CAT.workload("resnet50").depthwise_flop_share == 0.0
+    none = replace(b0, depthwise_flop_share=0.0)
+    a100, v100 = CAT.gpu("A100-80GB"), CAT.gpu("V100-16GB")
+
+    def ratio(w: Workload) -> float:
+        return _tput_w(w, a100, Precision.FP32) / _tput_w(w, v100, Precision.FP32)
+
+    def amp(w: Workload) -> float:
+        return _tput_w(w, a100, Precision.AMP) / _tput_w(w, a100, Precision.FP32)
+
+    assert ratio(b0) < ratio(none)
+    assert amp(b0) < amp(none)
+    # More tensor peak leaves the depthwise time alone: throughput gains less than with no share.
+    fast = replace(a100, fp16_tflops=a100.fp16_tflops * 4, tf32_tflops=(a100.tf32_tflops or 0) * 4)
+    assert _tput_w(b0, fast, Precision.AMP) / _tput_w(b0, a100, Precision.AMP) < (
+        _tput_w(none, fast, Precision.AMP) / _tput_w(none, a100, Precision.AMP)
+    )
+
+
+def _tput_w(w: Workload, g: GPU, prec: Precision) -> float:
+    return estimate(w, g, ParallelConfig(micro_batch=64, precision=prec)).throughput
+
+
+def test_a_workloads_fixed_time_factor_scales_its_launch_time_only() -> None:
+    p = fitted()
+    w, g = CAT.workload("maskrcnn"), CAT.gpu("A100-80GB")
+    cfg = ParallelConfig(micro_batch=2, precision=Precision.AMP)
+    fam = p.family(w.family)
+    base = estimate(w, g, cfg, p)
+    doubled = replace(p, workload_launch_scale={**p.workload_launch_scale, w.id: 2 * p.workload_launch_scale[w.id]})
+    more = estimate(w, g, cfg, doubled)
+    extra = fam.launch_overhead_s * p.workload_launch_scale[w.id]
+    assert more.host_s - base.host_s == pytest.approx(extra, rel=1e-9)
+    assert more.compute_s == base.compute_s and more.memory_bound_s == base.memory_bound_s
+    # A workload the fit never saw (a custom one) uses its family's time as it is.
+    custom = replace(w, id="custom")
+    assert estimate(custom, g, cfg, p).host_s == pytest.approx(fam.launch_overhead_s + 2 * fam.host_s_per_item)
+
+
+def test_the_catalog_rejects_a_depthwise_share_out_of_range() -> None:
+    row = "x,,cnn-light,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,1.5,,src"
+    with pytest.raises(CatalogError, match=r"x: depthwise_flop_share 1\.5 must be in \[0, 1\)"):
+        parse_workloads(read_rows(f"# schema: 1\n{WORKLOAD_HEADER}\n{row}\n", "workloads.csv"))

@@ -219,9 +219,15 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
             source=r["source"],
             shape=shape,
             batch_unit=r.get("batch_unit", ""),
+            depthwise_flop_share=_opt_float(r.get("depthwise_flop_share", "")) or 0.0,
+            variable_inputs=_bool(r.get("variable_inputs", "")),
         )
         if w.params <= 0 or w.flops_per_sample <= 0:
             raise CatalogError(f"workloads.csv: {w.id}: params and flops_per_sample must be positive")
+        if not 0.0 <= w.depthwise_flop_share < 1.0:
+            raise CatalogError(
+                f"workloads.csv: {w.id}: depthwise_flop_share {w.depthwise_flop_share} must be in [0, 1)"
+            )
         index.add(w.id, w, w.aliases)
     return index
 

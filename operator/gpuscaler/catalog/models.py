@@ -144,6 +144,12 @@ class Workload:
     batch_unit: str = ""
     """What one batch item is (what a user's batch counts): images, sequences, sentence pairs;
     empty = the same as ``unit``."""
+    depthwise_flop_share: float = 0.0
+    """Share of the training FLOPs in depthwise convolutions (an architecture fact: EfficientNet,
+    MobileNet); they run on CUDA cores, not tensor cores. 0 for architectures without them."""
+    variable_inputs: bool = False
+    """Per-step work varies with the input (image sizes and instance counts in detection, sentence
+    lengths in translation): a synchronous data-parallel step waits for the slowest GPU."""
 
     @property
     def item(self) -> str:

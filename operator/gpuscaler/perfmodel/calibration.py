@@ -78,14 +78,19 @@ DLE_CONVNETS = {
 PyTorch's NCHW default (configs.yml, e.g. at commit 097c7ff917b7c56246590b1246a8f5bd8957c534);
 ``main.py --data-backend`` defaults to ``dali-cpu``, the README recommends DALI on DGX systems.
 TensorFlow and MXNet run convolutions in NHWC themselves, so their CNN AMP rows are channels-last
-too; PyTorch SSD300's layout is not stated, taken as the NCHW default."""
+too."""
+
+DLE_CHANNELS_LAST_AMP = DLE_CONVNETS | {"ssd300"}
+"""PyTorch workloads whose DLE AMP rows ran channels-last: the ConvNets and SSD300, whose
+``PyTorch/Detection/SSD/main.py`` defaults ``--data-layout`` to ``channels_last`` ("It's recommended
+to use channels_first with --no-amp"; e.g. at commit 04099020ae68b5767bf5c74db3dcace0c215c730)."""
 
 
 def dle_channels_last(workload: Workload, framework: str, precision: str) -> bool:
     """Whether a DLE row ran its convolutions channels-last (only 16-bit rows are affected)."""
     if precision != "AMP" or workload.family not in constants()["compute"]["channels_last_families"]:
         return False
-    return framework != "pytorch" or workload.id in DLE_CONVNETS
+    return framework != "pytorch" or workload.id in DLE_CHANNELS_LAST_AMP
 
 
 @dataclass(frozen=True)

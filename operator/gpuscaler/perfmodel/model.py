@@ -9,10 +9,12 @@ workload's unit (``Workload.unit``), which for token-unit workloads is ``samples
 per item. Step time of data-parallel training with ``n = gpus_per_node x nodes`` GPUs, micro-batch
 ``b`` items and ``K`` accumulation steps::
 
-    t_micro = t_launch + b * h                      host: launches, Python, data hand-off
-            + b * F * ((1-u) L / (R * e_w) + u / S)  matmul/conv work on tensor cores, rest on CUDA cores
+    t_micro = s_w * t_launch + b * h                host: launches, Python, data hand-off
+            + b * F (1-d) ((1-u) L / (R * e_w) + u / S)  matmul/conv work on tensor cores, rest on CUDA cores
+            + b * F d / (S_fp32 * e_dw)             depthwise convolutions, CUDA cores at any precision
             + b * A * m * c_p / W                   memory-bound work (norms, softmax, elementwise)
     t_step  = K * t_micro + t_update + t_opt + max(t_tail, t_comm - overlap * t_backward) + t_sync
+            + z_n * cv * sqrt(K) * t_micro          waiting for the slowest GPU (variable inputs only)
 
 - ``F`` training FLOPs per item (x 4/3 under activation checkpointing), of which the family's fitted
   share ``u`` never reaches tensor cores (runs at the non-tensor FP32 rate x SIMT efficiency at any
@@ -23,11 +25,19 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
   the A100 reference x a power-limited clock derate for cards with no MAMF measurement, or the
   non-tensor FP32 peak x the family's SIMT efficiency on GPUs without TF32. ``e_w`` is wave
   quantization over the GPU's SMs for workloads with a known hidden size (waves / (waves + tail)).
+- ``d`` the share of ``F`` in depthwise convolutions (``Workload.depthwise_flop_share``, an
+  architecture fact: 8.95% for EfficientNet-B0, 7.0% for B4, 1.05% for EfficientNetV2-S, from the
+  papers' layer tables by ``scripts/depthwise_share.py``): cuDNN runs them on CUDA cores, one
+  filter per channel leaving no reduction dimension for a tensor-core tile, at the fitted fraction
+  ``e_dw`` of the FP32 peak (``S_fp32`` = FP32 peak x derate) at any precision. So they scale with
+  the CUDA-core rate between GPUs (V100 -> A100 1.24x, not the tensor ratio) and gain nothing from AMP.
 - ``A`` stored activation bytes per item at 16-bit, ``m`` the family's DRAM traffic per activation
   byte, ``W`` achievable memory bandwidth; ``c_p`` is 2 at full precision and ``1 + phi`` under
   mixed precision, ``phi`` the fitted share of that traffic autocast keeps in fp32 (softmax, layer
   norm, losses, reductions).
-- ``t_launch`` and ``h`` are fitted per family and do not scale with the GPU, so a faster GPU spends
+- ``t_launch`` and ``h`` are fitted per family and do not scale with the GPU (``s_w`` is a named
+  workload's fitted factor on its family's ``t_launch``, regularised towards 1: a Mask R-CNN step
+  runs many more small kernels than an SSD300 step of the same family; custom workloads use 1), so a faster GPU spends
   a larger share of its step there and gains less from mixed precision: the AMP speedup is
   ``(host + simt + tensor_fp32 + memory_fp32) / (host + simt + tensor_fp32 / peak_ratio + memory_fp32
   * (1+phi)/2)``, at most the tensor peak ratio, shrinking as the GPU gets faster.
@@ -41,6 +51,13 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
   network between ``M`` nodes. DDP buckets it behind the last micro-batch's backward pass up to the
   fitted overlap; the last bucket (``t_tail``) is always exposed. Once per step, i.e. once per ``K``
   accumulation micro-batches. ``t_sync`` grows with ``log2 n``.
+- Stragglers: where the work per step varies with the input (``Workload.variable_inputs``:
+  detection and segmentation with variable image sizes and instance counts, translation with
+  variable sentence lengths), each GPU's micro-batch time varies with the family's fitted
+  coefficient of variation ``cv``; a synchronous step waits for the slowest of the ``n`` GPUs (all
+  ranks, across nodes too), whose expected excess over the mean is ``z_n`` standard deviations,
+  ``z_n`` = E[max of n standard normals] (0, 0.56, 1.03, 1.42, 1.77 for 1, 2, 4, 8, 16 GPUs); the K
+  accumulated micro-batches of a step average as independent draws (``sqrt(K)`` on ``K t_micro``).
 
 Throughput is ``n x b x K x samples_per_item / t_step``, capped by the input pipeline when vCPUs are
 known (PyTorch DataLoader rate per vCPU, x the DALI factor with ``data_loader="dali"``).
@@ -149,7 +166,8 @@ class Estimate:
     memory_bound_s: float
     """Per-step time in DRAM-bound layers."""
     overhead_s: float
-    """Per-step fixed overheads (host time, launches, optimizer update, synchronisation)."""
+    """Per-step fixed overheads (host time, launches, optimizer update, synchronisation, waiting for
+    the slowest GPU)."""
     comm_s: float
     """All-reduce time per step (before overlap)."""
     comm_exposed_s: float
@@ -353,6 +371,26 @@ def wave_efficiency(workload: Workload, gpu: GPU, micro_batch: int) -> float:
     return float(waves / (waves + c["wave_tail"]))
 
 
+@lru_cache(maxsize=CACHE_SIZE)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] (0 for one, 0.564 for two, 1.029 for four, 1.424 for
+    eight): the trapezoid rule on ``x d/dx Phi(x)^n`` over [-12, 12] in 480 steps, which for this
+    smooth, fast-decaying integrand is exact to ~1e-13 (against 1/sqrt(pi) for two, and 4,800 steps
+    up to 4,096 GPUs); ~0.2 ms once per GPU count."""
+    if n <= 1:
+        return 0.0
+    steps = 480
+    h = 24.0 / steps
+    total = 0.0
+    for i in range(steps + 1):
+        x = -12.0 + i * h
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+        pdf = math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        w = 0.5 if i in (0, steps) else 1.0
+        total += w * x * n * pdf * cdf ** (n - 1)
+    return total * h
+
+
 @dataclass(frozen=True, slots=True)
 class StepTerms:
     """The parameter-free quantities of one configuration; :func:`combine` adds the fitted ones."""
@@ -366,6 +404,8 @@ class StepTerms:
     gpus: int
     samples_per_item: int
     flops_per_item: float
+    depthwise_flops_per_item: float
+    """The part of ``flops_per_item`` in depthwise convolutions (CUDA cores at any precision)."""
     rate: float
     """Achievable FLOPS before the family's efficiency: peak x MAMF x derate x wave efficiency."""
     simt_rate: float
@@ -382,6 +422,8 @@ class StepTerms:
     optimizer_s: float
     comm_s: float
     comm_tail_s: float
+    straggler_z: float
+    """E[max of n standard normals] over the run's n GPUs for workloads with variable inputs, else 0."""
     input_cap: float | None
     """Samples/s the input pipeline can deliver; None = not bound."""
     precision_used: str
@@ -452,6 +494,7 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
         gpus=cfg.gpus,
         samples_per_item=per_item,
         flops_per_item=flops,
+        depthwise_flops_per_item=flops * workload.depthwise_flop_share,
         rate=rate,
         simt_rate=simt_rate,
         tensor=tensor,
@@ -462,6 +505,7 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
         optimizer_s=workload.params / shard * opt_bytes / bw,
         comm_s=comm,
         comm_tail_s=tail,
+        straggler_z=expected_max_normal(cfg.gpus) if workload.variable_inputs else 0.0,
         input_cap=cap,
         precision_used=hw,
         unit=workload.unit,
@@ -495,10 +539,11 @@ def combine(t: StepTerms, p: FittedParams) -> StepTime:
         per_flop = (1.0 - u) / (t.rate * fam.tensor_efficiency) * t.layout + u / (t.simt_rate * fam.simt_efficiency)
     else:
         per_flop = 1.0 / (t.rate * fam.simt_efficiency)
-    compute_micro = b * t.flops_per_item * per_flop / scale
+    dw = t.depthwise_flops_per_item
+    compute_micro = b * ((t.flops_per_item - dw) * per_flop + dw / (t.simt_rate * p.depthwise_efficiency)) / scale
     bytes_factor = (1.0 + fam.fp32_memory_fraction) if t.sixteen_bit else 2.0
     memory_micro = b * t.activation_bytes_per_item * fam.memory_traffic * bytes_factor / t.bandwidth / scale
-    host_micro = fam.launch_overhead_s + b * fam.host_s_per_item
+    host_micro = fam.launch_overhead_s * p.workload_launch_scale.get(t.workload_id, 1.0) + b * fam.host_s_per_item
     micro = host_micro + compute_micro + memory_micro
     if t.comm_s > 0:
         backward = (2.0 / 3.0) * (compute_micro + memory_micro)
@@ -507,7 +552,8 @@ def combine(t: StepTerms, p: FittedParams) -> StepTime:
         exposed = 0.0
     sync = p.sync_overhead_s * math.log2(t.gpus) if t.gpus > 1 else 0.0
     single = k * micro + fam.update_overhead_s + t.optimizer_s
-    step = single + exposed + sync
+    straggle = t.straggler_z * fam.straggler_cv * math.sqrt(k) * micro
+    step = single + exposed + sync + straggle
     samples = b * k * t.gpus * t.samples_per_item
     throughput = samples / step
     bound = False
@@ -521,7 +567,7 @@ def combine(t: StepTerms, p: FittedParams) -> StepTime:
         compute_s=k * compute_micro,
         memory_s=k * memory_micro,
         host_s=k * host_micro,
-        overhead_s=k * host_micro + fam.update_overhead_s + t.optimizer_s + sync,
+        overhead_s=k * host_micro + fam.update_overhead_s + t.optimizer_s + sync + straggle,
         exposed_s=exposed,
         input_bound=bound,
     )

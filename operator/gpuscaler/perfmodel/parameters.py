@@ -36,6 +36,9 @@ class FamilyParams:
     """Host time per batch item that does not scale with the GPU (collation, copies, Python)."""
     simt_fraction: float = 0.0
     """Share of the FLOPs that never run on tensor cores (non-tensor FP32 at any precision)."""
+    straggler_cv: float = 0.0
+    """Coefficient of variation of one GPU's micro-batch time for workloads with variable inputs
+    (``Workload.variable_inputs``); a synchronous step waits for the slowest of the GPUs."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,17 @@ class FittedParams:
     """Per named workload throughput correction (regularised towards 1); custom workloads use 1."""
     framework_scale: dict[str, float]
     """Per framework throughput factor relative to PyTorch (predictions are for PyTorch)."""
+    workload_launch_scale: dict[str, float]
+    """Per named workload factor on its family's fixed time per micro-batch (regularised towards 1):
+    how many more or fewer kernels and host steps a micro-batch of this model takes than its
+    family's typical one; custom workloads use 1."""
     overlap: float
     """Fraction of the last micro-batch's backward pass that hides gradient communication."""
     sync_overhead_s: float
     """Per-step straggler/synchronisation cost per doubling of the GPU count."""
+    depthwise_efficiency: float = 1.0
+    """Fraction of the CUDA-core FP32 peak that depthwise convolutions reach, at any precision (they
+    do not run on tensor cores)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """How the fit was made: data file hash, rows used, date, residual summary."""
 
@@ -78,8 +88,10 @@ def fitted_from_dict(raw: dict[str, Any]) -> FittedParams:
         families=families,
         workload_scale=dict(raw.get("workload_scale", {})),
         framework_scale=dict(raw.get("framework_scale", {})),
+        workload_launch_scale=dict(raw.get("workload_launch_scale", {})),
         overlap=float(raw["overlap"]),
         sync_overhead_s=float(raw["sync_overhead_s"]),
+        depthwise_efficiency=float(raw.get("depthwise_efficiency", 1.0)),
         meta=dict(raw.get("meta", {})),
     )
 
@@ -97,13 +109,16 @@ def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
                 "fp32_memory_fraction": f.fp32_memory_fraction,
                 "host_s_per_item": f.host_s_per_item,
                 "simt_fraction": f.simt_fraction,
+                "straggler_cv": f.straggler_cv,
             }
             for name, f in sorted(p.families.items())
         },
         "workload_scale": dict(sorted(p.workload_scale.items())),
         "framework_scale": dict(sorted(p.framework_scale.items())),
+        "workload_launch_scale": dict(sorted(p.workload_launch_scale.items())),
         "overlap": p.overlap,
         "sync_overhead_s": p.sync_overhead_s,
+        "depthwise_efficiency": p.depthwise_efficiency,
         "meta": p.meta,
     }
 
