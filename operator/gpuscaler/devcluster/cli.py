@@ -100,8 +100,12 @@ def _make_pools(c: clustermod.Cluster, pools: list[tuple[str, str, int]], capaci
 def cmd_up(args: argparse.Namespace) -> int:
     """Start a cluster; in the foreground until Ctrl-C, or ``--detach``ed."""
     b = _binaries(args)
-    c = clustermod.Cluster(b, name=args.name, detach=args.detach, log=_log, addons=args.with_addons)
+    c = clustermod.Cluster(
+        b, name=args.name, detach=args.detach, log=_log, addons=args.with_addons, audit=args.audit
+    )
     c.start(timeout=args.timeout)
+    if c.audit_log is not None:
+        _log(f"audit log: {c.audit_log}")
     try:
         _make_pools(c, args.pool, args.capacity_type)
     except BaseException:
@@ -213,6 +217,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="create a fake GPU node pool, e.g. --pool a100=p4d.24xlarge:2 (repeatable)",
     )
     p.add_argument("--capacity-type", choices=("on-demand", "spot"), default="on-demand")
+    p.add_argument(
+        "--audit", action="store_true",
+        help="the API server logs every request (who, verb, resource; Metadata level, JSON lines) to "
+        "<data dir>/logs/audit.log, printed at start",
+    )
     p.add_argument(
         "--with", dest="with_addons", type=_parse_addons, default=(), metavar="ADDONS",
         help=(
