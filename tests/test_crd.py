@@ -69,7 +69,8 @@ def test_cel_rules_mirror_the_model_validators() -> None:
     training = spec["properties"]["training"]["x-kubernetes-validations"]
     assert "exactly one of samples, epochs or steps" in training[0]["message"]
     workload = spec["properties"]["workload"]["x-kubernetes-validations"]
-    assert len(workload) == 2
+    assert len(workload) == 4  # one kind; params needs flopsPerSample; custom traits on custom workloads only
+    assert {r["message"] for r in workload} == {r["message"] for r in crd.CEL_RULES["WorkloadSpec"]}
 
 
 def test_status_subresource_and_printer_columns() -> None:

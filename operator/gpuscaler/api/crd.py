@@ -59,6 +59,18 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "fieldPath": ".flopsPerSample",
             "reason": "FieldValueRequired",
         },
+        {
+            "rule": "!has(self.model) || (!has(self.depthwiseFlopShare) && !has(self.variableInputs))",
+            "message": (
+                "workload: depthwiseFlopShare and variableInputs describe a custom workload; a named "
+                "workload has its own (gpuscaler catalog workloads): remove them"
+            ),
+        },
+        {
+            "rule": "!has(self.transformer) || !has(self.depthwiseFlopShare)",
+            "message": "workload.depthwiseFlopShare: a transformer has no convolutions; remove it",
+            "fieldPath": ".depthwiseFlopShare",
+        },
     ],
     "TransformerSpec": [
         {

@@ -151,6 +151,22 @@ class WorkloadSpec(Model):
             "decoding on the GPU); bounds image workloads by the node's vCPUs."
         ),
     )
+    depthwise_flop_share: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description=(
+            "Custom: share of the training FLOPs in depthwise (grouped) convolutions, e.g. 0.09 for an "
+            "EfficientNet-B0-like network; they run on CUDA cores, not tensor cores. Default 0."
+        ),
+    )
+    variable_inputs: bool | None = Field(
+        default=None,
+        description=(
+            "Custom: inputs vary in size from step to step (images of varying shape, sentences of "
+            "varying length), so each synchronous step waits for the slowest GPU. Default false."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> WorkloadSpec:
@@ -159,6 +175,13 @@ class WorkloadSpec(Model):
             raise ValueError("workload: give exactly one of model, transformer, or params + flopsPerSample")
         if self.params is not None and self.flops_per_sample is None:
             raise ValueError("workload: a custom workload with params also needs flopsPerSample")
+        if self.model is not None and (self.depthwise_flop_share is not None or self.variable_inputs is not None):
+            raise ValueError(
+                "workload: depthwiseFlopShare and variableInputs describe a custom workload; a named "
+                "workload has its own (gpuscaler catalog workloads): remove them"
+            )
+        if self.transformer is not None and self.depthwise_flop_share is not None:
+            raise ValueError("workload.depthwiseFlopShare: a transformer has no convolutions; remove it")
         return self
 
 

@@ -126,6 +126,7 @@ def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
             optimizer=spec.optimizer or "adam",
             source="custom transformer shape",
             shape=shape,
+            variable_inputs=bool(spec.variable_inputs),
         )
     assert spec.params is not None and spec.flops_per_sample is not None
     return Workload(
@@ -138,6 +139,8 @@ def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
         or spec.params * CUSTOM_ACTIVATION_BYTES_PER_PARAM,
         optimizer=spec.optimizer or "adam",
         source="custom parameters and FLOPs",
+        depthwise_flop_share=spec.depthwise_flop_share or 0.0,
+        variable_inputs=bool(spec.variable_inputs),
     )
 
 
