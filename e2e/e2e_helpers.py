@@ -115,6 +115,15 @@ def go_module_dir(module: str, version: str) -> Path:
 GPU_TOLERATION: dict[str, str] = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
 
 
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 15) -> None:
+    """SIGTERM a subprocess and give it ``timeout`` seconds to exit, then SIGKILL it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @contextlib.contextmanager
 def rbac_checked(proc: subprocess.Popen[bytes], log: Path) -> Iterator[None]:
     """Run the body, then stop the operator subprocess and print the end of its log; when the body
@@ -126,11 +135,7 @@ def rbac_checked(proc: subprocess.Popen[bytes], log: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         text = log.read_text(errors="replace")
         print(text[-4000:])
     forbidden = [line for line in text.splitlines() if "Forbidden" in line or " 403" in line]

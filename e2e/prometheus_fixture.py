@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import any_cluster
+from e2e_helpers import stop_process
 
 
 def free_port() -> int:
@@ -190,10 +191,6 @@ def prometheus(
     try:
         yield PrometheusServer(url, exporter, proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         exporter.close()
         out.close()
