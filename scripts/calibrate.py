@@ -346,10 +346,108 @@ def held_out_errors(rows: list[calibration.Row]) -> list[HeldOut]:
     return out
 
 
-def cross_validate(rows: list[calibration.Row], errors: list[HeldOut] | None = None) -> dict[str, Any]:
-    """Out-of-sample errors by scheme and pooled (the cross_validation.json body), from
-    :func:`held_out_errors` (computed when not given)."""
-    metrics = ("throughput", *calibration.RATIO_METRICS)
+def _baseline_keys(metric: str, i: calibration.Row, j: calibration.Row) -> list[tuple[object, ...]]:
+    """The lookup keys of a pair for :func:`baseline_errors`, most specific first. ``mode`` is what
+    the ratio depends on most: the precision mode for the GPU ratio (TF32/FP32 vs AMP), the GPU
+    generation for the AMP speedup, the GPU count for the scaling."""
+    mode: object = {"gpu_ratio": i.precision == "AMP", "amp_speedup": i.gpu.arch, "scaling": i.cfg.gpus}[metric]
+    wl, fw, fam = i.workload.id, i.cfg.framework, i.workload.family
+    return [(wl, fw, mode), (wl, fw), (fam, mode), (fam,), (mode,)]
+
+
+def _naive_ratio(metric: str, i: calibration.Row, j: calibration.Row) -> float:
+    """The spec-sheet guess of a pair's ratio where no measured ratio is known: the memory-bandwidth
+    ratio of the GPUs (the closest of the spec-sheet ratios: the peak-FLOPS ratio at the precision is
+    off by 121% on these pairs), no speedup from AMP, linear scaling."""
+    if metric == "gpu_ratio":
+        return i.gpu.mem_bw_gbs / j.gpu.mem_bw_gbs
+    if metric == "amp_speedup":
+        return 1.0
+    return i.cfg.gpus / j.cfg.gpus
+
+
+def baseline_errors(rows: list[calibration.Row]) -> list[HeldOut]:
+    """The held-out errors of the strongest model-free baseline, on the same schemes, folds and pairs
+    as :func:`held_out_errors`: a held-out pair's ratio is the median of the measured ratios of the
+    training pairs (both rows seen by the fold) that share its most specific key of
+    :func:`_baseline_keys` (the same workload and framework, then the family, then the mode alone),
+    else the spec-sheet guess (:func:`_naive_ratio`). So where the model has seen a workload's
+    AMP speedup on one GPU, so has the baseline; where no ratio of the kind was seen (the other GPU
+    generation, the other precision), the baseline has only the spec sheet and the model has its
+    physics."""
+    out: list[HeldOut] = []
+    measured = [r.measured for r in rows]
+    pairs_by_metric = calibration.ratio_pairs(rows, measured)
+    for scheme, parts in splits(rows).items():
+        for _, held_out in parts:
+            test = [held_out(r) for r in rows]
+            if all(test) or not any(test):
+                continue
+            for metric, pairs in pairs_by_metric.items():
+                seen: dict[tuple[object, ...], list[float]] = {}
+                for i, j, _ in pairs:
+                    if not (test[i] or test[j]):
+                        for key in _baseline_keys(metric, rows[i], rows[j]):
+                            seen.setdefault(key, []).append(measured[i] / measured[j])
+                medians = {k: statistics.median(v) for k, v in seen.items()}
+                for i, j, _ in pairs:
+                    if test[i] or test[j]:
+                        keys = _baseline_keys(metric, rows[i], rows[j])
+                        guess = next((medians[k] for k in keys if k in medians), None)
+                        if guess is None:
+                            guess = _naive_ratio(metric, rows[i], rows[j])
+                        out.append((scheme, metric, i, j, guess / (measured[i] / measured[j]) - 1))
+    return out
+
+
+def lookup_in_sample(rows: list[calibration.Row]) -> dict[str, dict[str, float | int]]:
+    """The in-sample error of a table of every workload and framework's own median measured ratio
+    (per mode, as :func:`_baseline_keys`' first key), fitted on all rows: what remains when a
+    predictor knows each workload's answer but not how it moves with batch size, GPU count or table."""
+    measured = [r.measured for r in rows]
+    out = {}
+    for metric, pairs in calibration.ratio_pairs(rows, measured).items():
+        seen: dict[tuple[object, ...], list[float]] = {}
+        for i, j, _ in pairs:
+            seen.setdefault(_baseline_keys(metric, rows[i], rows[j])[0], []).append(measured[i] / measured[j])
+        medians = {k: statistics.median(v) for k, v in seen.items()}
+        out[metric] = _summary(
+            [medians[_baseline_keys(metric, rows[i], rows[j])[0]] / (measured[i] / measured[j]) - 1 for i, j, _ in pairs]
+        )
+    return out
+
+
+def replicate_disagreement(rows: list[calibration.Row]) -> dict[str, dict[str, float | int]]:
+    """How much the data disagrees with itself: pairs of rows of the same configuration (workload,
+    framework, precision, GPU count, micro-batch, accumulation) on the same chip (a V100-16GB and a
+    V100-32GB are one chip), from different tables or systems, and pairs of such replicated ratios.
+    A model scored against one of two measurements that differ like this cannot beat roughly this
+    spread divided by sqrt(2) (two noisy measurements against one)."""
+
+    def key(r: calibration.Row) -> tuple[object, ...]:
+        chip = r.gpu.id.split("-")[0] if r.gpu.arch == "volta" else r.gpu.id
+        return (r.workload.id, r.cfg.framework, chip, r.precision, r.cfg.gpus, r.cfg.micro_batch, r.cfg.accumulation)
+
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(key(r), []).append(i)
+    thr = [rows[b].measured / rows[a].measured - 1 for idx in groups.values() for n, a in enumerate(idx) for b in idx[n + 1 :]]
+    out = {"throughput": _summary(thr)}
+    for metric, pairs in calibration.ratio_pairs(rows, [r.measured for r in rows]).items():
+        ratios: dict[tuple[object, ...], list[float]] = {}
+        for i, j, _ in pairs:
+            ratios.setdefault((key(rows[i]), key(rows[j])), []).append(rows[i].measured / rows[j].measured)
+        out[metric] = _summary([b / a - 1 for v in ratios.values() for n, a in enumerate(v) for b in v[n + 1 :]])
+    return out
+
+
+def cross_validate(
+    rows: list[calibration.Row],
+    errors: list[HeldOut] | None = None,
+    metrics: tuple[str, ...] = ("throughput", *calibration.RATIO_METRICS),
+) -> dict[str, Any]:
+    """Out-of-sample errors of ``metrics`` by scheme and pooled (the cross_validation.json body),
+    from :func:`held_out_errors` (computed when not given)."""
     errors = held_out_errors(rows) if errors is None else errors
     schemes = {s: {m: _summary([e for s2, m2, _, _, e in errors if (s2, m2) == (s, m)]) for m in metrics} for s in splits(rows)}
     return {"metrics": {m: _summary([e for _, m2, _, _, e in errors if m2 == m]) for m in metrics}, "schemes": schemes}
@@ -511,6 +609,29 @@ def cv_document(rows: list[calibration.Row], digest: str) -> dict[str, Any]:
         "inputs_sha256": digest,
         "rows": len(rows),
         **cross_validate(rows),
+        "baseline": {
+            "source": (
+                "the same schemes, folds and pairs scored for a model-free lookup: the median measured ratio of "
+                "the training pairs of the same workload and framework (then family, then mode), else the spec "
+                "sheet (memory-bandwidth ratio, no AMP speedup, linear scaling)"
+            ),
+            **cross_validate(rows, baseline_errors(rows), calibration.RATIO_METRICS),
+        },
+        "replicates": {
+            "source": (
+                "pairs of rows of the same configuration on the same chip from different tables or systems, "
+                "and pairs of such replicated ratios: how much the data disagrees with itself"
+            ),
+            **replicate_disagreement(rows),
+        },
+        "lookup_in_sample": {
+            "source": (
+                "in sample: each workload and framework's own median measured ratio (per precision mode, GPU "
+                "generation or GPU count), fitted on all rows; what is left is how ratios move with batch size, "
+                "GPU count and table"
+            ),
+            **lookup_in_sample(rows),
+        },
     }
 
 
@@ -519,6 +640,17 @@ def print_cv(cv: dict[str, Any]) -> None:
     for scheme, metrics in [("pooled", cv["metrics"]), *cv["schemes"].items()]:
         cells = [f"{m} {v['mape']:.1%} / {v['median_ape']:.1%} / {v['n']}" for m, v in metrics.items()]
         print(f"  {scheme:<24} " + "; ".join(cells))
+    if "baseline" in cv:
+        print("model-free baseline (measured ratios of the training pairs, else the spec sheet), same pairs:")
+        for scheme, metrics in [("pooled", cv["baseline"]["metrics"]), *cv["baseline"]["schemes"].items()]:
+            cells = [f"{m} {v['mape']:.1%} / {v['median_ape']:.1%} / {v['n']}" for m, v in metrics.items()]
+            print(f"  {scheme:<24} " + "; ".join(cells))
+    if "replicates" in cv:
+        reps = {k: v for k, v in cv["replicates"].items() if isinstance(v, dict)}
+        print("replicates (the same configuration measured twice): " + "; ".join(f"{m} {v['mape']:.1%} / {v['n']}" for m, v in reps.items()))
+    if "lookup_in_sample" in cv:
+        look = {k: v for k, v in cv["lookup_in_sample"].items() if isinstance(v, dict)}
+        print("in-sample lookup of each workload's own median ratio: " + "; ".join(f"{m} {v['mape']:.1%} / {v['n']}" for m, v in look.items()))
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ import copy
 import importlib.util
 import json
 import math
+import statistics
 import sys
 import tomllib
 from dataclasses import replace
@@ -67,6 +68,63 @@ def test_every_scheme_holds_rows_out_and_keeps_rows_in() -> None:
         for _, held_out in parts:
             test = [held_out(r) for r in rows]
             assert 0 < sum(test) < len(rows)
+
+
+def test_baseline_replicates_and_lookup_are_what_the_rows_give() -> None:
+    """The model-free figures in cross_validation.json need no fit: recomputed, they are equal."""
+    cal = _calibrate()
+    rows, _ = calibration.load_rows()
+    cv: Any = _cv()
+    fresh = cal.cross_validate(rows, cal.baseline_errors(rows), calibration.RATIO_METRICS)
+    assert cv["baseline"]["metrics"] == fresh["metrics"] and cv["baseline"]["schemes"] == fresh["schemes"]
+    assert {k: v for k, v in cv["replicates"].items() if k != "source"} == cal.replicate_disagreement(rows)
+    assert {k: v for k, v in cv["lookup_in_sample"].items() if k != "source"} == cal.lookup_in_sample(rows)
+    # The model beats the baseline on every pooled ratio.
+    for metric in calibration.RATIO_METRICS:
+        assert cv["metrics"][metric]["mape"] < cv["baseline"]["metrics"][metric]["mape"], metric
+
+
+def test_baseline_predicts_held_out_pairs_from_training_pairs_only() -> None:
+    """Leave ResNet-50 out: its AMP speedups are predicted by the median of the other CNN's on the same
+    GPU generation, never by its own; a GPU ratio with no training pair of the kind gets the
+    bandwidth ratio."""
+    cal = _calibrate()
+    all_rows, _ = calibration.load_rows()
+    rows = [r for r in all_rows if r.workload.id in ("resnet50", "resnext101-32x4d") and r.cfg.framework == "pytorch"]
+    errors = [e for e in cal.baseline_errors(rows) if e[0] == "leave_one_workload_out"]
+    measured = [r.measured for r in rows]
+    other = [
+        measured[i] / measured[j]
+        for i, j, _ in calibration.ratio_pairs(rows, measured)["amp_speedup"]
+        if rows[i].workload.id == "resnext101-32x4d" and rows[i].gpu.arch == "volta"
+    ]
+    own_volta = [(i, j, e) for s, m, i, j, e in errors if m == "amp_speedup" and rows[i].workload.id == "resnet50" and rows[i].gpu.arch == "volta"]
+    assert own_volta and other
+    expected = statistics.median(other)
+    for i, j, e in own_volta:
+        assert e == pytest.approx(expected / (measured[i] / measured[j]) - 1)
+    # Only pairs with a held-out row are scored, and the GPU-transfer folds see no GPU ratio at all.
+    transfer = [e for e in cal.baseline_errors(rows) if e[0] == "gpu_transfer" and e[1] == "gpu_ratio"]
+    assert transfer
+    for _, _, i, j, e in transfer:
+        bw = rows[i].gpu.mem_bw_gbs / rows[j].gpu.mem_bw_gbs
+        assert e == pytest.approx(bw / (measured[i] / measured[j]) - 1)
+
+
+def test_replicates_pair_only_the_same_configuration_on_the_same_chip() -> None:
+    cal = _calibrate()
+    rows, _ = calibration.load_rows()
+    resnet = [r for r in rows if r.workload.id == "resnet50" and r.cfg.framework == "pytorch" and r.gpu.arch == "volta" and r.cfg.gpus == 1]
+    # V100-16GB and V100-32GB rows of one configuration are one chip measured twice.
+    got = cal.replicate_disagreement(resnet)["throughput"]
+    pairs = [
+        (a, b)
+        for n, a in enumerate(resnet)
+        for b in resnet[n + 1 :]
+        if (a.precision, a.cfg.micro_batch) == (b.precision, b.cfg.micro_batch)
+    ]
+    assert got["n"] == len(pairs) > 0
+    assert got["mape"] == pytest.approx(round(statistics.fmean(abs(b.measured / a.measured - 1) for a, b in pairs), 4))
 
 
 # ------------------------------------------------------------------ reproducibility of the fit

@@ -76,9 +76,16 @@ def test_validate_json_has_cross_validated_fractions(capsys: pytest.CaptureFixtu
         assert m["log_sigma"] > 0 and not math.isnan(m["log_sigma"])
     assert {"gpu_transfer", "leave_one_workload_out", "leave_one_precision_out"} <= set(cv["schemes"])
     assert "scripts/calibrate.py" in cv["source"]
+    # The model-free baseline on the same held-out pairs, the replicate spread and the in-sample lookup.
+    for metric in ("gpu_ratio", "amp_speedup", "scaling"):
+        assert cv["baseline"]["metrics"][metric]["n"] == cv[metric]["n"]
+        assert 0 < cv["replicates"][metric]["mape"] < 1 and cv["replicates"][metric]["n"] > 10
+        assert 0 < cv["lookup_in_sample"][metric]["mape"] < 1
+    assert set(cv["baseline"]["schemes"]) == set(cv["schemes"])
 
 
 def test_validate_table_shows_fit_and_cross_validation(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
     assert "CV MAPE %" in out and "leave_one_workload_out" in out and "GPU speed ratio" in out
+    assert "baseline CV %" in out and "replicates %" in out and "Model-free baseline" in out

@@ -658,6 +658,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         **cv["metrics"],
                         "schemes": cv["schemes"],
                         "source": cv["source"],
+                        "baseline": cv.get("baseline", {}),
+                        "replicates": cv.get("replicates", {}),
+                        "lookup_in_sample": cv.get("lookup_in_sample", {}),
                     },
                     "skipped": rep.skipped,
                     "calibration": meta,
@@ -677,13 +680,56 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "scaling": "multi-GPU scaling (n GPUs vs 1)",
     }
     in_sample = {"gpu_ratio": rep.gpu_ratio, "amp_speedup": rep.amp_speedup, "scaling": rep.scaling}
+    baseline = cv.get("baseline", {}).get("metrics", {})
+    replicates = cv.get("replicates", {})
+    lookup = cv.get("lookup_in_sample", {})
+
+    def pct(d: dict[str, Any], key: str) -> str:
+        return f"{d[key]['mape'] * 100:.1f}" if isinstance(d.get(key), dict) and d[key].get("n") else "-"
+
     print("Relative errors (what the planner's choices hinge on), in sample and cross-validated:")
     rows: list[list[object]] = []
     for key, label in labels.items():
         m = cv["metrics"][key]
         fit = in_sample.get(key, rep.overall)
-        rows.append([label, fit.n, f"{fit.mape:.1f}", m["n"], f"{m['mape'] * 100:.1f}", f"{m['median_ape'] * 100:.1f}"])
-    print(_table(["quantity", "rows or pairs", "fit MAPE %", "held out", "CV MAPE %", "CV median %"], rows))
+        rows.append(
+            [
+                label,
+                fit.n,
+                f"{fit.mape:.1f}",
+                m["n"],
+                f"{m['mape'] * 100:.1f}",
+                f"{m['median_ape'] * 100:.1f}",
+                pct(baseline, key),
+                pct(lookup, key),
+                pct(replicates, key),
+            ]
+        )
+    print(
+        _table(
+            [
+                "quantity",
+                "rows or pairs",
+                "fit MAPE %",
+                "held out",
+                "CV MAPE %",
+                "CV median %",
+                "baseline CV %",
+                "lookup %",
+                "replicates %",
+            ],
+            rows,
+        )
+    )
+    if baseline:
+        print(
+            "baseline CV: the same held-out pairs predicted without a model, from the median measured ratio of the\n"
+            "fold's training pairs of the same workload and framework (then family), else the spec sheet (bandwidth\n"
+            "ratio, no AMP speedup, linear scaling). lookup: in sample, each workload and framework's own median\n"
+            "ratio; what is left is how ratios move with batch size, GPU count and table. replicates: the same\n"
+            "configuration measured twice in the tables differs by this much; against one noisy measurement no\n"
+            "model can be expected below about this / sqrt(2)."
+        )
     print("\nCross-validated MAPE % by scheme (scripts/calibrate.py; every scored prediction is held out):")
     print(
         _table(
@@ -694,6 +740,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
             ],
         )
     )
+    if baseline:
+        print("\nModel-free baseline, cross-validated MAPE % by scheme (the same held-out pairs):")
+        print(
+            _table(
+                ["scheme", *list(labels)[1:]],
+                [
+                    [name, *(f"{m[k]['mape'] * 100:.1f} ({m[k]['n']})" for k in list(labels)[1:])]
+                    for name, m in cv["baseline"]["schemes"].items()
+                ],
+            )
+        )
     for dim in ("gpu", "precision", "family", "gpus", "workload", "framework"):
         print(f"\nBy {dim} (in sample):")
         print(
