@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fit the performance model's free parameters on the published throughput rows, and cross-validate.
 
-Reproducible: deterministic bounded least squares (scipy) on log errors, from fixed starting
-values, over ``operator/gpuscaler/perfmodel/data/published_throughput.jsonl`` only. Writes
+Reproducible: deterministic bounded least squares (scipy) on log errors under a robust
+(pseudo-Huber, ROBUST_SCALE) loss, from fixed starting values, over ``operator/gpuscaler/perfmodel/data/published_throughput.jsonl`` only. Writes
 ``operator/gpuscaler/perfmodel/data/fitted.json`` (the parameters) and
 ``operator/gpuscaler/perfmodel/data/cross_validation.json`` (out-of-sample errors); ``gpuscaler
 validate`` reports both.
@@ -101,7 +101,15 @@ FAMILY_FIELDS = (
 # The tensor efficiency is at most the measured maximum achievable matmul fraction of the A100
 # reference (constants.yaml reference_matmul_efficiency, ml-engineering MAMF 0.869): no family's
 # convolutions and GEMMs beat the best square BF16 matmul on the same GPU.
-FAMILY_START = (0.5, 0.6, 2.0, 0.005, 0.005, 0.3, 1e-5, 0.02, 0.1)
+# The DRAM traffic starts at 4 bytes per stored activation byte, the fewest passes a training step makes
+# over a saved activation: written in the forward pass, read in the backward, and its gradient of the
+# same size written and read (normalisation and elementwise layers add more). Where V100 and A100
+# rows cannot tell memory-bound from compute-bound work apart (their bandwidth ratio, 2.27, is close
+# to their 16-bit tensor ratio, 2.5), the fit stays near it: the start was 2.0 before, below that
+# floor, and the robust loss slid the CNN family onto it (traffic 8.2 -> 2.0), which moved 40 of the
+# 47 golden plans; from 4.0 it fits 6.6 (cross-validated, pooled: 24.3/19.8/21.1/8.4 from 4.0, against
+# 24.6/19.9/20.9/8.2 from 2.0 and 24.0/20.0/21.3/8.5 from 8.0).
+FAMILY_START = (0.5, 0.6, 4.0, 0.005, 0.005, 0.3, 1e-5, 0.02, 0.1)
 FAMILY_LO = (0.01, 0.01, 0.1, 1e-5, 1e-5, 0.01, 1e-8, 1e-4, 1e-3)
 FAMILY_HI = (constants()["compute"]["reference_matmul_efficiency"], 1.0, 50.0, 0.02, 0.5, 1.0, 1e-3, 0.5, 1.0)
 DEPTHWISE_START, DEPTHWISE_LO, DEPTHWISE_HI = 0.1, 0.001, 1.0
@@ -111,6 +119,19 @@ LAUNCH_SCALE_LO, LAUNCH_SCALE_HI = 0.1, 10.0
 """Bounds of a named workload's factor on its family's fixed time per micro-batch (the family's
 own bound, 20 ms, allows ~1,000-3,000 kernels; a two-stage detector's step runs several times as
 many)."""
+ROBUST_SCALE = 0.05
+"""The data residuals (log errors) enter the fit through the pseudo-Huber ("soft L1") loss with this
+scale: an error under ~5% counts quadratically, a larger one about linearly, as the mean absolute
+percentage error the model is judged by does. The published tables disagree with each other: the
+same configuration on the same chip differs by 7.2% between tables (130 pairs, ``replicates`` in
+cross_validation.json), and some rows of one workload differ by more than any batch effect
+(BERT-large seq512 on a V100-32GB: 36 sequences/s at batch 4, 75 at batch 8). Under a squared loss
+those rows pull every parameter they touch quadratically; here their pull is bounded. The scale was
+chosen by the cross-validation (pooled held-out MAPE throughput / GPU ratio / AMP speedup / scaling,
+with the DRAM-traffic start at 2.0: 0.02 24.8/20.5/22.2/8.2; 0.03 24.4/19.9/21.3/8.5; 0.05
+24.6/19.9/20.9/8.2; 0.1 24.9/20.2/21.4/8.6; 0.2 25.2/20.3/22.0/8.6; squared loss 25.7/20.9/22.5/8.9),
+so the cross-validated figures are slightly optimistic by that one choice. The priors stay
+quadratic."""
 MAX_NFEV = 2000
 SOLVER_SETTINGS: dict[str, Any] = {"ftol": 1e-12, "xtol": 1e-12, "gtol": 1e-12, "x_scale": "jac"}
 """Tight stopping tolerances and Jacobian-scaled steps: the fit stops at the optimum, not wherever a
@@ -232,6 +253,15 @@ class Batch:
         return self.throughput(fam, fw, wl, wlaunch, p.overlap, p.sync_overhead_s, p.depthwise_efficiency)
 
 
+def robust(r: np.ndarray, scale: float = ROBUST_SCALE) -> np.ndarray:
+    """Residuals whose squares sum to the pseudo-Huber loss of ``r``: ``sign(r) sqrt(2 s^2 (sqrt(1 +
+    (r/s)^2) - 1))``, ~r for ``|r| << s`` and ~``sqrt(2 s |r|)`` for ``|r| >> s``, so least squares on
+    them minimises a loss that is quadratic for small errors and linear for large ones (scipy's
+    ``soft_l1``, applied to the data rows only: the priors keep their quadratic weight)."""
+    out: np.ndarray = np.sign(r) * np.sqrt(2.0 * scale * scale * (np.sqrt(1.0 + (r / scale) ** 2) - 1.0))
+    return out
+
+
 def fit(rows: list[calibration.Row]) -> FittedParams:
     """Least-squares fit of every free parameter on ``rows``.
 
@@ -277,7 +307,7 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
         prior = math.sqrt(REG) * x[w_offset:g_offset]
         fam_prior = math.sqrt(REG_FAMILY) * (x[:n_fam] - fam_start)
         dw_prior = math.sqrt(REG_FAMILY) * (x[g_offset + 2 : g_offset + 3] - math.log(DEPTHWISE_START))
-        return np.concatenate([np.log(pred) - log_measured, prior, fam_prior, dw_prior])
+        return np.concatenate([robust(np.log(pred) - log_measured), prior, fam_prior, dw_prior])
 
     result = least_squares(
         residuals, np.array(x0), bounds=(lo, hi), method="trf", max_nfev=MAX_NFEV, **SOLVER_SETTINGS
@@ -586,7 +616,8 @@ def fitted_document(
         "rows_used": len(rows),
         "rows_skipped": skipped,
         "method": (
-            f"scipy least_squares (trf, bounded) on log(pred/measured), workload-scale prior weight {REG}, "
+            f"scipy least_squares (trf, bounded) on log(pred/measured) under a pseudo-Huber loss of scale "
+            f"{ROBUST_SCALE}, workload-scale prior weight {REG}, "
             f"family-parameter prior weight {REG_FAMILY}"
         ),
         "solver": f"numpy {np.__version__}, scipy {scipy.__version__}",

@@ -15,7 +15,12 @@ alternatives moved in 36 of the 47 cases; and for the model's straggler, depthwi
 per-workload fixed-time terms: 2 of the 47 chosen plans changed, both the single-GPU EfficientNet-B0
 example (with and without the research policy), from a T4 (g4dn.xlarge, $4.57) to an A10G
 (g5.xlarge, $4.53), whose 3.9x the T4's CUDA-core FP32 rate now speeds up the depthwise
-convolutions. Each time as
+convolutions. A third time for the robust (pseudo-Huber) loss of the calibration and the DRAM-traffic
+start at 4 bytes per stored activation byte: 5 of the 47 chosen plans changed in instance, GPU count or
+capacity type (custom-params 8 -> 16 H100s; custom-transformer an L40S g6e.xlarge at $6.95 -> 4 V100s
+on a p3.8xlarge at $7.71; resnet-fastest-budget the H200 nodes on-demand instead of spot, the model
+now predicting 24% more speed so on-demand fits the $400 budget; resnet-spot-never 4 T4s -> 2 A10Gs;
+resnet-unavailable a V100-32GB p3dn -> an A100 p4d), the others in cost and order. Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
 
