@@ -151,9 +151,16 @@ def _go() -> str:
     return go
 
 
+GO_FLAGS = "-mod=mod -gcflags=all=-dwarf=false"
+"""``GOFLAGS`` of every build: the module's own go.mod requirements, and no DWARF from the compiler.
+The linker strips it anyway (``-s -w`` on every binary), so the compiler's DWARF was work thrown away:
+without it an etcd build took 61-67 s (113-125 s of CPU) against 71-80 s (126-145 s), three cold
+builds each, about a tenth of every cold dev-cluster build."""
+
+
 def _go_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"CGO_ENABLED": "0", "GOFLAGS": "-mod=mod", "GO111MODULE": "on", "GOWORK": "off"})
+    env.update({"CGO_ENABLED": "0", "GOFLAGS": GO_FLAGS, "GO111MODULE": "on", "GOWORK": "off"})
     return env
 
 
