@@ -376,8 +376,8 @@ def held_out_errors(rows: list[calibration.Row]) -> list[HeldOut]:
     return out
 
 
-def _baseline_keys(metric: str, i: calibration.Row, j: calibration.Row) -> list[tuple[object, ...]]:
-    """The lookup keys of a pair for :func:`baseline_errors`, most specific first. ``mode`` is what
+def _baseline_keys(metric: str, i: calibration.Row) -> list[tuple[object, ...]]:
+    """The lookup keys of a pair whose first row is ``i``, for :func:`baseline_errors`, most specific first. ``mode`` is what
     the ratio depends on most: the precision mode for the GPU ratio (TF32/FP32 vs AMP), the GPU
     generation for the AMP speedup, the GPU count for the scaling."""
     mode: object = {"gpu_ratio": i.precision == "AMP", "amp_speedup": i.gpu.arch, "scaling": i.cfg.gpus}[metric]
@@ -417,12 +417,12 @@ def baseline_errors(rows: list[calibration.Row]) -> list[HeldOut]:
                 seen: dict[tuple[object, ...], list[float]] = {}
                 for i, j, _ in pairs:
                     if not (test[i] or test[j]):
-                        for key in _baseline_keys(metric, rows[i], rows[j]):
+                        for key in _baseline_keys(metric, rows[i]):
                             seen.setdefault(key, []).append(measured[i] / measured[j])
                 medians = {k: statistics.median(v) for k, v in seen.items()}
                 for i, j, _ in pairs:
                     if test[i] or test[j]:
-                        keys = _baseline_keys(metric, rows[i], rows[j])
+                        keys = _baseline_keys(metric, rows[i])
                         guess = next((medians[k] for k in keys if k in medians), None)
                         if guess is None:
                             guess = _naive_ratio(metric, rows[i], rows[j])
@@ -439,10 +439,10 @@ def lookup_in_sample(rows: list[calibration.Row]) -> dict[str, dict[str, float |
     for metric, pairs in calibration.ratio_pairs(rows, measured).items():
         seen: dict[tuple[object, ...], list[float]] = {}
         for i, j, _ in pairs:
-            seen.setdefault(_baseline_keys(metric, rows[i], rows[j])[0], []).append(measured[i] / measured[j])
+            seen.setdefault(_baseline_keys(metric, rows[i])[0], []).append(measured[i] / measured[j])
         medians = {k: statistics.median(v) for k, v in seen.items()}
         out[metric] = _summary(
-            [medians[_baseline_keys(metric, rows[i], rows[j])[0]] / (measured[i] / measured[j]) - 1 for i, j, _ in pairs]
+            [medians[_baseline_keys(metric, rows[i])[0]] / (measured[i] / measured[j]) - 1 for i, j, _ in pairs]
         )
     return out
 
