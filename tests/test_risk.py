@@ -74,3 +74,36 @@ def test_risk_matches_a_monte_carlo_of_the_same_world() -> None:
     assert deadline_miss_probability(work_eff, fixed, rate, base, worst, deadline, sigma) == pytest.approx(
         simulated, abs=0.003
     )
+
+
+def full_sum(work_eff: float, fixed: float, rate: float, base: float, worst: float, deadline: float,
+             sigma: float) -> float:
+    """The formula summed over every Poisson term scipy gives mass to, with no shortcut."""
+    mean = rate * base
+    n = np.arange(0, int(mean + 40 * math.sqrt(mean) + 60))
+    room = deadline - fixed - n * worst
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = np.where(room > 0, stats.norm.cdf(np.log(work_eff / np.where(room > 0, room, 1.0)) / sigma), 1.0)
+    return float(np.sum(stats.poisson.pmf(n, mean) * g))
+
+
+@pytest.mark.parametrize(
+    ("work_eff", "rate", "worst", "deadline", "sigma"),
+    [
+        (10.0, 0.02, 0.55, 11.0, 0.15),  # under one interruption expected: the near-zero terms skipped
+        (10.0, 0.02, 0.55, 30.0, 0.05),  # ample slack: every term's miss negligible
+        (8.0, 0.6, 0.55, 11.0, 0.15),  # a few interruptions, the risk in between
+        (8.0, 0.6, 0.55, 8.5, 0.02),  # tight: g reaches 1 after a few terms
+        (40.0, 2.0, 0.1, 60.0, 0.1),  # 80 interruptions: the log-space start below the mean
+        (40.0, 2.0, 0.1, 52.0, 0.1),
+        (100.0, 30.0, 0.005, 130.0, 0.3),  # 3,000 interruptions
+    ],
+)
+def test_the_shortcuts_of_the_sum_change_no_figure(work_eff: float, rate: float, worst: float, deadline: float,
+                                                  sigma: float) -> None:
+    # deadline_miss_probability skips the terms whose miss is negligible and stops once every later
+    # term is a miss; both must leave the answer where the full sum has it
+    fixed = 0.05
+    base = work_eff + fixed
+    got = deadline_miss_probability(work_eff, fixed, rate, base, worst, deadline, sigma)
+    assert got == pytest.approx(full_sum(work_eff, fixed, rate, base, worst, deadline, sigma), abs=2e-7)

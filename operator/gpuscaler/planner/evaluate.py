@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, InstanceType, Precision, Workload
@@ -74,9 +75,11 @@ def corrected(est: Estimate, factor: float) -> Estimate:
     return replace(est, throughput=est.throughput * factor, step_time_s=est.step_time_s / factor)
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
-    """A configuration with the model's prediction: what both capacity types of an offering share."""
+class Run(NamedTuple):
+    """A configuration with the model's prediction: what both capacity types of an offering share.
+
+    A named tuple, as :class:`~gpuscaler.planner.candidate.Candidate`: built hundreds of times per plan.
+    """
 
     cfg: ParallelConfig
     est: Estimate
@@ -181,6 +184,7 @@ def evaluate(
     cap: CapacityType,
     price: float,
     run: Run,
+    caveat: str | None = None,
 ) -> Candidate:
     """A configured offering with its predicted time, cost and risk (see the module docstring).
 
@@ -192,6 +196,8 @@ def evaluate(
         cap: the capacity type.
         price: price per node-hour after overrides.
         run: the configuration and its prediction.
+        caveat: :func:`~gpuscaler.planner.offerings.flagged_price` of the offering, when the caller
+            has it (the same for all its configurations); worked out here when None.
 
     Returns:
         The candidate; its deadline risk includes the band's model error.
@@ -224,5 +230,5 @@ def evaluate(
         checkpoint_write_s=run.write_s,
         outlook=out,
         band=run.band,
-        price_caveat=flagged_price(inst, cap, price),
+        price_caveat=flagged_price(inst, cap, price) if caveat is None else caveat,
     )

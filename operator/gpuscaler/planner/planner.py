@@ -48,7 +48,14 @@ from gpuscaler.planner.candidate import Candidate, Reason, Refusal, Rejection
 from gpuscaler.planner.configure import configure
 from gpuscaler.planner.evaluate import STARTUP_S, Performance, evaluate
 from gpuscaler.planner.job import ResolvedJob, check_constraints, resolve
-from gpuscaler.planner.offerings import NODE_COUNTS, gpu_cap, node_counts, offerings, precisions
+from gpuscaler.planner.offerings import (
+    NODE_COUNTS,
+    flagged_price,
+    gpu_cap,
+    node_counts,
+    offerings,
+    precisions,
+)
 from gpuscaler.planner.solve import Outcomes, hints, pareto_front, solve
 from gpuscaler.policy import Policy
 
@@ -146,6 +153,7 @@ def plan(
         if offering in unavailable:
             rejected.append(Rejection(*offering, Reason.CAPACITY, "no capacity right now (recent shortage)"))
             continue
+        caveat = flagged_price(inst, capacity, price)
         for nodes in node_counts(inst, spec, job, cap):
             for precision in wanted:
                 # 2. configure (and the model's prediction), shared by both capacity types
@@ -154,7 +162,7 @@ def plan(
                     outcomes.refuse(offering, run)
                     continue
                 # 3. evaluate
-                outcomes.add(evaluate(job, spec, pol, inst, capacity, price, run), job, spec, pol)
+                outcomes.add(evaluate(job, spec, pol, inst, capacity, price, run, caveat), job, spec, pol)
     # 4. solve
     chosen, why = solve(outcomes.feasible, spec, job)
     caveats = [chosen.price_caveat] if chosen is not None and chosen.price_caveat else []

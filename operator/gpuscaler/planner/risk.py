@@ -25,7 +25,7 @@ Pure maths used by the planner (and the simulator):
               = sum_n P(N = n) Phi(ln(W' / S_n) / s)            (S_n <= 0: the term is P(N = n))
 
   with ``W' = W (1 + C / tau)``. ``s = 0`` gives back the interruption-only risk
-  ``P(N > floor((D - T0) / (R + tau)))``. The Poisson terms are summed in log space from a few
+  ``P(N > floor((D - T0) / (R + tau)))``. The Poisson terms are summed in log space from nine
   standard deviations below the mean, so a mean of thousands of interruptions (where ``exp(-mean)``
   underflows to 0 past 745) still gives the right answer.
 * P50/P90: the expected hours at the band's P50 and P10 throughput (the slow end makes the long
@@ -35,7 +35,7 @@ Pure maths used by the planner (and the simulator):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuscaler.perfmodel.uncertainty import Z90
 
@@ -61,8 +61,14 @@ def optimal_interval_s(write_s: float, rate_per_h: float, lo_s: float, hi_s: flo
 
 
 POISSON_SPAN_SIGMAS = 12.0
-"""Poisson terms further than this many standard deviations from the mean are left out (their
-mass is below 1e-30)."""
+"""Poisson terms more than this many standard deviations above the mean are left out (their mass is
+below 1e-30)."""
+POISSON_START_SIGMAS = 9.0
+"""Poisson terms more than this many standard deviations below the mean are left out: by the Chernoff
+bound ``P(N <= mean - t) <= exp(-t^2 / (2 mean))`` their mass is below ``exp(-40.5) = 2.6e-18``."""
+NEGLIGIBLE_Z = 6.5
+"""``g(n) = erfc(z) / 2`` is below 2e-20 for ``z`` above this: such a term adds its Poisson mass to
+what is summed but nothing to the risk, so its logarithm and ``erfc`` are not computed."""
 POISSON_TAIL = 1e-7
 """Poisson mass left unsummed (counted as a miss, so the risk is never understated by more)."""
 DIRECT_POISSON_MEAN = 50.0
@@ -73,7 +79,7 @@ def _poisson_start(mean: float) -> tuple[int, float]:
     """The first Poisson term worth summing: (n0, P(N = n0))."""
     if mean <= DIRECT_POISSON_MEAN:
         return 0, math.exp(-mean)
-    n0 = max(0, math.floor(mean - POISSON_SPAN_SIGMAS * math.sqrt(mean)))
+    n0 = max(0, math.floor(mean - POISSON_START_SIGMAS * math.sqrt(mean)))
     return n0, math.exp(-mean + n0 * math.log(mean) - math.lgamma(n0 + 1))
 
 
@@ -125,8 +131,20 @@ def deadline_miss_probability(
     last = mean + POISSON_SPAN_SIGMAS * math.sqrt(mean) + 20
     n, term = _poisson_start(mean)
     total = covered = 0.0
+    room0 = deadline_h - fixed_h
+    # Below n_safe g(n) is negligible (exactly 0 when s = 0): only the mass is summed.
+    n_safe = -math.inf
+    if work_eff_h > 0 and worst_each_h > 0:
+        edge = work_eff_h if inv == 0.0 else work_eff_h * math.exp(min(700.0, NEGLIGIBLE_Z / inv))
+        n_safe = (room0 - edge) / worst_each_h
+    while n < n_safe and n <= last:
+        covered += term
+        if covered >= 1.0 - POISSON_TAIL and n >= mean:
+            return min(1.0, max(0.0, 1.0 - covered))
+        n += 1
+        term *= mean / n
     while n <= last:
-        room = deadline_h - fixed_h - n * worst_each_h
+        room = room0 - n * worst_each_h
         if room <= 0:  # this many interruptions miss whatever the speed: so do all the more
             return min(1.0, total + max(0.0, 1.0 - covered))
         if inv == 0.0:
@@ -135,16 +153,20 @@ def deadline_miss_probability(
             g = 0.5 * math.erfc(math.log(room / work_eff_h) * inv) if work_eff_h > 0 else 0.0
         total += term * g
         covered += term
-        if covered >= 1.0 - POISSON_TAIL and n >= mean:  # the rest of the mass cannot matter
+        if g == 1.0 or (covered >= 1.0 - POISSON_TAIL and n >= mean):
+            # g(n) grows with n: once it is 1 every later term is a miss, and the rest is that mass
             return min(1.0, total + max(0.0, 1.0 - covered))
         n += 1
         term *= mean / n
     return min(1.0, total)
 
 
-@dataclass(frozen=True, slots=True)
-class RunOutlook:
-    """Expected time and risk of running ``work_h`` hours of training with checkpoints."""
+class RunOutlook(NamedTuple):
+    """Expected time and risk of running ``work_h`` hours of training with checkpoints.
+
+    A named tuple, not a frozen dataclass: the planner makes one per candidate (a thousand per
+    plan), and a frozen dataclass takes 5x as long to build (1.7 us against 0.4 us here).
+    """
 
     expected_hours: float
     """At the predicted (P50) throughput, interruptions at their expectation."""

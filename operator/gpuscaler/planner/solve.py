@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from gpuscaler.api import Objective, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType
@@ -30,7 +32,9 @@ from gpuscaler.policy import Policy
 from gpuscaler.policy.evaluate import max_usd_per_hour_violation, max_usd_per_job_violation
 
 
-def violations(c: Candidate, job: ResolvedJob, spec: TrainingJobSpec, policy: Policy) -> list[Refusal]:
+def violations(
+    c: Candidate, job: ResolvedJob, spec: TrainingJobSpec, policy: Policy
+) -> list[tuple[Reason, Callable[[], str]]]:
     """The requirements a candidate breaks, in the order deadline, budget, policy caps (empty: feasible).
 
     Args:
@@ -40,26 +44,28 @@ def violations(c: Candidate, job: ResolvedJob, spec: TrainingJobSpec, policy: Po
         policy: the policy (spending caps).
 
     Returns:
-        One refusal per broken requirement.
+        Per broken requirement its code and a function that writes its sentence: of the hundreds of
+        candidates that miss a deadline, :class:`Outcomes` keeps one sentence per offering and
+        code, so only that one is formatted.
     """
-    out = []
+    out: list[tuple[Reason, Callable[[], str]]] = []
     risk = spec.constraints.max_deadline_risk
     if job.deadline_h is not None and c.outlook.deadline_miss_probability > risk:
-        out.append(
-            Refusal(
-                Reason.DEADLINE,
-                f"misses the {job.deadline_h:.1f} h deadline: expected {c.expected_hours:.1f} h, "
-                f"P(miss) {c.outlook.deadline_miss_probability:.0%} > {risk:.0%}",
-            )
-        )
-    if job.budget_usd is not None and c.expected_cost_usd > job.budget_usd:
-        out.append(Refusal(Reason.BUDGET, f"over budget: ${c.expected_cost_usd:,.0f} > ${job.budget_usd:,.0f}"))
+        deadline_h = job.deadline_h
+        out.append((
+            Reason.DEADLINE,
+            lambda: f"misses the {deadline_h:.1f} h deadline: expected {c.expected_hours:.1f} h, "
+            f"P(miss) {c.outlook.deadline_miss_probability:.0%} > {risk:.0%}",
+        ))
+    budget = job.budget_usd
+    if budget is not None and c.expected_cost_usd > budget:
+        out.append((Reason.BUDGET, lambda: f"over budget: ${c.expected_cost_usd:,.0f} > ${budget:,.0f}"))
     for broken in (
         max_usd_per_job_violation(policy, c.expected_cost_usd),
         max_usd_per_hour_violation(policy, c.usd_per_hour),
     ):
         if broken is not None:
-            out.append(Refusal(Reason.POLICY, broken.message))
+            out.append((Reason.POLICY, partial(str, broken.message)))
     return out
 
 
@@ -84,15 +90,17 @@ class Outcomes:
 
     def add(self, c: Candidate, job: ResolvedJob, spec: TrainingJobSpec, policy: Policy) -> None:
         """Sort one candidate: over the cap, fitting and breaking a requirement, or feasible."""
-        offering = (c.instance.name, c.capacity.value)
+        known = self.reasons[(c.instance.name, c.capacity.value)]
         if c.gpus > self.gpu_cap:
             self.over_cap.append(c)
-            self.refuse(offering, Refusal(Reason.POLICY, f"{c.gpus} GPUs > {self.gpu_cap} ({self.cap_source})"))
+            if Reason.POLICY not in known:
+                known[Reason.POLICY] = f"{c.gpus} GPUs > {self.gpu_cap} ({self.cap_source})"
             return
         self.fitting.append(c)
         broken = violations(c, job, spec, policy)
-        for refusal in broken:
-            self.refuse(offering, refusal)
+        for reason, sentence in broken:
+            if reason not in known:
+                known[reason] = sentence()
         if not broken:
             self.feasible.append(c)
 

@@ -288,18 +288,16 @@ def check_job(
     return out
 
 
-def _over(policy: Policy, rule: str, field: str, value: float, cap: float | None, message: str) -> Violation | None:
-    return None if cap is None or value <= cap else Violation(rule, policy.name, field, round(value, 2), cap, message)
-
-
 def max_usd_per_job_violation(policy: Policy, expected_cost_usd: float) -> Violation | None:
     """The ``maxUsdPerJob`` rule: a plan's expected cost at most the cap (None: kept or no cap).
 
     The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
     """
     cap = policy.max_usd_per_job
-    message = f"policy {policy.name}: maxUsdPerJob ${cap or 0:,.0f} < ${expected_cost_usd:,.0f}"
-    return _over(policy, "maxUsdPerJob", "plan.expectedCostUsd", expected_cost_usd, cap, message)
+    if cap is None or expected_cost_usd <= cap:  # the planner asks for every candidate: no message then
+        return None
+    message = f"policy {policy.name}: maxUsdPerJob ${cap:,.0f} < ${expected_cost_usd:,.0f}"
+    return Violation("maxUsdPerJob", policy.name, "plan.expectedCostUsd", round(expected_cost_usd, 2), cap, message)
 
 
 def max_usd_per_hour_violation(policy: Policy, usd_per_hour: float) -> Violation | None:
@@ -308,8 +306,10 @@ def max_usd_per_hour_violation(policy: Policy, usd_per_hour: float) -> Violation
     The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
     """
     cap = policy.max_usd_per_hour
-    message = f"policy {policy.name}: maxUsdPerHour ${cap or 0:,.2f} < ${usd_per_hour:,.2f}/h"
-    return _over(policy, "maxUsdPerHour", "plan.usdPerHour", usd_per_hour, cap, message)
+    if cap is None or usd_per_hour <= cap:
+        return None
+    message = f"policy {policy.name}: maxUsdPerHour ${cap:,.2f} < ${usd_per_hour:,.2f}/h"
+    return Violation("maxUsdPerHour", policy.name, "plan.usdPerHour", round(usd_per_hour, 2), cap, message)
 
 
 def check_plan(
