@@ -64,11 +64,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(config.stash[_CLEANUP])
 
 
+LAST_MODULES = ("test_kueue.py", "test_karpenter_kwok.py", "test_karpenter_operator.py")
+"""Run after the rest: they need controllers beyond the control plane (Kueue and JobSet, Karpenter's
+kwok provider), which ``scripts/test.sh`` builds in the background while the other tests run; a
+test that gets there first waits on the build's lock."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: Path(str(item.fspath)).name in LAST_MODULES)  # stable: order kept otherwise
 
 
 def _binaries(pytestconfig: pytest.Config) -> build.Binaries:

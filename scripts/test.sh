@@ -15,13 +15,22 @@ BASE_PYTHON="${PYTHON:-python3}"
 
 # The Go builds (CPU) start first and run beside the venv build (mostly download and unpack);
 # build.py needs only the standard library, so the bare interpreter runs it from the source tree.
+# The control plane (etcd, Kubernetes, kwok, helm) first, then Kueue and JobSet: CORE_READY is
+# touched in between, and the e2e suite starts then, its Kueue tests last (e2e/conftest.py), so
+# the add-ons build while the other tests run; a test that needs one before it is built waits on
+# its build lock (devcluster/build.py ensure).
 echo "==> dev-cluster binaries: built in the background (cached after the first build)"
 BUILD_LOG="$(mktemp)"
+CORE_READY="$(mktemp -u)"
 PYTHONPATH=operator "$BASE_PYTHON" -c \
-  'from gpuscaler.devcluster.build import ensure_all; ensure_all(addons=("kueue", "jobset"))' \
+  'import pathlib, sys
+from gpuscaler.devcluster.build import ensure_all
+ensure_all()
+pathlib.Path(sys.argv[1]).touch()
+ensure_all(addons=("kueue", "jobset"))' "$CORE_READY" \
   >"$BUILD_LOG" 2>&1 &
 BUILD_PID=$!
-trap 'kill "$BUILD_PID" 2>/dev/null || true; rm -f "$BUILD_LOG"' EXIT
+trap 'kill "$BUILD_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$CORE_READY"' EXIT
 
 echo "==> the test venv: pinned torch, transformers, Lightning (cached after the first build)"
 VENV="$(PYTHON="$BASE_PYTHON" scripts/ci-torch-venv.sh | tail -n 1)"
@@ -39,7 +48,7 @@ KARPENTER_LOG="$(mktemp)"
   'import karpenter_helpers as k; from gpuscaler.devcluster import build; build.ensure(k.KARPENTER_KWOK)') \
   >"$KARPENTER_LOG" 2>&1 &
 KARPENTER_PID=$!
-trap 'kill "$BUILD_PID" "$KARPENTER_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$KARPENTER_LOG"' EXIT
+trap 'kill "$BUILD_PID" "$KARPENTER_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$KARPENTER_LOG" "$CORE_READY"' EXIT
 
 echo "==> static checks: ruff, mypy --strict, import-linter layers"
 "$PYTHON" -m ruff check operator tests e2e scripts benchmarks
@@ -63,13 +72,18 @@ echo "==> unit tests (tests/), beside the background builds"
 unit_status=0
 run_pytest tests "$@" || unit_status=$?
 
-echo "==> dev-cluster binaries (the background build's log, to its end)"
-tail -n +1 -f --pid="$BUILD_PID" "$BUILD_LOG"
-if ! wait "$BUILD_PID"; then
+echo "==> dev-cluster control plane (the background build's log, until etcd, Kubernetes and kwok are built)"
+while [ ! -e "$CORE_READY" ] && kill -0 "$BUILD_PID" 2>/dev/null; do
+  sleep 5
+done
+cat "$BUILD_LOG"
+shown="$(wc -l <"$BUILD_LOG")"
+if [ ! -e "$CORE_READY" ]; then
+  wait "$BUILD_PID" || true
+  tail -n +"$((shown + 1))" "$BUILD_LOG"
   echo "building the dev-cluster binaries failed (log above)" >&2
   exit 1
 fi
-scripts/ci-cluster-deps.sh
 
 echo "==> Prometheus (Debian package) for the observe e2e"
 scripts/ci-prometheus.sh
@@ -77,16 +91,23 @@ scripts/ci-prometheus.sh
 echo "==> shellcheck; e2e on an existing cluster (a dev cluster started separately, as a user's)"
 PYTHON="$PYTHON" scripts/ci-existing-cluster.sh
 
-echo "==> Karpenter's kwok controller (the background build's log, to its end)"
-tail -n +1 -f --pid="$KARPENTER_PID" "$KARPENTER_LOG"
-if ! wait "$KARPENTER_PID"; then
-  echo "building Karpenter's kwok controller failed (log above)" >&2
-  exit 1
-fi
-
-echo "==> end-to-end tests (e2e/)"
+echo "==> end-to-end tests (e2e/), Kueue's and Karpenter's last, while those still build"
 e2e_status=0
 run_pytest e2e "$@" || e2e_status=$?
+
+echo "==> Kueue and JobSet (the rest of the background build's log)"
+build_status=0
+wait "$BUILD_PID" || build_status=$?
+tail -n +"$((shown + 1))" "$BUILD_LOG"
+echo "==> Karpenter's kwok controller (the background build's log)"
+karpenter_status=0
+wait "$KARPENTER_PID" || karpenter_status=$?
+cat "$KARPENTER_LOG"
+if [ "$build_status" -ne 0 ] || [ "$karpenter_status" -ne 0 ]; then
+  echo "a background build failed (exit $build_status for the dev cluster, $karpenter_status for Karpenter's kwok; log above)" >&2
+  exit 1
+fi
+scripts/ci-cluster-deps.sh
 
 echo "==> unit tests exited $unit_status, end-to-end tests $e2e_status"
 nothing_collected=false
