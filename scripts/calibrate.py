@@ -377,9 +377,9 @@ def held_out_errors(rows: list[calibration.Row]) -> list[HeldOut]:
 
 
 def _baseline_keys(metric: str, i: calibration.Row) -> list[tuple[object, ...]]:
-    """The lookup keys of a pair whose first row is ``i``, for :func:`baseline_errors`, most specific first. ``mode`` is what
-    the ratio depends on most: the precision mode for the GPU ratio (TF32/FP32 vs AMP), the GPU
-    generation for the AMP speedup, the GPU count for the scaling."""
+    """The lookup keys of a pair whose first row is ``i``, for :func:`baseline_errors`, most specific
+    first. ``mode`` is what the ratio depends on most: the precision mode for the GPU ratio
+    (TF32/FP32 vs AMP), the GPU generation for the AMP speedup, the GPU count for the scaling."""
     mode: object = {"gpu_ratio": i.precision == "AMP", "amp_speedup": i.gpu.arch, "scaling": i.cfg.gpus}[metric]
     wl, fw, fam = i.workload.id, i.cfg.framework, i.workload.family
     return [(wl, fw, mode), (wl, fw), (fam, mode), (fam,), (mode,)]

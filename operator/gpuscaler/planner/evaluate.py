@@ -39,7 +39,6 @@ from gpuscaler.planner.candidate import Candidate, Reason, Refusal
 from gpuscaler.planner.configure import configure
 from gpuscaler.planner.correction import MEASURED_LOG_SIGMA_FLOOR
 from gpuscaler.planner.job import ResolvedJob
-from gpuscaler.planner.offerings import flagged_price
 from gpuscaler.planner.risk import hourly_rate, optimal_interval_s, outlook
 from gpuscaler.policy import Policy
 
@@ -184,7 +183,7 @@ def evaluate(
     cap: CapacityType,
     price: float,
     run: Run,
-    caveat: str | None = None,
+    caveat: str,
 ) -> Candidate:
     """A configured offering with its predicted time, cost and risk (see the module docstring).
 
@@ -196,8 +195,8 @@ def evaluate(
         cap: the capacity type.
         price: price per node-hour after overrides.
         run: the configuration and its prediction.
-        caveat: :func:`~gpuscaler.planner.offerings.flagged_price` of the offering, when the caller
-            has it (the same for all its configurations); worked out here when None.
+        caveat: :func:`~gpuscaler.planner.offerings.flagged_price` of the offering (the same for
+            all its configurations, so the caller works it out once).
 
     Returns:
         The candidate; its deadline risk includes the band's model error.
@@ -230,5 +229,5 @@ def evaluate(
         checkpoint_write_s=run.write_s,
         outlook=out,
         band=run.band,
-        price_caveat=flagged_price(inst, cap, price) if caveat is None else caveat,
+        price_caveat=caveat,
     )

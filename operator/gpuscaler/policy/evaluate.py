@@ -288,16 +288,24 @@ def check_job(
     return out
 
 
+def _over(policy: Policy, rule: str, field: str, value: float, cap: float | None, template: str) -> Violation | None:
+    """The violation of a cap rule, None when kept or uncapped. ``template`` (``str.format`` with
+    ``name``, ``cap``, ``value``) is filled only for a violation: the planner asks for every candidate."""
+    if cap is None or value <= cap:
+        return None
+    message = template.format(name=policy.name, cap=cap, value=value)
+    return Violation(rule, policy.name, field, round(value, 2), cap, message)
+
+
 def max_usd_per_job_violation(policy: Policy, expected_cost_usd: float) -> Violation | None:
     """The ``maxUsdPerJob`` rule: a plan's expected cost at most the cap (None: kept or no cap).
 
     The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
     """
-    cap = policy.max_usd_per_job
-    if cap is None or expected_cost_usd <= cap:  # the planner asks for every candidate: no message then
-        return None
-    message = f"policy {policy.name}: maxUsdPerJob ${cap:,.0f} < ${expected_cost_usd:,.0f}"
-    return Violation("maxUsdPerJob", policy.name, "plan.expectedCostUsd", round(expected_cost_usd, 2), cap, message)
+    return _over(
+        policy, "maxUsdPerJob", "plan.expectedCostUsd", expected_cost_usd, policy.max_usd_per_job,
+        "policy {name}: maxUsdPerJob ${cap:,.0f} < ${value:,.0f}",
+    )  # fmt: skip
 
 
 def max_usd_per_hour_violation(policy: Policy, usd_per_hour: float) -> Violation | None:
@@ -305,11 +313,10 @@ def max_usd_per_hour_violation(policy: Policy, usd_per_hour: float) -> Violation
 
     The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
     """
-    cap = policy.max_usd_per_hour
-    if cap is None or usd_per_hour <= cap:
-        return None
-    message = f"policy {policy.name}: maxUsdPerHour ${cap:,.2f} < ${usd_per_hour:,.2f}/h"
-    return Violation("maxUsdPerHour", policy.name, "plan.usdPerHour", round(usd_per_hour, 2), cap, message)
+    return _over(
+        policy, "maxUsdPerHour", "plan.usdPerHour", usd_per_hour, policy.max_usd_per_hour,
+        "policy {name}: maxUsdPerHour ${cap:,.2f} < ${value:,.2f}/h",
+    )  # fmt: skip
 
 
 def check_plan(
