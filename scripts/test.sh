@@ -8,7 +8,9 @@
 # included: GPUSCALER_REQUIRE_TORCH=1 makes a missing framework a failure, not a skip) and
 # end-to-end tests (e2e/) against a real local control plane (etcd, kube-apiserver, scheduler,
 # controller manager, kwok). The unit tests need no dev-cluster binaries, so they run while the
-# binaries still build; the end-to-end tests after. Arguments go to both pytest runs.
+# binaries still build; the end-to-end tests after. The unit tests that start real torchrun gangs
+# ($GANG_TESTS, about half the unit suite's time) run beside the end-to-end tests, which leave a
+# third of the CPU idle waiting on the API server. Arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE_PYTHON="${PYTHON:-python3}"
@@ -68,9 +70,16 @@ run_pytest() {
   return "$status"
 }
 
-echo "==> unit tests (tests/), beside the background builds"
+GANG_TESTS=tests/test_runtime_torch_ddp.py
+echo "==> unit tests (tests/ but $GANG_TESTS), beside the background builds"
 unit_status=0
-run_pytest tests "$@" || unit_status=$?
+run_pytest tests --ignore="$GANG_TESTS" "$@" || unit_status=$?
+
+echo "==> unit tests of real torchrun gangs ($GANG_TESTS): in the background, beside the e2e suite"
+GANG_LOG="$(mktemp)"
+run_pytest "$GANG_TESTS" "$@" >"$GANG_LOG" 2>&1 &
+GANG_PID=$!
+trap 'kill "$BUILD_PID" "$KARPENTER_PID" "$GANG_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$KARPENTER_LOG" "$GANG_LOG" "$CORE_READY"' EXIT
 
 echo "==> dev-cluster control plane (the background build's log, until etcd, Kubernetes and kwok are built)"
 while [ ! -e "$CORE_READY" ] && kill -0 "$BUILD_PID" 2>/dev/null; do
@@ -95,6 +104,11 @@ echo "==> end-to-end tests (e2e/), Kueue's and Karpenter's last, while those sti
 e2e_status=0
 run_pytest e2e "$@" || e2e_status=$?
 
+echo "==> unit tests of real torchrun gangs (their log)"
+gang_status=0
+wait "$GANG_PID" || gang_status=$?
+cat "$GANG_LOG"
+
 echo "==> Kueue and JobSet (the rest of the background build's log)"
 build_status=0
 wait "$BUILD_PID" || build_status=$?
@@ -109,18 +123,18 @@ if [ "$build_status" -ne 0 ] || [ "$karpenter_status" -ne 0 ]; then
 fi
 scripts/ci-cluster-deps.sh
 
-echo "==> unit tests exited $unit_status, end-to-end tests $e2e_status"
+echo "==> unit tests exited $unit_status, torchrun-gang unit tests $gang_status, end-to-end tests $e2e_status"
 nothing_collected=false
-if [ "$unit_status" -eq 5 ] && [ "$e2e_status" -eq 5 ]; then
+if [ "$unit_status" -eq 5 ] && [ "$gang_status" -eq 5 ] && [ "$e2e_status" -eq 5 ]; then
   nothing_collected=true
-elif [ "$#" -eq 0 ] && { [ "$unit_status" -eq 5 ] || [ "$e2e_status" -eq 5 ]; }; then
+elif [ "$#" -eq 0 ] && { [ "$unit_status" -eq 5 ] || [ "$gang_status" -eq 5 ] || [ "$e2e_status" -eq 5 ]; }; then
   nothing_collected=true
 fi
 if [ "$nothing_collected" = true ]; then
   echo "pytest collected no tests: that is a failure here, not a pass" >&2
   exit 1
 fi
-for status in "$unit_status" "$e2e_status"; do
+for status in "$unit_status" "$gang_status" "$e2e_status"; do
   if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then
     exit "$status"
   fi
