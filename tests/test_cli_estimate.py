@@ -47,6 +47,12 @@ def test_channels_last_and_dali_flags(capsys: pytest.CaptureFixture[str]) -> Non
         (["--gpus", "6", "--nodes", "4"], "--gpus 6 must be a multiple of --nodes 4"),
         (["--network-gbps", "-1"], "argument --network-gbps: -1 must be greater than 0"),
         (["--precision", "bf16", "--gpu", "v100"], "V100-16GB has no bf16"),
+        # Past what a TrainingJob may ask for: said, not computed (a 1e23-GPU ring, a 1e26 batch).
+        (["--gpus", "99999999999999999999999"], "--gpus 99,999,999,999,999,999,999,999: at most 4,096"),
+        (["--gpus", "2048", "--nodes", "2048"], "--nodes 2,048: at most 1,024"),
+        (["--gpus", "64"], "64 GPUs per node; no node has more than 16: spread them over more nodes, e.g. --gpus 64 --nodes 8"),
+        (["--batch-per-gpu", "10000000", "--gpus", "16"], "is a global batch of 160,000,000 images: at most 100,000,000"),
+        (["--accumulation", "200000000"], "--accumulation 200,000,000 x --gpus 1 is a global batch of 200,000,000 images at one image per GPU"),
     ],
 )
 def test_bad_estimate_input_exits_2_with_the_value(

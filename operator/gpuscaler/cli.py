@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuscaler import __version__
-from gpuscaler.api import TrainingJob
+from gpuscaler.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_NODES, TrainingJob
 from gpuscaler.catalog import CatalogError, Precision, UnknownIdError, Workload, load_catalog
 from gpuscaler.errors import ErrorKind, GpuscalerError
 from gpuscaler.inputs import (
@@ -510,6 +510,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------- estimate
 
+MAX_GPUS_PER_NODE = 16
+"""Most GPUs ``gpuscaler estimate`` puts in one node: the largest single-node systems built (DGX-2
+and HGX-2: 16 V100s on NVSwitch; NVIDIA DGX-2 user guide); the catalog's instances have at most 8."""
+
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     cat = load_catalog()
@@ -526,9 +530,27 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} {value}: must be at least 1 ({what})")
     if args.network_gbps is not None and args.network_gbps <= 0:
         raise UsageError(f"--network-gbps {args.network_gbps:g}: must be positive (Gb/s between nodes)")
+    for flag, value, most in (("--gpus", args.gpus, MAX_GPUS), ("--nodes", args.nodes, MAX_NODES)):
+        if value > most:
+            raise UsageError(f"{flag} {value:,}: at most {most:,} (the most a TrainingJob may use)")
     if args.gpus % args.nodes:
         raise UsageError(f"--gpus {args.gpus} must be a multiple of --nodes {args.nodes}")
     per_node = args.gpus // args.nodes
+    if per_node > MAX_GPUS_PER_NODE:
+        nodes = -(-args.gpus // 8)
+        raise UsageError(
+            f"--gpus {args.gpus} on --nodes {args.nodes} is {per_node} GPUs per node; no node has more "
+            f"than {MAX_GPUS_PER_NODE}: spread them over more nodes, e.g. --gpus {8 * nodes} --nodes {nodes}"
+        )
+    items = (args.batch_per_gpu or 1) * args.accumulation * args.gpus
+    if items > MAX_GLOBAL_BATCH:
+        given = f"--batch-per-gpu {args.batch_per_gpu:,} x " if args.batch_per_gpu else ""
+        least = "" if args.batch_per_gpu else f" at one {workload.item.rstrip('s')} per GPU"
+        raise UsageError(
+            f"{given}--accumulation {args.accumulation:,} x --gpus {args.gpus:,} is a global batch of "
+            f"{items:,} {workload.item}{least}: at most {MAX_GLOBAL_BATCH:,} (the largest globalBatch a "
+            "TrainingJob may ask for)"
+        )
     network = args.network_gbps
     if args.nodes > 1 and network is None:
         same = [i for i in cat.instances if i.gpu_id == gpu.id and i.gpu_count == per_node]

@@ -32,6 +32,13 @@ times the largest published training run even counted in tokens (Llama 3: 15.6e1
 MAX_HORIZON_HOURS = 366 * 24.0
 """Furthest deadline (maxDuration, or a deadline's distance from now) planned for: one year. Prices
 and spot rates are not forecast beyond it, and it bounds the planner's deadline-risk sums."""
+MAX_GPUS = 4096
+"""Most GPUs one job may use (constraints.minGpus/maxGpus; ``gpuscaler estimate --gpus``)."""
+MAX_NODES = 1024
+"""Most nodes one job may use (constraints.maxNodes; ``gpuscaler estimate --nodes``)."""
+MAX_GLOBAL_BATCH = 100_000_000
+"""Largest global batch in batch items (globalBatch; ``gpuscaler estimate``'s batch per GPU x
+accumulation x GPUs)."""
 DURATION_PATTERN = r"^\s*(\d+(\.\d+)?d)?\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*$"
 """A maxDuration as the CRD's schema checks it: days, hours and/or minutes."""
 
@@ -222,9 +229,9 @@ class Constraints(Model):
         default_factory=list, description="Allowed clouds."
     )
     regions: list[str] = Field(default_factory=list, description="Allowed regions; empty = any.")
-    min_gpus: int = Field(default=1, ge=1, le=4096, description="Fewest GPUs to use.")
-    max_gpus: int | None = Field(default=None, ge=1, le=4096, description="Most GPUs to use.")
-    max_nodes: int | None = Field(default=None, ge=1, le=1024, description="Most nodes to use.")
+    min_gpus: int = Field(default=1, ge=1, le=MAX_GPUS, description="Fewest GPUs to use.")
+    max_gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS, description="Most GPUs to use.")
+    max_nodes: int | None = Field(default=None, ge=1, le=MAX_NODES, description="Most nodes to use.")
     precisions: list[PrecisionName] = Field(
         default_factory=list,
         description=(
@@ -291,7 +298,7 @@ class TrainingJobSpec(Model):
     workload: WorkloadSpec = Field(description="What is trained.")
     global_batch: int = Field(
         ge=1,
-        le=100_000_000,
+        le=MAX_GLOBAL_BATCH,
         description=(
             "Global batch in batch items (images, sequences, sentence pairs: the batch unit of "
             "gpuscaler catalog workloads), kept exactly."
