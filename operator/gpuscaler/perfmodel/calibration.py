@@ -77,8 +77,12 @@ DLE_CONVNETS = {
 ``configs.yml``), whose AMP configurations set ``memory_format: nhwc`` and whose TF32/FP32 ones keep
 PyTorch's NCHW default (configs.yml, e.g. at commit 097c7ff917b7c56246590b1246a8f5bd8957c534);
 ``main.py --data-backend`` defaults to ``dali-cpu``, the README recommends DALI on DGX systems.
-TensorFlow and MXNet run convolutions in NHWC themselves, so their CNN AMP rows are channels-last
-too."""
+TensorFlow and MXNet run convolutions in NHWC themselves at 16 bits, so their CNN AMP rows are
+channels-last too, and their TF32/FP32 rows NCHW: DLE's ``MxNet/Classification/RN50v1.5/runner``
+passes ``--conv-layout NHWC`` for float16 only; DLE's TensorFlow ConvNets compute in NCHW by default
+(``utils/cmdline_helper.py`` ``--data_format``), and TensorFlow's layout assignment turns float16
+convolutions on tensor-core GPUs (compute capability 7.0 and newer) into NHWC and keeps float32 ones
+in NCHW (tensorflow ``compiler/mlir/tensorflow/tests/layout_optimization_layout_assignment_gpu_cc_70.mlir``)."""
 
 DLE_CHANNELS_LAST_AMP = DLE_CONVNETS | {"ssd300"}
 """PyTorch workloads whose DLE AMP rows ran channels-last: the ConvNets and SSD300, whose
