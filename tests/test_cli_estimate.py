@@ -52,7 +52,8 @@ def test_channels_last_and_dali_flags(capsys: pytest.CaptureFixture[str]) -> Non
         (["--gpus", "2048", "--nodes", "2048"], "--nodes 2,048: at most 1,024"),
         (["--gpus", "64"], "64 GPUs per node; no node has more than 16: spread them over more nodes, e.g. --gpus 64 --nodes 8"),
         (["--batch-per-gpu", "10000000", "--gpus", "16"], "is a global batch of 160,000,000 images: at most 100,000,000"),
-        (["--accumulation", "200000000"], "--accumulation 200,000,000 x --gpus 1 is a global batch of 200,000,000 images at one image per GPU"),
+        (["--accumulation", "200000000"], "a micro-batch of 1 (the least) x --accumulation 200,000,000 x --gpus 1 is a global batch of 200,000,000 images"),
+        (["--accumulation", "100000", "--gpus", "8"], "the default micro-batch of 256 (the largest that fits) x --accumulation 100,000 x --gpus 8 is a global batch of 204,800,000 images"),
     ],
 )
 def test_bad_estimate_input_exits_2_with_the_value(

@@ -515,6 +515,19 @@ MAX_GPUS_PER_NODE = 16
 and HGX-2: 16 V100s on NVSwitch; NVIDIA DGX-2 user guide); the catalog's instances have at most 8."""
 
 
+def _check_global_batch(batch: int, args: argparse.Namespace, workload: Workload, what: str) -> None:
+    """At most the largest globalBatch a TrainingJob may ask for: ``batch`` per GPU x accumulation x
+    GPUs, ``what`` saying where the micro-batch came from."""
+    items = batch * args.accumulation * args.gpus
+    if items <= MAX_GLOBAL_BATCH:
+        return
+    raise UsageError(
+        f"{what} x --accumulation {args.accumulation:,} x --gpus {args.gpus:,} is a global batch of "
+        f"{items:,} {workload.item}: at most {MAX_GLOBAL_BATCH:,} (the largest globalBatch a TrainingJob "
+        "may ask for)"
+    )
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     cat = load_catalog()
     workload = cat.workload(args.workload)
@@ -542,15 +555,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"--gpus {args.gpus} on --nodes {args.nodes} is {per_node} GPUs per node; no node has more "
             f"than {MAX_GPUS_PER_NODE}: spread them over more nodes, e.g. --gpus {8 * nodes} --nodes {nodes}"
         )
-    items = (args.batch_per_gpu or 1) * args.accumulation * args.gpus
-    if items > MAX_GLOBAL_BATCH:
-        given = f"--batch-per-gpu {args.batch_per_gpu:,} x " if args.batch_per_gpu else ""
-        least = "" if args.batch_per_gpu else f" at one {workload.item.rstrip('s')} per GPU"
-        raise UsageError(
-            f"{given}--accumulation {args.accumulation:,} x --gpus {args.gpus:,} is a global batch of "
-            f"{items:,} {workload.item}{least}: at most {MAX_GLOBAL_BATCH:,} (the largest globalBatch a "
-            "TrainingJob may ask for)"
-        )
+    given = f"--batch-per-gpu {args.batch_per_gpu:,}" if args.batch_per_gpu else None
+    _check_global_batch(args.batch_per_gpu or 1, args, workload, given or "a micro-batch of 1 (the least)")
     network = args.network_gbps
     if args.nodes > 1 and network is None:
         same = [i for i in cat.instances if i.gpu_id == gpu.id and i.gpu_count == per_node]
@@ -562,6 +568,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     batch = args.batch_per_gpu or _default_batch(
         workload, gpu, Precision(args.precision), args.accumulation, per_node, args.nodes
     )
+    _check_global_batch(batch, args, workload, given or f"the default micro-batch of {batch:,} (the largest that fits)")
     cfg = ParallelConfig(
         micro_batch=batch,
         precision=Precision(args.precision),
