@@ -532,28 +532,28 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     cat = load_catalog()
     workload = cat.workload(args.workload)
     gpu = cat.gpu(args.gpu)
-    counts = (
-        ("--gpus", args.gpus, "GPUs in total"),
-        ("--nodes", args.nodes, "nodes"),
-        ("--batch-per-gpu", args.batch_per_gpu, f"{workload.item} per GPU per micro-batch"),
-        ("--accumulation", args.accumulation, "micro-batches per optimizer step"),
+    counts: tuple[tuple[str, int | None, str, int | None], ...] = (
+        ("--gpus", args.gpus, "GPUs in total", MAX_GPUS),
+        ("--nodes", args.nodes, "nodes", MAX_NODES),
+        ("--batch-per-gpu", args.batch_per_gpu, f"{workload.item} per GPU per micro-batch", None),
+        ("--accumulation", args.accumulation, "micro-batches per optimizer step", None),
     )
-    for flag, value, what in counts:
+    for flag, value, what, most in counts:
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value}: must be at least 1 ({what})")
+        if value is not None and most is not None and value > most:
+            raise UsageError(f"{flag} {value:,}: at most {most:,} (the most a TrainingJob may use)")
     if args.network_gbps is not None and args.network_gbps <= 0:
         raise UsageError(f"--network-gbps {args.network_gbps:g}: must be positive (Gb/s between nodes)")
-    for flag, value, most in (("--gpus", args.gpus, MAX_GPUS), ("--nodes", args.nodes, MAX_NODES)):
-        if value > most:
-            raise UsageError(f"{flag} {value:,}: at most {most:,} (the most a TrainingJob may use)")
     if args.gpus % args.nodes:
         raise UsageError(f"--gpus {args.gpus} must be a multiple of --nodes {args.nodes}")
     per_node = args.gpus // args.nodes
     if per_node > MAX_GPUS_PER_NODE:
-        nodes = -(-args.gpus // 8)
+        largest = max((i.gpu_count for i in cat.instances if i.gpu_id == gpu.id), default=MAX_GPUS_PER_NODE)
+        nodes = -(-args.gpus // largest)
         raise UsageError(
             f"--gpus {args.gpus} on --nodes {args.nodes} is {per_node} GPUs per node; no node has more "
-            f"than {MAX_GPUS_PER_NODE}: spread them over more nodes, e.g. --gpus {8 * nodes} --nodes {nodes}"
+            f"than {MAX_GPUS_PER_NODE}: spread them over more nodes, e.g. --gpus {largest * nodes} --nodes {nodes}"
         )
     given = f"--batch-per-gpu {args.batch_per_gpu:,}" if args.batch_per_gpu else None
     _check_global_batch(args.batch_per_gpu or 1, args, workload, given or "a micro-batch of 1 (the least)")
@@ -568,7 +568,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     batch = args.batch_per_gpu or _default_batch(
         workload, gpu, Precision(args.precision), args.accumulation, per_node, args.nodes
     )
-    _check_global_batch(batch, args, workload, given or f"the default micro-batch of {batch:,} (the largest that fits)")
+    if given is None:
+        _check_global_batch(batch, args, workload, f"the default micro-batch of {batch:,} (the largest that fits)")
     cfg = ParallelConfig(
         micro_batch=batch,
         precision=Precision(args.precision),
