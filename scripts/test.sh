@@ -32,7 +32,15 @@ pathlib.Path(sys.argv[1]).touch()
 ensure_all(addons=("kueue", "jobset"))' "$CORE_READY" \
   >"$BUILD_LOG" 2>&1 &
 BUILD_PID=$!
-trap 'kill "$BUILD_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$CORE_READY"' EXIT
+# Background jobs and temporary files, stopped and removed on exit (each start below adds its own).
+BACKGROUND=("$BUILD_PID")
+TEMPORARY=("$BUILD_LOG" "$CORE_READY")
+# shellcheck disable=SC2317  # called by the EXIT trap, which shellcheck does not follow
+cleanup() {
+  kill "${BACKGROUND[@]}" 2>/dev/null || true
+  rm -f "${TEMPORARY[@]}"
+}
+trap cleanup EXIT
 
 echo "==> the test venv: pinned torch, transformers, Lightning (cached after the first build)"
 VENV="$(PYTHON="$BASE_PYTHON" scripts/ci-torch-venv.sh | tail -n 1)"
@@ -50,7 +58,8 @@ KARPENTER_LOG="$(mktemp)"
   'import karpenter_helpers as k; from gpuscaler.devcluster import build; build.ensure(k.KARPENTER_KWOK)') \
   >"$KARPENTER_LOG" 2>&1 &
 KARPENTER_PID=$!
-trap 'kill "$BUILD_PID" "$KARPENTER_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$KARPENTER_LOG" "$CORE_READY"' EXIT
+BACKGROUND+=("$KARPENTER_PID")
+TEMPORARY+=("$KARPENTER_LOG")
 
 echo "==> static checks: ruff, mypy --strict, import-linter layers"
 "$PYTHON" -m ruff check operator tests e2e scripts benchmarks
@@ -79,7 +88,8 @@ echo "==> unit tests of real torchrun gangs ($GANG_TESTS): in the background, be
 GANG_LOG="$(mktemp)"
 run_pytest "$GANG_TESTS" "$@" >"$GANG_LOG" 2>&1 &
 GANG_PID=$!
-trap 'kill "$BUILD_PID" "$KARPENTER_PID" "$GANG_PID" 2>/dev/null || true; rm -f "$BUILD_LOG" "$KARPENTER_LOG" "$GANG_LOG" "$CORE_READY"' EXIT
+BACKGROUND+=("$GANG_PID")
+TEMPORARY+=("$GANG_LOG")
 
 echo "==> dev-cluster control plane (the background build's log, until etcd, Kubernetes and kwok are built)"
 while [ ! -e "$CORE_READY" ] && kill -0 "$BUILD_PID" 2>/dev/null; do
