@@ -20,7 +20,14 @@ start at 4 bytes per stored activation byte: 5 of the 47 chosen plans changed in
 capacity type (custom-params 8 -> 16 H100s; custom-transformer an L40S g6e.xlarge at $6.95 -> 4 V100s
 on a p3.8xlarge at $7.71; resnet-fastest-budget the H200 nodes on-demand instead of spot, the model
 now predicting 24% more speed so on-demand fits the $400 budget; resnet-spot-never 4 T4s -> 2 A10Gs;
-resnet-unavailable a V100-32GB p3dn -> an A100 p4d), the others in cost and order. Each time as
+resnet-unavailable a V100-32GB p3dn -> an A100 p4d), the others in cost and order. A fourth time for
+the NCHW transposes as DRAM traffic at every tensor-core precision (instead of a 1.22x factor on the
+16-bit convolution time) and the DRAM traffic bounded below at 4: 5 of the 47 chosen plans changed, the
+four ResNet-50 jobs (NCHW, as the examples run) each because NCHW AMP convolutions now cost 1.45x on an
+A100 and 1.9x on an L4 (resnet-gpu-types 2 L4s at $15.69 -> 8 A100s at $20.75; resnet-risk-strict a
+p3.8xlarge -> a p3dn.24xlarge, 8 V100s both; resnet-unavailable an A100 p4d -> a V100-32GB p3dn;
+resnet-deadline-override 8 -> 16 A100s), and custom-params 16 -> 8 H100s at $580 instead of $629.
+Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
 

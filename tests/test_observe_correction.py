@@ -27,7 +27,7 @@ SPEC = TrainingJobSpec.model_validate({
                     "maxDeadlineRisk": 0.3},
     "checkpoint": {"intervalSeconds": 10, "restartSeconds": 30, "writeSeconds": 0.1},
 })
-DEADLINE_H = 2.4
+DEADLINE_H = 2.7
 
 
 def running(spec: TrainingJobSpec) -> TrainingJobStatus:

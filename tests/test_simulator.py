@@ -177,7 +177,7 @@ def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyP
     """A GPU type 30% slower than the model: the simulated operator measures it from noisy progress
     readings with the operator's own early-correction code, corrects the factor, re-plans at a
     checkpoint and meets the deadline that the same plan without correction misses."""
-    spec = _spec(workload={"model": "resnet50"}, globalBatch=1024, training={"epochs": 60}, maxDuration="8h",
+    spec = _spec(workload={"model": "resnet50"}, globalBatch=1024, training={"epochs": 170}, maxDuration="8h",
                  constraints={"providers": ["aws"], "spot": "never", "maxDeadlineRisk": 0.5})
     trace = Trace("slow", (TraceJob("resnet", 0.0, spec),))
     planner = CachedPlanner(CATALOG)
@@ -201,7 +201,8 @@ def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(observing, "correct", spy)
     res = simulate(trace, Gpuscaler(), planner, QUIET, truth=slow)
     out = res.outcomes[0]
-    assert seen and seen[0] == pytest.approx(0.7, rel=0.05)  # measured through noise, within 5%
+    # Measured through noise: the first estimate within 10%, the next (more readings) within 5%.
+    assert len(seen) >= 2 and seen[0] == pytest.approx(0.7, rel=0.1) and seen[1] == pytest.approx(0.7, rel=0.05)
     assert out.corrections == 1 and out.moves == 1
     assert not out.missed_deadline
     assert out.segments[0].interrupted is False and out.segments[0].lost_s == 0  # moved at a checkpoint

@@ -12,7 +12,7 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
     t_micro = s_w * t_launch + b * h                host: launches, Python, data hand-off
             + b * F (1-d) ((1-u) L / (R * e_w) + u / S)  matmul/conv work on tensor cores, rest on CUDA cores
             + b * F d / (S_fp32 * e_dw)             depthwise convolutions, CUDA cores at any precision
-            + b * A * m * c_p / W                   memory-bound work (norms, softmax, elementwise)
+            + b * A * (m * c_p + n_l * e) / W       memory-bound work (norms, softmax, elementwise; NCHW transposes)
     t_step  = K * t_micro + t_update + t_opt + max(t_tail, t_comm - overlap * t_backward) + t_sync
             + z_n * cv * sqrt(K) * t_micro          waiting for the slowest GPU (variable inputs only)
 
@@ -41,10 +41,15 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
   a larger share of its step there and gains less from mixed precision: the AMP speedup is
   ``(host + simt + tensor_fp32 + memory_fp32) / (host + simt + tensor_fp32 / peak_ratio + memory_fp32
   * (1+phi)/2)``, at most the tensor peak ratio, shrinking as the GPU gets faster.
-- ``L`` is 1.22 on the convolution (tensor-core) time of convolutional families at 16 bits in
-  PyTorch's default NCHW layout and 1 in channels-last (``ParallelConfig.channels_last``); the
-  calibration rows declare what NVIDIA's DeepLearningExamples ran (NHWC for the CNN AMP rows), so
-  the fit learns the channels-last rate and an NCHW user gets the slower one.
+- ``n_l`` is the DRAM traffic of memory-format transposes: cuDNN's tensor-core convolutions work
+  in channels-last (NHWC), so on tensors in PyTorch's default NCHW layout it transposes each
+  convolution's inputs and outputs in and out, a memory-bound pass whose bytes follow the element
+  size (``e`` = 2 at TF32, 1 at 16 bits, in 16-bit units) and which does not get faster with the
+  tensor cores. ``n_l`` (fitted: bytes per stored activation byte) applies to the convolutional
+  families on tensor cores unless the job runs channels-last (``ParallelConfig.channels_last``);
+  CUDA-core (SIMT) FP32 convolutions run NCHW natively and pay nothing. The calibration rows declare
+  what NVIDIA's DeepLearningExamples ran (every CNN TF32/FP32 row NCHW, the CNN AMP rows NHWC), so
+  the A100 TF32 rows teach ``n_l`` and an NCHW user at any tensor-core precision pays it.
 - ``t_comm`` is a ring all-reduce of the fp32 gradients (4 bytes per parameter, also under
   autocast): ``2 (g-1)/g x G`` at the node's NCCL bus bandwidth (measured where published, else the
   link's spec x its efficiency, PCIe-only nodes capped by the host), plus ``2 (M-1)/M x G`` over the
@@ -413,8 +418,9 @@ class StepTerms:
     tensor: bool
     """Runs on tensor cores (tensor efficiency) or SIMT FP32 (SIMT efficiency)."""
     sixteen_bit: bool
-    layout: float
-    """Convolution-time multiplier of the memory format (the channels-last factor for NCHW at 16 bits)."""
+    nchw_bytes: float
+    """Element size, in 16-bit units, of the NCHW<->NHWC transposes around tensor-core convolutions (2 at
+    TF32, 1 at 16 bits; 0 when the convolutions run channels-last or on CUDA cores, or the family has none)."""
     activation_bytes_per_item: float
     """Stored activation bytes per item at 16-bit."""
     bandwidth: float
@@ -470,7 +476,7 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
     tensor = hw != "fp32-simt"
     rate *= wave_efficiency(workload, gpu, cfg.micro_batch)
     sixteen = hw in SIXTEEN_BIT
-    nchw = sixteen and not cfg.channels_last and workload.family in cc["channels_last_families"]
+    nchw = tensor and not cfg.channels_last and workload.family in cc["channels_last_families"]
     per_item = workload.samples_per_item
     flops = workload.flops_per_sample * per_item
     if cfg.activation_checkpointing:
@@ -499,7 +505,7 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
         simt_rate=simt_rate,
         tensor=tensor,
         sixteen_bit=sixteen,
-        layout=cc["channels_last_speedup"] if nchw else 1.0,
+        nchw_bytes=(1.0 if sixteen else 2.0) if nchw else 0.0,
         activation_bytes_per_item=workload.activation_bytes_per_sample * per_item,
         bandwidth=bw,
         optimizer_s=workload.params / shard * opt_bytes / bw,
@@ -536,13 +542,14 @@ def combine(t: StepTerms, p: FittedParams) -> StepTime:
     b, k = t.items, t.accumulation
     if t.tensor:
         u = fam.simt_fraction
-        per_flop = (1.0 - u) / (t.rate * fam.tensor_efficiency) * t.layout + u / (t.simt_rate * fam.simt_efficiency)
+        per_flop = (1.0 - u) / (t.rate * fam.tensor_efficiency) + u / (t.simt_rate * fam.simt_efficiency)
     else:
         per_flop = 1.0 / (t.rate * fam.simt_efficiency)
     dw = t.depthwise_flops_per_item
     compute_micro = b * ((t.flops_per_item - dw) * per_flop + dw / (t.simt_rate * p.depthwise_efficiency)) / scale
     bytes_factor = (1.0 + fam.fp32_memory_fraction) if t.sixteen_bit else 2.0
-    memory_micro = b * t.activation_bytes_per_item * fam.memory_traffic * bytes_factor / t.bandwidth / scale
+    traffic = fam.memory_traffic * bytes_factor + p.nchw_traffic * t.nchw_bytes
+    memory_micro = b * t.activation_bytes_per_item * traffic / t.bandwidth / scale
     host_micro = fam.launch_overhead_s * p.workload_launch_scale.get(t.workload_id, 1.0) + b * fam.host_s_per_item
     micro = host_micro + compute_micro + memory_micro
     if t.comm_s > 0:

@@ -61,6 +61,9 @@ class FittedParams:
     depthwise_efficiency: float = 1.0
     """Fraction of the CUDA-core FP32 peak that depthwise convolutions reach, at any precision (they
     do not run on tensor cores)."""
+    nchw_traffic: float = 0.0
+    """DRAM bytes per stored activation byte (at 16 bits) of the layout transposes cuDNN puts around tensor-core
+    convolutions of NCHW tensors, x2 at TF32."""
     meta: dict[str, Any] = field(default_factory=dict)
     """How the fit was made: data file hash, rows used, date, residual summary."""
 
@@ -92,6 +95,7 @@ def fitted_from_dict(raw: dict[str, Any]) -> FittedParams:
         overlap=float(raw["overlap"]),
         sync_overhead_s=float(raw["sync_overhead_s"]),
         depthwise_efficiency=float(raw.get("depthwise_efficiency", 1.0)),
+        nchw_traffic=float(raw.get("nchw_traffic", 0.0)),
         meta=dict(raw.get("meta", {})),
     )
 
@@ -119,6 +123,7 @@ def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
         "overlap": p.overlap,
         "sync_overhead_s": p.sync_overhead_s,
         "depthwise_efficiency": p.depthwise_efficiency,
+        "nchw_traffic": p.nchw_traffic,
         "meta": p.meta,
     }
 
