@@ -17,7 +17,9 @@ reach tensor cores, DRAM traffic per activation byte, the share of it autocast k
 fixed host time per micro-batch and per item, and per optimizer step, and the coefficient of
 variation of a GPU's micro-batch time (workloads with variable inputs); per framework a
 throughput factor (PyTorch = 1); per named workload a throughput scale and a factor on its
-family's fixed time per micro-batch, both regularised towards 1 (log-normal priors, weight REG);
+family's fixed time per micro-batch, both regularised towards 1 (log-normal priors, weight REG),
+except the scale of a sequence-binned table's workload (``calibration.BINNED_PHASE2_DOCUMENTS``:
+how much shorter than nominal its padded batches were, at least 1, no prior);
 the communication overlap, the synchronisation cost per GPU doubling and the fraction of the
 CUDA-core peak depthwise convolutions reach; the DRAM traffic of NCHW transposes around tensor-core
 convolutions. Family parameters, the depthwise efficiency and the NCHW traffic carry
@@ -296,7 +298,8 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
         lo += [math.log(v) for v in FAMILY_LO]
         hi += [math.log(v) for v in FAMILY_HI]
     x0 += [0.0] * (nf + 2 * nw) + [0.0, math.log(0.002), math.log(DEPTHWISE_START), math.log(NCHW_START)]
-    lo += [math.log(0.5)] * nf + [math.log(0.25)] * nw + [math.log(LAUNCH_SCALE_LO)] * nw
+    binned = np.array([w.endswith(calibration.BINNED_SUFFIX) for w in workloads])
+    lo += [math.log(0.5)] * nf + [0.0 if b else math.log(0.25) for b in binned] + [math.log(LAUNCH_SCALE_LO)] * nw
     lo += [-6.0, math.log(1e-6), math.log(DEPTHWISE_LO), math.log(NCHW_LO)]
     hi += [math.log(2.0)] * nf + [math.log(4.0)] * nw + [math.log(LAUNCH_SCALE_HI)] * nw
     hi += [6.0, math.log(0.1), math.log(DEPTHWISE_HI), math.log(NCHW_HI)]
@@ -305,6 +308,10 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
     l_offset = w_offset + nw
     g_offset = l_offset + nw
     log_measured = np.log(np.array([r.measured for r in rows]))
+    # No prior on the scale of a binned table's workload: it stands for the share of the nominal sequence
+    # length its batches were padded to, a property of the corpus that no source gives, not a correction
+    # of the model that should stay near 1. Binning never adds work, so it is at least 1.
+    scale_prior = math.sqrt(REG) * np.concatenate([np.where(binned, 0.0, 1.0), np.ones(nw)])
     fam_start = np.array(x0[:n_fam])
     batch = Batch([r.terms for r in rows])
     assert batch.families == families and batch.workloads == workloads
@@ -320,7 +327,7 @@ def fit(rows: list[calibration.Row]) -> FittedParams:
         pred = batch.throughput(
             fam, fw, wl, wlaunch, overlap, math.exp(x[g_offset + 1]), math.exp(x[g_offset + 2]), math.exp(x[g_offset + 3])
         )
-        prior = math.sqrt(REG) * x[w_offset:g_offset]
+        prior = scale_prior * x[w_offset:g_offset]
         fam_prior = math.sqrt(REG_FAMILY) * (x[:n_fam] - fam_start)
         dw_prior = math.sqrt(REG_FAMILY) * (x[g_offset + 2 : g_offset + 3] - math.log(DEPTHWISE_START))
         nchw_prior = math.sqrt(REG_FAMILY) * (x[g_offset + 3 : g_offset + 4] - math.log(NCHW_START))
@@ -338,13 +345,19 @@ Split = tuple[str, Callable[[calibration.Row], bool]]
 """A scheme's name and which rows it holds out."""
 
 
+def _model_of(wid: str) -> str:
+    """The model a workload id stands for: a sequence-binned table's workload is its base model's."""
+    return wid.removesuffix(calibration.BINNED_SUFFIX)
+
+
 def _workload_is(wid: str) -> Callable[[calibration.Row], bool]:
-    return lambda r: r.workload.id == wid
+    """Rows of one model (its binned tables too: leaving a model out leaves all of it out)."""
+    return lambda r: _model_of(r.workload.id) == wid
 
 
 def splits(rows: list[calibration.Row]) -> dict[str, list[Split]]:
     """The cross-validation schemes: each a list of (name, held-out predicate)."""
-    workloads = sorted({r.workload.id for r in rows})
+    workloads = sorted({_model_of(r.workload.id) for r in rows})
     return {
         "gpu_transfer": [
             ("fit V100 -> predict A100", lambda r: r.gpu.arch == "ampere"),

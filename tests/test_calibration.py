@@ -63,11 +63,56 @@ def test_every_scheme_holds_rows_out_and_keeps_rows_in() -> None:
     rows, _ = calibration.load_rows()
     schemes = _calibrate().splits(rows)
     assert set(schemes) == {"gpu_transfer", "leave_one_workload_out", "leave_one_precision_out"}
-    assert len(schemes["leave_one_workload_out"]) == len({r.workload.id for r in rows})
+    models = {r.workload.id.removesuffix(calibration.BINNED_SUFFIX) for r in rows}
+    assert len(schemes["leave_one_workload_out"]) == len(models)
     for parts in schemes.values():
         for _, held_out in parts:
             test = [held_out(r) for r in rows]
             assert 0 < sum(test) < len(rows)
+    # Leaving BERT-large seq512 out leaves its sequence-binned tables out too: one model, one fold.
+    (seq512,) = [h for name, h in schemes["leave_one_workload_out"] if name == "without bert-large-seq512"]
+    held = {r.workload.id for r in rows if seq512(r)}
+    assert held == {"bert-large-seq512", "bert-large-seq512" + calibration.BINNED_SUFFIX}
+
+
+def test_single_gpu_rows_their_own_table_outruns_superlinearly_are_dropped() -> None:
+    """No kept single-GPU row is outrun by more than SUPERLINEAR_LIMIT x linear by a multi-GPU row of
+    the same table and configuration; the dropped ones are the V100-32GB EfficientNet rows of DLE's
+    L627 table, and the data file flags each of their 8-GPU rows as quoting more than 8x."""
+    rows, skipped = calibration.load_rows()
+
+    def config(r: calibration.Row) -> tuple[object, ...]:
+        return (r.document, r.workload.id, r.cfg.framework, r.gpu.id, r.precision, r.cfg.micro_batch, r.cfg.accumulation)
+
+    single = {config(r): r.measured for r in rows if r.cfg.gpus == 1}
+    for r in rows:
+        if r.cfg.gpus > 1 and config(r) in single:
+            assert r.measured / r.cfg.gpus <= calibration.SUPERLINEAR_LIMIT * single[config(r)], r.source
+    (reason,) = [k for k in skipped if "outrun" in k]
+    assert skipped[reason] == 6
+    raw = calibration.raw_rows()
+    flagged = [r for r in raw if "quoted scaling exceeds" in str(r.get("notes")) and "efficientnet" in str(r["model"])]
+    assert {(r["model"], r["precision"]) for r in flagged} == {
+        (m, p) for m in ("efficientnet-b4", "efficientnet-widese-b0", "efficientnet-widese-b4") for p in ("FP32", "AMP")
+    }
+    kept_sources = {(r.workload.id, r.gpu.id, r.precision, r.cfg.gpus) for r in rows}
+    for r in flagged:
+        assert (r["model"], r["gpu"], r["precision"], 1) not in kept_sources
+        assert (r["model"], r["gpu"], r["precision"], 8) in kept_sources
+
+
+def test_only_the_sequence_binned_phase2_tables_are_their_own_workload() -> None:
+    rows, _ = calibration.load_rows()
+    binned = [r for r in rows if r.workload.id.endswith(calibration.BINNED_SUFFIX)]
+    assert binned and all(r.document in calibration.BINNED_PHASE2_DOCUMENTS for r in binned)
+    assert {r.workload.seq_len for r in binned} == {512}
+    assert {r.cfg.framework for r in binned} == {"pytorch", "paddlepaddle"}
+    # Phase 1 of the same documents (unbinned parquet shards) and every other seq512 table stay as they were.
+    for r in rows:
+        if r.workload.id in ("bert-large-seq128", "bert-large-seq512"):
+            assert r.workload.id == "bert-large-seq128" or r.document not in calibration.BINNED_PHASE2_DOCUMENTS
+    # Its fitted scale is the share of the nominal length its batches were padded to: at least 1.
+    assert fitted().workload_scale["bert-large-seq512" + calibration.BINNED_SUFFIX] >= 1.0
 
 
 def test_baseline_replicates_and_lookup_are_what_the_rows_give() -> None:

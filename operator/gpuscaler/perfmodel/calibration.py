@@ -12,6 +12,7 @@ Used by ``scripts/calibrate.py`` (which fits the parameters) and by the CLI's ``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -90,6 +91,25 @@ DLE_CHANNELS_LAST_AMP = DLE_CONVNETS | {"ssd300"}
 to use channels_first with --no-amp"; e.g. at commit 04099020ae68b5767bf5c74db3dcace0c215c730)."""
 
 
+BINNED_PHASE2_DOCUMENTS = (
+    "https://github.com/NVIDIA/DeepLearningExamples/blob/729963dd47e7c8bd462ad10bfac7a7b0b604e6dd/PyTorch/LanguageModeling/BERT/README.md",
+    "https://github.com/NVIDIA/DeepLearningExamples/blob/729963dd47e7c8bd462ad10bfac7a7b0b604e6dd/PaddlePaddle/LanguageModeling/BERT/README.md",
+)
+"""BERT pretraining tables whose phase-2 (sequence length 512) rows ran with sequence binning, so
+one of their sequences is fewer than 512 tokens of work. From 2022 DLE's PyTorch and PaddlePaddle BERT
+read phase 2 from LDDL parquet shards binned by length (``scripts/run_pretraining.sh``:
+``DATASET2=pretrain/phase2/bin_size_64/parquet``, ``phase2_bin_size=64``; PaddlePaddle's
+``scripts/run_pretraining_p2.sh``: ``--input-dir=pretrain/phase2/bin_size_64/parquet``), and LDDL
+feeds every rank a mini-batch of one bin, "only padded to the longest sequence within this
+mini-batch" (github.com/NVIDIA/LDDL README, "Sequence binning"). The earlier PyTorch README (commit
+499fb1c) read padded HDF5 sequences of 512, as TensorFlow's. How far below 512 the binned batches
+are no source says (it is a property of the corpus), so those rows are their own workload
+(``bert-large-seq512-binned``: BERT-large at 512 with its own fitted throughput scale), and their
+ratios (GPU, precision, GPU count within the table) still count; phase 1 is unbinned
+(``pretrain/phase1/unbinned``)."""
+BINNED_SUFFIX = "-binned"
+
+
 def dle_channels_last(workload: Workload, framework: str, precision: str) -> bool:
     """Whether a DLE row ran its convolutions channels-last (only 16-bit rows are affected)."""
     if precision != "AMP" or workload.family not in constants()["compute"]["channels_last_families"]:
@@ -156,6 +176,8 @@ def load_rows(catalog: Catalog | None = None) -> tuple[list[Row], dict[str, int]
         gpus = int(str(r["gpus"]))
         nodes = int(str(r["nodes"])) if r["nodes"] else max(1, math.ceil(gpus / system.gpus_per_node))
         wl = cat.workload(wid)
+        if wid == "bert-large-seq512" and str(r["source"]).split("#", 1)[0] in BINNED_PHASE2_DOCUMENTS:
+            wl = dataclasses.replace(wl, id=wid + BINNED_SUFFIX)
         framework = str(r["framework"]).lower()
         # Token-unit tables give the batch in sequences (or sentence pairs): batch items, as the model.
         # No vCPUs: the DGX rows were not input-bound (DALI for the PyTorch CNNs), so no input cap.
@@ -182,7 +204,38 @@ def load_rows(catalog: Catalog | None = None) -> tuple[list[Row], dict[str, int]
                 step_terms(wl, gpu, cfg),
             )
         )
-    return rows, dict(skipped)
+    return _drop_superlinear_bases(rows, skipped), dict(skipped)
+
+
+SUPERLINEAR_LIMIT = 1.5
+"""Largest n-GPU over n x 1-GPU throughput, same table and configuration, that a single-GPU row is
+kept at. Data-parallel training with a fixed per-GPU batch does each GPU's work plus communication,
+so it cannot run much faster per GPU than one GPU alone (a few percent above linear happens: cache
+effects, measurement noise; Transformer-XL base under TensorFlow 1 on V100s scales 1.08x linearly
+here). The V100-32GB table of DLE's PyTorch EfficientNet README (L627) quotes 14.7-17.6x on 8 GPUs
+for B4, WideSE-B4 and WideSE-B0, and the data file flags those rows ("likely source error"): their
+8-GPU rows agree with the V100-16GB table (B4 FP32: 641 against 616 images/s), their 1-GPU rows are
+less than half of it (36 against 83), so it is the 1-GPU rows that are wrong."""
+
+
+def _drop_superlinear_bases(rows: list[Row], skipped: dict[str, int]) -> list[Row]:
+    """``rows`` without the single-GPU rows that a multi-GPU row of the same table and
+    configuration outruns by more than SUPERLINEAR_LIMIT x linear (counted in ``skipped``)."""
+
+    def config(r: Row) -> tuple[object, ...]:
+        return (r.document, r.workload.id, r.cfg.framework, r.gpu.id, r.precision, r.cfg.micro_batch, r.cfg.accumulation)
+
+    fastest: dict[tuple[object, ...], float] = defaultdict(float)
+    for r in rows:
+        if r.cfg.gpus > 1:
+            fastest[config(r)] = max(fastest[config(r)], r.measured / r.cfg.gpus)
+    kept = []
+    for r in rows:
+        if r.cfg.gpus == 1 and fastest.get(config(r), 0.0) > SUPERLINEAR_LIMIT * r.measured:
+            skipped[f"1-GPU row its own table's multi-GPU rows outrun by over {SUPERLINEAR_LIMIT}x linear (source error)"] += 1
+        else:
+            kept.append(r)
+    return kept
 
 
 def predict(rows: Iterable[Row], params: FittedParams | None = None) -> list[float]:
