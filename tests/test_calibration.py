@@ -5,11 +5,9 @@ fast path is the model itself; ``calibrate.py --check`` tolerates a solver's hai
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import statistics
-import sys
 import tomllib
 from dataclasses import replace
 from importlib import resources
@@ -19,18 +17,14 @@ from typing import Any
 
 import pytest
 
+import repo_scripts
 from gpuscaler.perfmodel import calibration, fitted
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _calibrate() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "scripts" / "calibrate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["calibrate"] = module
-    spec.loader.exec_module(module)
-    return module
+    return repo_scripts.load("scripts/calibrate.py", "calibrate")
 
 
 def _cv() -> dict[str, object]:

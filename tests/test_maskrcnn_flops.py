@@ -3,23 +3,14 @@ shapes, and those shapes reproduce the published inference count."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
+import repo_scripts
 from gpuscaler.catalog import load_catalog
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("maskrcnn_flops", ROOT / "scripts" / "maskrcnn_flops.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["maskrcnn_flops"] = module
-    spec.loader.exec_module(module)
-    return module
+    return repo_scripts.load("scripts/maskrcnn_flops.py", "maskrcnn_flops")
 
 
 def test_the_catalog_figure_is_the_derived_training_flops() -> None:

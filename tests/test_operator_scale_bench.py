@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
+import repo_scripts
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "operator_scale_bench", ROOT / "benchmarks" / "operator_scale.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("benchmarks/operator_scale.py", "operator_scale_bench")
 
 
 METRICS = """\
