@@ -232,7 +232,7 @@ def _drop_superlinear_bases(rows: list[Row], skipped: dict[str, int]) -> list[Ro
     kept = []
     for r in rows:
         if r.cfg.gpus == 1 and fastest.get(config(r), 0.0) > SUPERLINEAR_LIMIT * r.measured:
-            skipped[f"1-GPU row its own table's multi-GPU rows outrun by over {SUPERLINEAR_LIMIT}x linear (source error)"] += 1
+            skipped[f"single-GPU row its own table's multi-GPU rows outrun over {SUPERLINEAR_LIMIT}x linearly (source error)"] += 1
         else:
             kept.append(r)
     return kept
