@@ -345,19 +345,14 @@ Split = tuple[str, Callable[[calibration.Row], bool]]
 """A scheme's name and which rows it holds out."""
 
 
-def _model_of(wid: str) -> str:
-    """The model a workload id stands for: a sequence-binned table's workload is its base model's."""
-    return wid.removesuffix(calibration.BINNED_SUFFIX)
-
-
 def _workload_is(wid: str) -> Callable[[calibration.Row], bool]:
     """Rows of one model (its binned tables too: leaving a model out leaves all of it out)."""
-    return lambda r: _model_of(r.workload.id) == wid
+    return lambda r: calibration.model_of(r.workload.id) == wid
 
 
 def splits(rows: list[calibration.Row]) -> dict[str, list[Split]]:
     """The cross-validation schemes: each a list of (name, held-out predicate)."""
-    workloads = sorted({_model_of(r.workload.id) for r in rows})
+    workloads = sorted({calibration.model_of(r.workload.id) for r in rows})
     return {
         "gpu_transfer": [
             ("fit V100 -> predict A100", lambda r: r.gpu.arch == "ampere"),

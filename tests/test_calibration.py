@@ -57,7 +57,7 @@ def test_every_scheme_holds_rows_out_and_keeps_rows_in() -> None:
     rows, _ = calibration.load_rows()
     schemes = _calibrate().splits(rows)
     assert set(schemes) == {"gpu_transfer", "leave_one_workload_out", "leave_one_precision_out"}
-    models = {r.workload.id.removesuffix(calibration.BINNED_SUFFIX) for r in rows}
+    models = {calibration.model_of(r.workload.id) for r in rows}
     assert len(schemes["leave_one_workload_out"]) == len(models)
     for parts in schemes.values():
         for _, held_out in parts:
@@ -74,14 +74,10 @@ def test_single_gpu_rows_their_own_table_outruns_superlinearly_are_dropped() -> 
     the same table and configuration; the dropped ones are the V100-32GB EfficientNet rows of DLE's
     L627 table, and the data file flags each of their 8-GPU rows as quoting more than 8x."""
     rows, skipped = calibration.load_rows()
-
-    def config(r: calibration.Row) -> tuple[object, ...]:
-        return (r.document, r.workload.id, r.cfg.framework, r.gpu.id, r.precision, r.cfg.micro_batch, r.cfg.accumulation)
-
-    single = {config(r): r.measured for r in rows if r.cfg.gpus == 1}
+    single = {r.run: r.measured for r in rows if r.cfg.gpus == 1}
     for r in rows:
-        if r.cfg.gpus > 1 and config(r) in single:
-            assert r.measured / r.cfg.gpus <= calibration.SUPERLINEAR_LIMIT * single[config(r)], r.source
+        if r.cfg.gpus > 1 and r.run in single:
+            assert r.measured / r.cfg.gpus <= calibration.SUPERLINEAR_LIMIT * single[r.run], r.source
     (reason,) = [k for k in skipped if "outrun" in k]
     assert skipped[reason] == 6
     raw = calibration.raw_rows()

@@ -110,6 +110,16 @@ ratios (GPU, precision, GPU count within the table) still count; phase 1 is unbi
 BINNED_SUFFIX = "-binned"
 
 
+def model_of(workload_id: str) -> str:
+    """The model a calibration workload id stands for: a sequence-binned table's workload is its base model's."""
+    return workload_id.removesuffix(BINNED_SUFFIX)
+
+
+def document_of(source: str) -> str:
+    """A row's source URL without the table's line anchor: the README at its commit."""
+    return source.split("#", 1)[0]
+
+
 def dle_channels_last(workload: Workload, framework: str, precision: str) -> bool:
     """Whether a DLE row ran its convolutions channels-last (only 16-bit rows are affected)."""
     if precision != "AMP" or workload.family not in constants()["compute"]["channels_last_families"]:
@@ -134,7 +144,13 @@ class Row:
     def document(self) -> str:
         """The source README at its commit, without the table's line anchor: one suite (one version of
         the training code), whose rows' ratios are comparable."""
-        return self.source.split("#", 1)[0]
+        return document_of(self.source)
+
+    @property
+    def run(self) -> tuple[object, ...]:
+        """The row's table and configuration apart from its GPU count: rows that differ only in GPUs
+        are one run scaled out (the scaling pairs; the superlinear check)."""
+        return (self.document, self.workload.id, self.cfg.framework, self.gpu.id, self.precision, self.cfg.micro_batch, self.cfg.accumulation)
 
     @property
     def key(self) -> tuple[str, str, str, int, int]:
@@ -176,7 +192,7 @@ def load_rows(catalog: Catalog | None = None) -> tuple[list[Row], dict[str, int]
         gpus = int(str(r["gpus"]))
         nodes = int(str(r["nodes"])) if r["nodes"] else max(1, math.ceil(gpus / system.gpus_per_node))
         wl = cat.workload(wid)
-        if wid == "bert-large-seq512" and str(r["source"]).split("#", 1)[0] in BINNED_PHASE2_DOCUMENTS:
+        if wid == "bert-large-seq512" and document_of(str(r["source"])) in BINNED_PHASE2_DOCUMENTS:
             wl = dataclasses.replace(wl, id=wid + BINNED_SUFFIX)
         framework = str(r["framework"]).lower()
         # Token-unit tables give the batch in sequences (or sentence pairs): batch items, as the model.
@@ -221,17 +237,13 @@ less than half of it (36 against 83), so it is the 1-GPU rows that are wrong."""
 def _drop_superlinear_bases(rows: list[Row], skipped: dict[str, int]) -> list[Row]:
     """``rows`` without the single-GPU rows that a multi-GPU row of the same table and
     configuration outruns by more than SUPERLINEAR_LIMIT x linear (counted in ``skipped``)."""
-
-    def config(r: Row) -> tuple[object, ...]:
-        return (r.document, r.workload.id, r.cfg.framework, r.gpu.id, r.precision, r.cfg.micro_batch, r.cfg.accumulation)
-
     fastest: dict[tuple[object, ...], float] = defaultdict(float)
     for r in rows:
         if r.cfg.gpus > 1:
-            fastest[config(r)] = max(fastest[config(r)], r.measured / r.cfg.gpus)
+            fastest[r.run] = max(fastest[r.run], r.measured / r.cfg.gpus)
     kept = []
     for r in rows:
-        if r.cfg.gpus == 1 and fastest.get(config(r), 0.0) > SUPERLINEAR_LIMIT * r.measured:
+        if r.cfg.gpus == 1 and fastest.get(r.run, 0.0) > SUPERLINEAR_LIMIT * r.measured:
             skipped[f"single-GPU row its own table's multi-GPU rows outrun over {SUPERLINEAR_LIMIT}x linearly (source error)"] += 1
         else:
             kept.append(r)
@@ -320,15 +332,7 @@ def ratio_pairs(rows: list[Row], preds: list[float]) -> dict[str, list[Pair]]:
         "scaling": _ratio_errors(
             rows,
             preds,
-            lambda r: (
-                r.document,
-                r.workload.id,
-                r.cfg.framework,
-                r.gpu.id,
-                r.precision,
-                r.cfg.micro_batch,
-                r.cfg.accumulation,
-            ),
+            lambda r: r.run,
             lambda a, b: a.cfg.gpus > 1 and b.cfg.gpus == 1,
         ),
     }
