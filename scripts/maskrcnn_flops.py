@@ -33,6 +33,7 @@ the layer shapes are right.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 
@@ -128,6 +129,7 @@ def mask_rcnn(size: tuple[int, int], box_rois: int, mask_rois: int, training: bo
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     infer = mask_rcnn(INFER_SIZE, INFER_BOX_ROIS, INFER_MASK_ROIS, training=False)
     train = mask_rcnn(TRAIN_SIZE, TRAIN_BOX_ROIS, TRAIN_MASK_ROIS, training=True)
     print(f"inference at {INFER_SIZE[1]}x{INFER_SIZE[0]}, {INFER_BOX_ROIS} boxes, {INFER_MASK_ROIS} masks: "
