@@ -183,7 +183,7 @@ def test_vectorised_fit_path_equals_the_model() -> None:
             k: replace(
                 f,
                 tensor_efficiency=f.tensor_efficiency * 0.7,
-                launch_overhead_s=f.launch_overhead_s * 2,
+                launch_s_per_kernel=f.launch_s_per_kernel * 2,
                 straggler_cv=f.straggler_cv * 1.5 + 0.05,
             )
             for k, f in p.families.items()

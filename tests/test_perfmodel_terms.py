@@ -21,7 +21,13 @@ from gpuscaler.catalog.loader import CatalogError, parse_workloads, read_rows
 from gpuscaler.catalog.models import GPU, Workload
 from gpuscaler.perfmodel import ParallelConfig, allreduce_seconds, constants, estimate, fitted
 from gpuscaler.perfmodel.calibration import load_rows, predict
-from gpuscaler.perfmodel.model import clock_derate, expected_max_normal, intra_node_busbw, wave_efficiency
+from gpuscaler.perfmodel.model import (
+    clock_derate,
+    expected_max_normal,
+    intra_node_busbw,
+    kernels_of,
+    wave_efficiency,
+)
 
 CAT = load_catalog()
 WORKLOADS = [w.id for w in CAT.workloads]
@@ -29,7 +35,7 @@ GPUS = [g.id for g in CAT.gpus]
 WORKLOAD_HEADER = (
     "id,aliases,family,unit,batch_unit,params,flops_per_sample,activation_bytes_per_sample,seq_len,layers,hidden,"
     "heads,vocab,ffn,gated,head,flash,optimizer,default_global_batch,samples_per_epoch,depthwise_flop_share,"
-    "variable_inputs,source"
+    "variable_inputs,kernels_per_step,kernels_per_item,source"
 )
 TENSOR_GPUS = [g.id for g in CAT.gpus if g.tf32_tflops is not None]
 """GPUs whose framework-default fp32 runs on TF32 tensor cores (Ampere and newer)."""
@@ -329,15 +335,74 @@ def test_a_workloads_fixed_time_factor_scales_its_launch_time_only() -> None:
     base = estimate(w, g, cfg, p)
     doubled = replace(p, workload_launch_scale={**p.workload_launch_scale, w.id: 2 * p.workload_launch_scale[w.id]})
     more = estimate(w, g, cfg, doubled)
-    extra = fam.launch_overhead_s * p.workload_launch_scale[w.id]
+    extra = fam.launch_s_per_kernel * kernels_of(w, 2) * p.workload_launch_scale[w.id]
     assert more.host_s - base.host_s == pytest.approx(extra, rel=1e-9)
     assert more.compute_s == base.compute_s and more.memory_bound_s == base.memory_bound_s
-    # A workload the fit never saw (a custom one) uses its family's time as it is.
+    # A workload the fit never saw (a custom one) uses its family's time per kernel as it is.
     custom = replace(w, id="custom")
-    assert estimate(custom, g, cfg, p).host_s == pytest.approx(fam.launch_overhead_s + 2 * fam.host_s_per_item)
+    expected = fam.launch_s_per_kernel * kernels_of(custom, 2) + 2 * fam.host_s_per_item
+    assert estimate(custom, g, cfg, p).host_s == pytest.approx(expected)
+
+
+def test_the_fixed_time_follows_the_counted_kernels() -> None:
+    """Two workloads of one family and the same fitted factor: the one whose micro-batch launches
+    more kernels spends proportionally more fixed time, whatever the GPU."""
+    p = fitted()
+    w = CAT.workload("resnet50")
+    cfg = ParallelConfig(micro_batch=64, precision=Precision.AMP)
+    flat = replace(p, workload_launch_scale={})
+    for gpu in ("V100-16GB", "H100-80GB"):
+        g = CAT.gpu(gpu)
+        few = estimate(replace(w, kernels_per_step=400), g, cfg, flat)
+        many = estimate(replace(w, kernels_per_step=1200), g, cfg, flat)
+        per_kernel = p.family("cnn").launch_s_per_kernel
+        assert many.host_s - few.host_s == pytest.approx(800 * per_kernel, rel=1e-9)
+        assert many.compute_s == few.compute_s
+        assert many.throughput < few.throughput
+
+
+def test_kernels_per_item_grow_with_the_micro_batch() -> None:
+    w = CAT.workload("maskrcnn")
+    assert w.kernels_per_step is not None and w.kernels_per_item > 0
+    assert kernels_of(w, 4) - kernels_of(w, 2) == pytest.approx(2 * w.kernels_per_item)
+
+
+def test_uncounted_workloads_estimate_their_kernels_from_layers_or_the_default() -> None:
+    cc = constants()["compute"]
+    txl = CAT.workload("transformerxl-base")
+    assert txl.kernels_per_step is None and txl.layers
+    assert kernels_of(txl, 8) == cc["kernels_per_layer"] * txl.layers
+    custom = replace(CAT.workload("resnet50"), kernels_per_step=None)
+    assert custom.layers is None
+    assert kernels_of(custom, 8) == cc["default_kernels_per_step"]
+    # The per-layer figure is BERT-large's count per layer.
+    bert = CAT.workload("bert-large-seq128")
+    assert bert.kernels_per_step is not None and bert.layers
+    assert cc["kernels_per_layer"] == round(bert.kernels_per_step / bert.layers)
+
+
+def test_a_frameworks_factor_scales_the_time_per_kernel_only() -> None:
+    p = fitted()
+    w, g = CAT.workload("bert-large-seq128"), CAT.gpu("A100-80GB")
+    base_cfg = ParallelConfig(micro_batch=32, precision=Precision.AMP)
+    tf_cfg = replace(base_cfg, framework="tensorflow1")
+    scaled = replace(p, framework_launch_scale={**p.framework_launch_scale, "tensorflow1": 2.0}, framework_scale={})
+    plain = replace(p, framework_launch_scale={}, framework_scale={})
+    a, b = estimate(w, g, tf_cfg, plain), estimate(w, g, tf_cfg, scaled)
+    launch = p.family(w.family).launch_s_per_kernel * kernels_of(w, 32) * p.workload_launch_scale.get(w.id, 1.0)
+    assert b.host_s - a.host_s == pytest.approx(launch, rel=1e-9)
+    assert b.compute_s == a.compute_s
+    # PyTorch (what predictions are for) is the reference: no factor.
+    assert estimate(w, g, base_cfg, scaled).host_s == estimate(w, g, base_cfg, plain).host_s
+
+
+def test_the_catalog_rejects_a_kernel_count_below_one() -> None:
+    row = "x,,cnn,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,,,0,,src"
+    with pytest.raises(CatalogError, match=r"x: kernels_per_step 0 must be >= 1"):
+        parse_workloads(read_rows(f"# schema: 1\n{WORKLOAD_HEADER}\n{row}\n", "workloads.csv"))
 
 
 def test_the_catalog_rejects_a_depthwise_share_out_of_range() -> None:
-    row = "x,,cnn-light,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,1.5,,src"
+    row = "x,,cnn-light,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,1.5,,,,src"
     with pytest.raises(CatalogError, match=r"x: depthwise_flop_share 1\.5 must be in \[0, 1\)"):
         parse_workloads(read_rows(f"# schema: 1\n{WORKLOAD_HEADER}\n{row}\n", "workloads.csv"))

@@ -221,12 +221,19 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
             batch_unit=r.get("batch_unit", ""),
             depthwise_flop_share=_opt_float(r.get("depthwise_flop_share", "")) or 0.0,
             variable_inputs=_bool(r.get("variable_inputs", "")),
+            kernels_per_step=_opt_int(r.get("kernels_per_step", "")),
+            kernels_per_item=_opt_float(r.get("kernels_per_item", "")) or 0.0,
         )
         if w.params <= 0 or w.flops_per_sample <= 0:
             raise CatalogError(f"workloads.csv: {w.id}: params and flops_per_sample must be positive")
         if not 0.0 <= w.depthwise_flop_share < 1.0:
             raise CatalogError(
                 f"workloads.csv: {w.id}: depthwise_flop_share {w.depthwise_flop_share} must be in [0, 1)"
+            )
+        if (w.kernels_per_step is not None and w.kernels_per_step < 1) or w.kernels_per_item < 0:
+            raise CatalogError(
+                f"workloads.csv: {w.id}: kernels_per_step {w.kernels_per_step} must be >= 1 and "
+                f"kernels_per_item {w.kernels_per_item} >= 0"
             )
         index.add(w.id, w, w.aliases)
     return index

@@ -150,6 +150,11 @@ class Workload:
     variable_inputs: bool = False
     """Per-step work varies with the input (image sizes and instance counts in detection, sentence
     lengths in translation): a synchronous data-parallel step waits for the slowest GPU."""
+    kernels_per_step: int | None = None
+    """Kernels one training micro-batch (forward and backward) launches, counted in real PyTorch by
+    ``scripts/kernel_counts.py``; None = not counted (the model estimates it)."""
+    kernels_per_item: float = 0.0
+    """More kernels per batch item (per-image loops, as in torchvision's detection models)."""
 
     @property
     def item(self) -> str:

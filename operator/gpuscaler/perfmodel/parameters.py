@@ -26,8 +26,8 @@ class FamilyParams:
     """Fraction of the non-tensor FP32 peak reached (FP32 on pre-Ampere GPUs)."""
     memory_traffic: float
     """DRAM bytes moved per byte of stored activation (elementwise, normalisation, pooling layers)."""
-    launch_overhead_s: float
-    """Fixed time per micro-batch: kernel launches, Python, data hand-off (does not scale with the GPU)."""
+    launch_s_per_kernel: float
+    """Fixed time per kernel a micro-batch launches: launch, dispatch, Python (does not scale with the GPU)."""
     update_overhead_s: float = 0.0
     """Fixed time per optimizer step, independent of accumulation (gradient norms, optimizer kernels)."""
     fp32_memory_fraction: float = 1.0
@@ -51,9 +51,9 @@ class FittedParams:
     framework_scale: dict[str, float]
     """Per framework throughput factor relative to PyTorch (predictions are for PyTorch)."""
     workload_launch_scale: dict[str, float]
-    """Per named workload factor on its family's fixed time per micro-batch (regularised towards 1):
-    how many more or fewer kernels and host steps a micro-batch of this model takes than its
-    family's typical one; custom workloads use 1."""
+    """Per named workload factor on its fixed time per micro-batch (regularised towards 1): what its
+    counted kernels (``Workload.kernels_per_step``, PyTorch eager) do not say, such as fusion or
+    host synchronisation in the framework it was measured in; custom workloads use 1."""
     overlap: float
     """Fraction of the last micro-batch's backward pass that hides gradient communication."""
     sync_overhead_s: float
@@ -64,6 +64,9 @@ class FittedParams:
     nchw_traffic: float = 0.0
     """DRAM bytes per stored activation byte (at 16 bits) of the layout transposes cuDNN puts around tensor-core
     convolutions of NCHW tensors, x2 at TF32."""
+    framework_launch_scale: dict[str, float] = field(default_factory=dict)
+    """Per framework factor on the time per kernel relative to PyTorch's eager dispatch (regularised
+    towards 1): a graph executor's cost per op differs from PyTorch's; predictions are for PyTorch."""
     meta: dict[str, Any] = field(default_factory=dict)
     """How the fit was made: data file hash, rows used, date, residual summary."""
 
@@ -96,6 +99,7 @@ def fitted_from_dict(raw: dict[str, Any]) -> FittedParams:
         sync_overhead_s=float(raw["sync_overhead_s"]),
         depthwise_efficiency=float(raw.get("depthwise_efficiency", 1.0)),
         nchw_traffic=float(raw.get("nchw_traffic", 0.0)),
+        framework_launch_scale=dict(raw.get("framework_launch_scale", {})),
         meta=dict(raw.get("meta", {})),
     )
 
@@ -108,7 +112,7 @@ def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
                 "tensor_efficiency": f.tensor_efficiency,
                 "simt_efficiency": f.simt_efficiency,
                 "memory_traffic": f.memory_traffic,
-                "launch_overhead_s": f.launch_overhead_s,
+                "launch_s_per_kernel": f.launch_s_per_kernel,
                 "update_overhead_s": f.update_overhead_s,
                 "fp32_memory_fraction": f.fp32_memory_fraction,
                 "host_s_per_item": f.host_s_per_item,
@@ -120,6 +124,7 @@ def fitted_to_dict(p: FittedParams) -> dict[str, Any]:
         "workload_scale": dict(sorted(p.workload_scale.items())),
         "framework_scale": dict(sorted(p.framework_scale.items())),
         "workload_launch_scale": dict(sorted(p.workload_launch_scale.items())),
+        "framework_launch_scale": dict(sorted(p.framework_launch_scale.items())),
         "overlap": p.overlap,
         "sync_overhead_s": p.sync_overhead_s,
         "depthwise_efficiency": p.depthwise_efficiency,
