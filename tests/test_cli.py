@@ -107,6 +107,9 @@ def test_catalog_workloads_show_what_a_batch_counts(capsys: pytest.CaptureFixtur
     assert (rows["transformerxl-base"]["batch_unit"], rows["transformerxl-base"]["unit"]) == ("sequences", "tokens")
     assert rows["transformerxl-base"]["samples_per_item"] == rows["transformerxl-base"]["seq_len"] == 192
     assert (rows["resnet50"]["batch_unit"], rows["resnet50"]["samples_per_item"]) == ("images", 1)
+    # Counted kernels where scripts/kernel_counts.py counts them, null where it does not (GNMT).
+    assert rows["maskrcnn"]["kernels_per_step"] > rows["resnet50"]["kernels_per_step"] > 0
+    assert rows["maskrcnn"]["kernels_per_item"] > 0 and rows["gnmt"]["kernels_per_step"] is None
     for what in ("gpus", "instances"):
         assert main(["catalog", what, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)[what]

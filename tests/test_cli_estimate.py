@@ -27,6 +27,20 @@ def test_estimate_reports_what_batch_and_throughput_count(capsys: pytest.Capture
     assert estimate_json(capsys, "--workload", "gnmt", "--gpu", "a100")["batch_unit"] == "sentence pairs"
 
 
+def test_estimate_shows_the_kernels_behind_the_host_time(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ("--workload", "maskrcnn", "--gpu", "a100", "--precision", "amp")
+    two = estimate_json(capsys, *base, "--batch-per-gpu", "2")
+    four = estimate_json(capsys, *base, "--batch-per-gpu", "4")
+    per_item = float(four["kernels_per_micro_batch"]) - float(two["kernels_per_micro_batch"])  # type: ignore[arg-type]
+    assert per_item > 2 * 50  # detection launches kernels per image
+    host2, host4 = (float(d["time_breakdown_s"]["host"]) for d in (two, four))  # type: ignore[index]
+    assert host4 > host2 > 0
+    assert main(["estimate", *base, "--batch-per-gpu", "4"]) == 0
+    text = capsys.readouterr().out
+    assert f"{float(four['kernels_per_micro_batch']):,.0f} kernels per micro-batch" in text  # type: ignore[arg-type]
+    assert "host " in text and "compute " in text
+
+
 def test_channels_last_and_dali_flags(capsys: pytest.CaptureFixture[str]) -> None:
     base = ("--workload", "resnet50", "--gpu", "a100", "--precision", "amp", "--batch-per-gpu", "128")
     nchw = estimate_json(capsys, *base)

@@ -624,6 +624,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "allreduce": est.comm_s,
             "allreduce_exposed": est.comm_exposed_s,
         },
+        "kernels_per_micro_batch": est.kernels_per_micro_batch,
     }
     if args.json:
         print(to_json(data))
@@ -633,6 +634,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"{cfg.micro_batch} {est.batch_unit} x {cfg.accumulation}:\n"
             f"  throughput {est.throughput:,.1f} {est.unit}/s, step {est.step_time_s * 1000:,.1f} ms, "
             f"scaling efficiency {est.scaling_efficiency:.0%}, bound by {est.bottleneck}\n"
+            f"  per step: compute {est.compute_s * 1000:,.1f} ms, memory-bound {est.memory_bound_s * 1000:,.1f} ms, "
+            f"host {est.host_s * 1000:,.1f} ms ({est.kernels_per_micro_batch:,.0f} kernels per micro-batch), "
+            f"exposed all-reduce {est.comm_exposed_s * 1000:,.1f} ms\n"
             f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error sigma {band.log_sigma:.2f}"
             + (f": {', '.join(band.reasons)}" if band.reasons else "")
             + ")\n"
@@ -810,6 +814,8 @@ def _workload_dict(w: Workload) -> dict[str, object]:
         "flops_per_sample": w.flops_per_sample,
         "activation_bytes_per_sample": w.activation_bytes_per_sample,
         "seq_len": w.seq_len,
+        "kernels_per_step": w.kernels_per_step,
+        "kernels_per_item": w.kernels_per_item,
         "optimizer": w.optimizer,
         "default_global_batch": w.default_global_batch,
         "samples_per_epoch": w.samples_per_epoch,

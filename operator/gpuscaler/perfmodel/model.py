@@ -190,6 +190,8 @@ class Estimate:
     """What one batch item is (images, sequences, sentence pairs)."""
     host_s: float = 0.0
     """Per-step host time that does not scale with the GPU (part of ``overhead_s``)."""
+    kernels_per_micro_batch: float = 0.0
+    """Kernels one micro-batch launches (``kernels_of``): what the fixed part of ``host_s`` counts."""
 
     @property
     def memory_per_gpu_gb(self) -> float:
@@ -651,4 +653,5 @@ def estimate(
         bottleneck=bottleneck,
         batch_unit=workload.item,
         host_s=s.host_s,
+        kernels_per_micro_batch=terms.kernels,
     )
