@@ -264,14 +264,17 @@ def _maskrcnn() -> tuple[Any, Callable[[int], Any]]:
     return model, batch
 
 
-def _hf(config_name: str, head: str, seq: int, **overrides: Any) -> tuple[Any, Callable[[int], Any]]:
-    """A Hugging Face transformers model at its real depth (``overrides`` shrink widths only)."""
+def _hf(config_name: str, head: str, seq: int, attention: str = "eager", **overrides: Any) -> tuple[Any, Callable[[int], Any]]:
+    """A Hugging Face transformers model at its real depth (``overrides`` shrink widths only).
+
+    ``attention``: ``eager`` (matmul, softmax, dropout, matmul) as DLE's BERT and ELECTRA run it, or
+    ``sdpa`` for the catalog workloads that assume flash attention (one fused kernel forward, one
+    backward; on CPU SDPA takes that path only without attention dropout, which the CUDA kernel
+    fuses, so those models are counted with it off)."""
     import torch
     import transformers
 
-    # Eager attention (matmul, softmax, dropout, matmul) as DLE's BERT and ELECTRA run it, not a
-    # fused attention kernel.
-    cfg = getattr(transformers, config_name)(attn_implementation="eager", **overrides)
+    cfg = getattr(transformers, config_name)(attn_implementation=attention, **overrides)
     model = getattr(transformers, head)(cfg)
     model.train()
 
@@ -310,8 +313,8 @@ def models() -> dict[str, Callable[[], tuple[Any, Callable[[int], Any]]]]:
         "bert-large-squad": lambda: _hf("BertConfig", "BertForQuestionAnswering", 32, num_hidden_layers=24, **SMALL),
         "bert-base-squad": lambda: _hf("BertConfig", "BertForQuestionAnswering", 32, num_hidden_layers=12, **SMALL),
         "electra-base-squad": lambda: _hf("ElectraConfig", "ElectraForQuestionAnswering", 32, num_hidden_layers=12, embedding_size=64, **SMALL),
-        "gpt2-small": lambda: _hf("GPT2Config", "GPT2LMHeadModel", 32, n_layer=12, n_embd=64, n_head=4),
-        "llama-7b": lambda: _hf("LlamaConfig", "LlamaForCausalLM", 32, num_hidden_layers=32, num_key_value_heads=4, vocab_size=1000, **SMALL),
+        "gpt2-small": lambda: _hf("GPT2Config", "GPT2LMHeadModel", 32, "sdpa", n_layer=12, n_embd=64, n_head=4, attn_pdrop=0.0),
+        "llama-7b": lambda: _hf("LlamaConfig", "LlamaForCausalLM", 32, "sdpa", num_hidden_layers=32, num_key_value_heads=4, vocab_size=1000, **SMALL),
     }
 
 

@@ -34,8 +34,9 @@ chosen plans changed, resnet-deadline-override from 16 A100-40GBs on two p4d.24x
 1.77 h) to 8 A100-80GBs on one p4de.24xlarge ($23.75, 2.47 h). A sixth time for the fixed time per
 micro-batch as counted kernels x a fitted time per kernel (scripts/kernel_counts.py) instead of a fitted
 time per family: 7 of the 47 chosen plans changed, each between options that were within a few percent
-in cost (bert-batch-not-divisible an A10G -> a T4, $0.50 both; llama-7b-spot with and without the production policy 8 H200s at micro-batch 2, $152 -> 8
-A100-40GBs at 8, $155; llama-fp8 8 H200s -> 8 H100s, $107 -> $111; resnet-azure and
+in cost (bert-batch-not-divisible an A10G -> a T4, $0.50 both; llama-7b-spot 8 H200s at micro-batch 2, $152 -> 8 H100s on a GCP a3-highgpu-8g at 16, $155, and
+with the production policy -> 8 A100-40GBs at 8, $155 (GPT-2 and LLaMA counted with flash
+attention, as the catalog assumes for them); llama-fp8 8 H200s -> 8 H100s, $107 -> $111; resnet-azure and
 resnet-flagged-prices 8 T4s -> 2 A100-80GB-PCIe, $60 -> $67 on-demand; resnet-risk-strict and
 resnet-unavailable a V100 p3dn -> an A100 p4d, $20.42 -> $20.79); custom-params kept its 8 H100s
 at $625 instead of $608, 31 h against its deadline's limit (16 H100s, $649, are chosen when it is a
