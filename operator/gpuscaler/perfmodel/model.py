@@ -37,11 +37,12 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
   norm, losses, reductions).
 - ``N_w(b)`` is the kernels one micro-batch of the workload launches, a fact counted op by op in
   real PyTorch (``Workload.kernels_per_step`` + ``b x kernels_per_item``, by
-  ``scripts/kernel_counts.py``: 408 for ResNet-50, 1,489 for BERT-large, 1,099 + 190 per image for
+  ``scripts/kernel_counts.py``: 408 for ResNet-50, 1,489 for BERT-large, 1,101 + 189.5 per image for
   Mask R-CNN), or estimated from the layers where not counted (``kernels_of``). The time per kernel
-  ``t_k`` and the time per item ``h`` are fitted per family and do not scale with the GPU; ``s_w`` is
-  a named workload's fitted factor on it, regularised towards 1, for what the count does not see
-  (fusion or host synchronisation in the framework it was measured in; custom workloads use 1).
+  ``t_k`` (x a fitted per-framework factor, PyTorch 1) and the time per item ``h`` are fitted per
+  family and do not scale with the GPU; ``s_w`` is a named workload's fitted factor on it,
+  regularised towards 1, for what the count does not see (fusion or host synchronisation in the
+  framework it was measured in; custom workloads use 1).
   So a faster GPU spends a larger share of its step there and gains less from mixed precision: the AMP speedup is
   ``(host + simt + tensor_fp32 + memory_fp32) / (host + simt + tensor_fp32 / peak_ratio + memory_fp32
   * (1+phi)/2)``, at most the tensor peak ratio, shrinking as the GPU gets faster.
