@@ -19,7 +19,29 @@ def _script() -> ModuleType:
     return repo_scripts.load("scripts/kernel_counts.py", "kernel_counts")
 
 
-@pytest.mark.parametrize("name", ["resnet50", "efficientnet-b0", "bert-base-squad", "gpt2-small"])
+COUNTED = [
+    "resnet50",
+    "resnext101-32x4d",
+    "se-resnext101-32x4d",
+    "efficientnet-b0",
+    "efficientnet-b4",
+    "efficientnet-v2-s",
+    "ssd300",
+    "bert-large-pretrain",
+    "bert-large-squad",
+    "bert-base-squad",
+    "electra-base-squad",
+    "gpt2-small",
+    "llama-7b",
+]
+"""Every counted workload but Mask R-CNN (its own test below): ``kernel_counts.py --check`` in the suite."""
+
+
+def test_every_counted_workload_is_here() -> None:
+    assert sorted([*COUNTED, "maskrcnn"]) == sorted(_script().models())
+
+
+@pytest.mark.parametrize("name", COUNTED)
 def test_the_catalog_figures_are_the_counted_kernels(name: str) -> None:
     m = _script()
     fixed, per_item = m.measure(name)
