@@ -337,11 +337,15 @@ def count(name: str, batch: int) -> Counter[str]:
     return _count(step)
 
 
-def measure(name: str) -> tuple[int, float]:
-    """Kernels of one micro-batch of ``name`` apart from its size, and per batch item (counted at 2 and 4)."""
-    at2, at4 = count(name, 2), count(name, 4)
+def split(at2: Counter[str], at4: Counter[str]) -> tuple[int, float]:
+    """Kernels of a micro-batch apart from its size, and per batch item, from the counts at 2 and 4 items."""
     per_item = (sum(at4.values()) - sum(at2.values())) / 2
     return round(sum(at2.values()) - 2 * per_item), per_item
+
+
+def measure(name: str) -> tuple[int, float]:
+    """Kernels of one micro-batch of ``name`` apart from its size, and per batch item (counted at 2 and 4)."""
+    return split(count(name, 2), count(name, 4))
 
 
 def catalog_drift(name: str, fixed: int, per_item: float) -> list[str]:
@@ -388,11 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     drift: list[str] = []
     for name in args.workloads or list(models()):
         started = time.monotonic()
-        fixed, per_item = measure(name)
+        at2 = count(name, 2)
+        fixed, per_item = split(at2, count(name, 4))
         rows.append((name, fixed, per_item))
         print(f"{name:22s} {fixed:6d} kernels per micro-batch, {per_item:+6.1f} per item  ({time.monotonic() - started:.0f} s)", file=sys.stderr)
         if args.top:
-            print("   " + ", ".join(f"{op} {n}" for op, n in count(name, 2).most_common(args.top)), file=sys.stderr)
+            print("   " + ", ".join(f"{op} {n}" for op, n in at2.most_common(args.top)), file=sys.stderr)
         if args.check:
             drift += catalog_drift(name, fixed, per_item)
     if args.csv:
