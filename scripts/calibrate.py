@@ -39,7 +39,7 @@ in the dev extra (what CI installs), so a refit gives the committed values to ~1
 allows a documented tolerance on top (CHECK_LOG_TOLERANCE on each fitted value, CHECK_MAPE_TOLERANCE
 points on the in-sample errors, CHECK_CV_TOLERANCE points on the cross-validated ones), so another
 solver version does not fail CI while any real change to the model, the data or the fit does. A refit takes ~3 s of CPU, the
-cross-validation (20 refits) ~40 s: the fit evaluates the model through :class:`Batch`, the
+cross-validation (20 refits) ~40 s, the two own-parameter fits (:func:`own_parameters_in_sample`) ~5 s: the fit evaluates the model through :class:`Batch`, the
 vectorised twin of ``combine`` (tests hold the two equal).
 """
 
@@ -494,6 +494,41 @@ def lookup_in_sample(rows: list[calibration.Row]) -> dict[str, dict[str, float |
     return out
 
 
+OWN_PARAMETER_LEVELS: dict[str, Callable[[calibration.Row], str]] = {
+    "workload": lambda r: r.workload.id,
+    "workload_framework": lambda r: f"{r.workload.id}|{r.cfg.framework}",
+}
+"""The groups :func:`own_parameters_in_sample` gives their own family parameters: each workload (one set
+for all the frameworks it was measured in), and each workload in each framework."""
+
+
+def own_parameters_in_sample(rows: list[calibration.Row]) -> dict[str, dict[str, dict[str, float | int]]]:
+    """The in-sample errors of the model with every family parameter fitted per group of rows instead of
+    per family (:data:`OWN_PARAMETER_LEVELS`), on all rows: the same terms, each workload (or workload in
+    one framework) its own efficiencies, DRAM traffic, fp32 share under autocast, time per kernel and
+    per item, off-tensor share and straggler spread. What the model's terms can explain at best once
+    they know each group's own answer; what is left is noise between tables and whatever no term
+    describes. A held-out row has no parameters of its own, so its cross-validated error is above this
+    (two fits, ~4 s)."""
+    out = {}
+    for level, group in OWN_PARAMETER_LEVELS.items():
+        own = [
+            dataclasses.replace(
+                r,
+                workload=dataclasses.replace(r.workload, family=group(r)),
+                terms=dataclasses.replace(r.terms, family=group(r)),
+            )
+            for r in rows
+        ]
+        preds = calibration.predict(own, fit(own))
+        pairs = calibration.ratio_pairs(own, preds)
+        out[level] = {
+            "throughput": _summary([p / r.measured - 1 for p, r in zip(preds, own, strict=True)]),
+            **{m: _summary([e for _, _, e in pairs[m]]) for m in calibration.RATIO_METRICS},
+        }
+    return out
+
+
 def replicate_disagreement(rows: list[calibration.Row]) -> dict[str, dict[str, float | int]]:
     """How much the data disagrees with itself: pairs of rows of the same configuration (workload,
     framework, precision, GPU count, micro-batch, accumulation) on the same chip (a V100-16GB and a
@@ -569,6 +604,7 @@ summation order lands elsewhere in a flat valley: two BLAS threads instead of on
 96 figures by 0.1-0.83 points, every fitted.json value by far less than 1% (measured). A model change
 worth keeping moves the pooled figures by more."""
 CHECKED_META = ("fit_mape_pct", "fit_median_ape_pct")
+OWN_KEY = "own_parameters_in_sample"
 CHECKED_CV = ("mape", "median_ape", "log_sigma")
 
 
@@ -610,7 +646,8 @@ def fitted_drift(committed: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
 
 def cv_drift(committed: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     """What differs beyond CHECK_CV_TOLERANCE between committed and fresh cross-validation errors
-    (every metric of every scheme; pair counts must match exactly).
+    (every metric of every scheme, and the in-sample fits with each group's own parameters; pair
+    counts must match exactly).
 
     Returns:
         One line per figure out of tolerance (empty: the committed file stands).
@@ -618,8 +655,12 @@ def cv_drift(committed: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     problems = []
     if committed.get("schema_version") != CV_SCHEMA:
         problems.append(f"schema_version: committed {committed.get('schema_version')}, expected {CV_SCHEMA}")
-    old = _leaves({"metrics": committed.get("metrics", {}), "schemes": committed.get("schemes", {})})
-    new = _leaves({"metrics": fresh["metrics"], "schemes": fresh["schemes"]})
+
+    def checked(doc: dict[str, Any]) -> dict[str, object]:
+        own = {k: v for k, v in doc.get(OWN_KEY, {}).items() if k != "source"}
+        return _leaves({"metrics": doc.get("metrics", {}), "schemes": doc.get("schemes", {}), OWN_KEY: own})
+
+    old, new = checked(committed), checked(fresh)
     problems += [f"{k}: figure set changed" for k in sorted(old.keys() ^ new.keys())]
     for k in sorted(old.keys() & new.keys()):
         a, b = old[k], new[k]
@@ -710,6 +751,14 @@ def cv_document(rows: list[calibration.Row], digest: str) -> dict[str, Any]:
             ),
             **lookup_in_sample(rows),
         },
+        OWN_KEY: {
+            "source": (
+                "in sample: the model with every family parameter fitted per workload (workload), or per workload "
+                "and framework (workload_framework), instead of per family, on all rows: what its terms explain at "
+                "best once they know each group's own answer"
+            ),
+            **own_parameters_in_sample(rows),
+        },
     }
 
 
@@ -726,6 +775,11 @@ def print_cv(cv: dict[str, Any]) -> None:
     if "replicates" in cv:
         reps = {k: v for k, v in cv["replicates"].items() if isinstance(v, dict)}
         print("replicates (the same configuration measured twice): " + "; ".join(f"{m} {v['mape']:.1%} / {v['n']}" for m, v in reps.items()))
+    if OWN_KEY in cv:
+        for level, metrics in cv[OWN_KEY].items():
+            if isinstance(metrics, dict):
+                cells = "; ".join(f"{m} {v['mape']:.1%}" for m, v in metrics.items())
+                print(f"in sample, the model with each {level.replace('_', ' and ')}'s own family parameters: {cells}")
     if "lookup_in_sample" in cv:
         look = {k: v for k, v in cv["lookup_in_sample"].items() if isinstance(v, dict)}
         print("in-sample lookup of each workload's own median ratio: " + "; ".join(f"{m} {v['mape']:.1%} / {v['n']}" for m, v in look.items()))

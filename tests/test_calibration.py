@@ -119,6 +119,24 @@ def test_baseline_replicates_and_lookup_are_what_the_rows_give() -> None:
         assert cv["metrics"][metric]["mape"] < cv["baseline"]["metrics"][metric]["mape"], metric
 
 
+def test_own_parameter_fits_are_what_the_rows_give_and_fit_better_with_more_freedom() -> None:
+    """The committed in-sample errors of the model with each workload's (and each workload and
+    framework's) own family parameters are reproduced by a refit, and more freedom fits the rows
+    better: per workload and framework below per workload below the per-family fit."""
+    cal = _calibrate()
+    rows, _ = calibration.load_rows()
+    committed: Any = _cv()["own_parameters_in_sample"]
+    fresh = cal.own_parameters_in_sample(rows)
+    assert set(fresh) == {"workload", "workload_framework"}
+    for level, metrics in fresh.items():
+        assert set(metrics) == {"throughput", *calibration.RATIO_METRICS}
+        for metric, v in metrics.items():
+            assert v["n"] == committed[level][metric]["n"]
+            assert v["mape"] == pytest.approx(committed[level][metric]["mape"], abs=cal.CHECK_CV_TOLERANCE / 100)
+    per_family = calibration.report().overall.mape / 100
+    assert fresh["workload_framework"]["throughput"]["mape"] < fresh["workload"]["throughput"]["mape"] < per_family
+
+
 def test_baseline_predicts_held_out_pairs_from_training_pairs_only() -> None:
     """Leave ResNet-50 out: its AMP speedups are predicted by the median of the other CNN's on the same
     GPU generation, never by its own; a GPU ratio with no training pair of the kind gets the
@@ -257,6 +275,10 @@ def test_the_check_of_cross_validated_errors() -> None:
     fewer = copy.deepcopy(cv)
     fewer["metrics"]["amp_speedup"]["n"] -= 1
     assert [p.split(":")[0] for p in cal.cv_drift(cv, fewer)] == ["metrics.amp_speedup.n"]
+    own = copy.deepcopy(cv)
+    own["own_parameters_in_sample"]["workload"]["amp_speedup"]["mape"] -= 0.02
+    own["own_parameters_in_sample"]["source"] = "reworded"  # prose is not checked
+    assert [p.split(":")[0] for p in cal.cv_drift(cv, own)] == ["own_parameters_in_sample.workload.amp_speedup.mape"]
 
 
 def test_ci_installs_the_solver_the_fit_was_made_with() -> None:

@@ -102,6 +102,8 @@ def test_validate_json_has_cross_validated_fractions(capsys: pytest.CaptureFixtu
         assert cv["baseline"]["metrics"][metric]["n"] == cv[metric]["n"]
         assert 0 < cv["replicates"][metric]["mape"] < 1 and cv["replicates"][metric]["n"] > 10
         assert 0 < cv["lookup_in_sample"][metric]["mape"] < 1
+        for level in ("workload", "workload_framework"):
+            assert 0 < cv["own_parameters_in_sample"][level][metric]["mape"] < 1
     assert set(cv["baseline"]["schemes"]) == set(cv["schemes"])
 
 
@@ -110,3 +112,4 @@ def test_validate_table_shows_fit_and_cross_validation(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "CV MAPE %" in out and "leave_one_workload_out" in out and "GPU speed ratio" in out
     assert "baseline CV %" in out and "replicates %" in out and "Model-free baseline" in out
+    assert "own params %" in out

@@ -695,6 +695,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         "baseline": cv.get("baseline", {}),
                         "replicates": cv.get("replicates", {}),
                         "lookup_in_sample": cv.get("lookup_in_sample", {}),
+                        "own_parameters_in_sample": cv.get("own_parameters_in_sample", {}),
                     },
                     "skipped": rep.skipped,
                     "calibration": meta,
@@ -717,6 +718,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     baseline = cv.get("baseline", {}).get("metrics", {})
     replicates = cv.get("replicates", {})
     lookup = cv.get("lookup_in_sample", {})
+    own = cv.get("own_parameters_in_sample", {})
 
     def pct(d: dict[str, Any], key: str) -> str:
         return f"{d[key]['mape'] * 100:.1f}" if isinstance(d.get(key), dict) and d[key].get("n") else "-"
@@ -735,6 +737,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 f"{m['mape'] * 100:.1f}",
                 f"{m['median_ape'] * 100:.1f}",
                 pct(baseline, key),
+                f"{pct(own.get('workload', {}), key)} / {pct(own.get('workload_framework', {}), key)}",
                 pct(lookup, key),
                 pct(replicates, key),
             ]
@@ -749,6 +752,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 "CV MAPE %",
                 "CV median %",
                 "baseline CV %",
+                "own params %",
                 "lookup %",
                 "replicates %",
             ],
@@ -759,9 +763,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(
             "baseline CV: the same held-out pairs predicted without a model, from the median measured ratio of the\n"
             "fold's training pairs of the same workload and framework (then family), else the spec sheet (bandwidth\n"
-            "ratio, no AMP speedup, linear scaling). lookup: in sample, each workload and framework's own median\n"
-            "ratio; what is left is how ratios move with batch size, GPU count and table. replicates: the same\n"
-            "configuration measured twice in the tables differs by this much; against one noisy measurement no\n"
+            "ratio, no AMP speedup, linear scaling). own params: in sample, the model with every family parameter\n"
+            "fitted per workload / per workload and framework: what its terms explain at best, knowing each one's own\n"
+            "answer (a held-out row has no parameters of its own). lookup: in sample, each workload and framework's\n"
+            "own median ratio; what is left is how ratios move with batch size, GPU count and table. replicates: the\n"
+            "same configuration measured twice in the tables differs by this much; against one noisy measurement no\n"
             "model can be expected below about this / sqrt(2)."
         )
     print("\nCross-validated MAPE % by scheme (scripts/calibrate.py; every scored prediction is held out):")
