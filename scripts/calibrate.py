@@ -11,6 +11,7 @@ validate`` reports both.
     python scripts/calibrate.py --check      # refit and cross-validate; fail on drift (CI)
     python scripts/calibrate.py --holdout    # print the cross-validation table only
     python scripts/calibrate.py --residuals  # ... and where the held-out error sits, by workload
+    python scripts/calibrate.py --holdout --own workload_framework  # ... of each group with its own parameters
 
 Free parameters: per family the tensor and SIMT efficiencies, the share of FLOPs that never
 reach tensor cores, DRAM traffic per activation byte, the share of it autocast keeps in fp32,
@@ -502,6 +503,20 @@ OWN_PARAMETER_LEVELS: dict[str, Callable[[calibration.Row], str]] = {
 for all the frameworks it was measured in), and each workload in each framework."""
 
 
+def own_rows(rows: list[calibration.Row], level: str) -> list[calibration.Row]:
+    """``rows`` with each group of :data:`OWN_PARAMETER_LEVELS` ``level`` as its own family, so that a fit
+    gives every group its own family parameters."""
+    group = OWN_PARAMETER_LEVELS[level]
+    return [
+        dataclasses.replace(
+            r,
+            workload=dataclasses.replace(r.workload, family=group(r)),
+            terms=dataclasses.replace(r.terms, family=group(r)),
+        )
+        for r in rows
+    ]
+
+
 def own_parameters_in_sample(rows: list[calibration.Row]) -> dict[str, dict[str, dict[str, float | int]]]:
     """The in-sample errors of the model with every family parameter fitted per group of rows instead of
     per family (:data:`OWN_PARAMETER_LEVELS`), on all rows: the same terms, each workload (or workload in
@@ -511,15 +526,8 @@ def own_parameters_in_sample(rows: list[calibration.Row]) -> dict[str, dict[str,
     describes. A held-out row has no parameters of its own, so its cross-validated error is above this
     (two fits, ~4 s)."""
     out = {}
-    for level, group in OWN_PARAMETER_LEVELS.items():
-        own = [
-            dataclasses.replace(
-                r,
-                workload=dataclasses.replace(r.workload, family=group(r)),
-                terms=dataclasses.replace(r.terms, family=group(r)),
-            )
-            for r in rows
-        ]
+    for level in OWN_PARAMETER_LEVELS:
+        own = own_rows(rows, level)
         preds = calibration.predict(own, fit(own))
         pairs = calibration.ratio_pairs(own, preds)
         out[level] = {
@@ -799,9 +807,21 @@ def main() -> int:
     ap.add_argument(
         "--residuals", action="store_true", help="print the cross-validated errors and where they sit, by workload"
     )
+    ap.add_argument(
+        "--own",
+        choices=sorted(OWN_PARAMETER_LEVELS),
+        help=(
+            "with --holdout or --residuals: cross-validate the model with each workload's (or each workload "
+            "and framework's) own family parameters instead of the family's"
+        ),
+    )
     args = ap.parse_args()
+    if args.own and not (args.holdout or args.residuals):
+        ap.error("--own goes with --holdout or --residuals (the committed fit is per family)")
 
     rows, skipped = calibration.load_rows()
+    if args.own:
+        rows = own_rows(rows, args.own)
     if args.holdout or args.residuals:
         errors = held_out_errors(rows)
         print_cv(cross_validate(rows, errors))

@@ -137,6 +137,16 @@ def test_own_parameter_fits_are_what_the_rows_give_and_fit_better_with_more_free
     assert fresh["workload_framework"]["throughput"]["mape"] < fresh["workload"]["throughput"]["mape"] < per_family
 
 
+def test_own_rows_make_each_group_its_own_family() -> None:
+    cal = _calibrate()
+    rows, _ = calibration.load_rows()
+    own = cal.own_rows(rows, "workload_framework")
+    assert [r.measured for r in own] == [r.measured for r in rows]
+    for r, o in zip(rows, own, strict=True):
+        assert o.workload.family == o.terms.family == f"{r.workload.id}|{r.cfg.framework}"
+    assert len({r.workload.family for r in cal.own_rows(rows, "workload")}) == len({r.workload.id for r in rows})
+
+
 def test_baseline_predicts_held_out_pairs_from_training_pairs_only() -> None:
     """Leave ResNet-50 out: its AMP speedups are predicted by the median of the other CNN's on the same
     GPU generation, never by its own; a GPU ratio with no training pair of the kind gets the
