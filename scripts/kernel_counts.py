@@ -233,10 +233,10 @@ def _ssd300() -> tuple[Any, Callable[[int], Any]]:
     return SSD(), batch
 
 
-def _maskrcnn() -> tuple[Any, Callable[[int], Any]]:
+def _maskrcnn(height: int = 256, width: int = 320) -> tuple[Any, Callable[[int], Any]]:
     """torchvision's Mask R-CNN ResNet-50-FPN at its training settings (2,000 proposals per image
-    after NMS, 512 sampled RoIs, 91 classes); small images (the count does not depend on their
-    size)."""
+    after NMS, 512 sampled RoIs, 91 classes); small images by default (the count does not depend on
+    their size), ``height`` x ``width`` pixels (DLE trains 832 x 1344)."""
     import torch
     from torchvision.models import resnet50
     from torchvision.models.detection import MaskRCNN
@@ -246,15 +246,15 @@ def _maskrcnn() -> tuple[Any, Callable[[int], Any]]:
     # Frozen batch norm everywhere, stem and first stage not trained (DLE's TF2 ResNet-50 and
     # torchvision's pretrained-backbone default alike).
     backbone = _resnet_fpn_extractor(resnet50(norm_layer=FrozenBatchNorm2d), trainable_layers=3)
-    model = MaskRCNN(backbone, num_classes=91, min_size=256, max_size=320)
+    model = MaskRCNN(backbone, num_classes=91, min_size=height, max_size=width)
     model.train()
 
     def batch(b: int) -> Any:
         torch.manual_seed(0)
-        images = [torch.rand(3, 256, 320) for _ in range(b)]
+        images = [torch.rand(3, height, width) for _ in range(b)]
         targets = []
         for _ in range(b):
-            masks = torch.zeros(4, 256, 320, dtype=torch.uint8)
+            masks = torch.zeros(4, height, width, dtype=torch.uint8)
             boxes = torch.tensor([[10.0, 10.0, 100.0, 120.0], [50.0, 60.0, 200.0, 220.0], [120.0, 30.0, 300.0, 140.0], [5.0, 150.0, 90.0, 250.0]])
             for m, (x0, y0, x1, y1) in zip(masks, boxes.int().tolist(), strict=True):
                 m[y0:y1, x0:x1] = 1
