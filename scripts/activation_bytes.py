@@ -4,8 +4,9 @@ measurement of the real PyTorch model, run on CPU.
 
 An architecture fact the memory model reads from ``catalog/data/workloads.csv``
 (``activation_bytes_per_sample``, at 16 bits): with the micro-batch it sets the activation memory
-per GPU, so it decides which micro-batches fit, and the DRAM traffic of the memory-bound layers is
-counted in it.
+per GPU, so it decides which micro-batches fit. (The DRAM traffic of the memory-bound layers is
+counted in the row's ``traffic_bytes_per_sample``, which for the rows measured here is still the
+estimate the model was fitted on: the header of workloads.csv and the README say why.)
 
 How it measures: ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd saves for
 the backward pass during the forward pass of one micro-batch. Their storages are summed once each
@@ -30,6 +31,7 @@ Needs ``torch`` and ``torchvision`` (the ``train`` extra; CI's torch venv has th
 
     python scripts/activation_bytes.py           # measured against the catalog, per workload
     python scripts/activation_bytes.py --check   # exit 1 when a catalog figure is off by more than TOLERANCE
+    python scripts/activation_bytes.py --csv     # id,activation_bytes_per_sample lines for workloads.csv
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kernel_counts  # the model builders
 
-TOLERANCE = 0.15
-"""--check: largest |catalog / measured - 1|. The catalog's figures were estimates from the batch sizes
-DLE fits on a 16 GB V100; the measurement differs from them by 2-8% where they hold and by 25% or
-more where the estimate was made at another image size."""
+TOLERANCE = 0.03
+"""--check: largest |catalog / measured - 1|. The catalog holds the measurement rounded to 0.1 MB; the
+margin is for another torch or torchvision version saving a little more or less. The estimates the
+catalog held before were 2-9% off for the ResNets, 20-50% under for the EfficientNets and SSD300 and
+2.2x over for Mask R-CNN."""
 
 MICRO_BATCH = 2
 
@@ -142,6 +145,7 @@ def _ids() -> dict[str, tuple[str, ...]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--check", action="store_true", help=f"exit 1 when a catalog figure is off by more than {TOLERANCE:.0%}")
+    ap.add_argument("--csv", action="store_true", help="print id,activation_bytes_per_sample lines for workloads.csv")
     args = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -149,6 +153,12 @@ def main() -> int:
     except ImportError as e:
         print(f"activation_bytes.py needs torch and torchvision: {e}; pip install -e '.[train]'", file=sys.stderr)
         return 2
+    if args.csv:
+        for name, ids in _ids().items():
+            got = measure(name)
+            for wid in ids:
+                print(f"{wid},{got / 1e6:.1f}e6")
+        return 0
     catalog = catalog_figures()
     off = []
     print(f"{'workload':<24} {'measured MB':>12} {'catalog MB':>11} {'catalog/measured':>17}   (per item, 16-bit)")

@@ -222,7 +222,7 @@ class Batch:
         self.rate, self.simt_rate = col("rate"), col("simt_rate")
         self.tensor = np.array([t.tensor for t in terms])
         self.sixteen = np.array([t.sixteen_bit for t in terms])
-        self.bytes = self.b * col("activation_bytes_per_item") / col("bandwidth")
+        self.bytes = self.b * col("traffic_bytes_per_item") / col("bandwidth")
         self.nchw = col("nchw_bytes")
         self.optimizer_s, self.comm_s, self.tail_s = col("optimizer_s"), col("comm_s"), col("comm_tail_s")
         self.cap = np.array([math.inf if t.input_cap is None else t.input_cap for t in terms])

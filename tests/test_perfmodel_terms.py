@@ -406,3 +406,30 @@ def test_the_catalog_rejects_a_depthwise_share_out_of_range() -> None:
     row = "x,,cnn-light,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,1.5,,,,src"
     with pytest.raises(CatalogError, match=r"x: depthwise_flop_share 1\.5 must be in \[0, 1\)"):
         parse_workloads(read_rows(f"# schema: 1\n{WORKLOAD_HEADER}\n{row}\n", "workloads.csv"))
+
+
+def test_activation_memory_sets_the_memory_and_the_traffic_base_the_memory_bound_time() -> None:
+    """The catalog's measured activation memory decides what fits; the DRAM traffic of the memory-bound
+    layers is counted in ``traffic_bytes_per_sample``, so a row can correct one without the other."""
+    w, g = CAT.workload("efficientnet-b4"), CAT.gpu("V100-16GB")
+    cfg = ParallelConfig(micro_batch=32, precision=Precision.AMP)
+    assert w.traffic_bytes_per_sample is not None and w.traffic_bytes != w.activation_bytes_per_sample
+    base = estimate(w, g, cfg)
+    scale = constants()["memory"]["activation_scale"]["amp"]
+    assert base.memory.activations == pytest.approx(32 * w.activation_bytes_per_sample * scale)
+    more_memory = estimate(replace(w, activation_bytes_per_sample=2 * w.activation_bytes_per_sample), g, cfg)
+    assert more_memory.memory.activations == pytest.approx(2 * base.memory.activations)
+    assert more_memory.memory_bound_s == base.memory_bound_s and more_memory.step_time_s == base.step_time_s
+    more_traffic = estimate(replace(w, traffic_bytes_per_sample=2 * w.traffic_bytes), g, cfg)
+    assert more_traffic.memory_bound_s == pytest.approx(2 * base.memory_bound_s)
+    assert more_traffic.memory.total == base.memory.total
+    # Without a traffic figure (custom and transformer workloads) the activation memory is the base.
+    plain = replace(w, traffic_bytes_per_sample=None)
+    assert plain.traffic_bytes == w.activation_bytes_per_sample
+
+
+def test_the_catalog_rejects_a_non_positive_traffic_base() -> None:
+    header = WORKLOAD_HEADER.replace(",source", ",traffic_bytes_per_sample,source")
+    row = "x,,cnn,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,,,,,0,src"
+    with pytest.raises(CatalogError, match=r"x: activation_bytes_per_sample 30000000\.0 and traffic_bytes_per_sample 0\.0 must be positive"):
+        parse_workloads(read_rows(f"# schema: 1\n{header}\n{row}\n", "workloads.csv"))

@@ -819,6 +819,7 @@ def _workload_dict(w: Workload) -> dict[str, object]:
         "params": w.params,
         "flops_per_sample": w.flops_per_sample,
         "activation_bytes_per_sample": w.activation_bytes_per_sample,
+        "traffic_bytes_per_sample": w.traffic_bytes,
         "seq_len": w.seq_len,
         "kernels_per_step": w.kernels_per_step,
         "kernels_per_item": w.kernels_per_item,

@@ -223,6 +223,7 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
             variable_inputs=_bool(r.get("variable_inputs", "")),
             kernels_per_step=_opt_int(r.get("kernels_per_step", "")),
             kernels_per_item=_opt_float(r.get("kernels_per_item", "")) or 0.0,
+            traffic_bytes_per_sample=_opt_float(r.get("traffic_bytes_per_sample", "")),
         )
         if w.params <= 0 or w.flops_per_sample <= 0:
             raise CatalogError(f"workloads.csv: {w.id}: params and flops_per_sample must be positive")
@@ -234,6 +235,11 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
             raise CatalogError(
                 f"workloads.csv: {w.id}: kernels_per_step {w.kernels_per_step} must be >= 1 and "
                 f"kernels_per_item {w.kernels_per_item} >= 0"
+            )
+        if w.activation_bytes_per_sample <= 0 or w.traffic_bytes <= 0:
+            raise CatalogError(
+                f"workloads.csv: {w.id}: activation_bytes_per_sample {w.activation_bytes_per_sample} and "
+                f"traffic_bytes_per_sample {w.traffic_bytes_per_sample} must be positive"
             )
         index.add(w.id, w, w.aliases)
     return index

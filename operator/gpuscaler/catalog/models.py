@@ -127,7 +127,9 @@ class Workload:
     flops_per_sample: float
     """Training FLOPs per sample (fwd + bwd)."""
     activation_bytes_per_sample: float
-    """Activation memory per sample under mixed precision, without activation checkpointing."""
+    """Activation memory per sample under mixed precision, without activation checkpointing: the bytes
+    autograd keeps for the backward pass (measured by ``scripts/activation_bytes.py`` for the CNN and
+    detection rows, derived from the shape for transformers)."""
     seq_len: int | None = None
     layers: int | None = None
     hidden: int | None = None
@@ -155,6 +157,17 @@ class Workload:
     ``scripts/kernel_counts.py``; None = not counted (the model estimates it)."""
     kernels_per_item: float = 0.0
     """More kernels per batch item (per-image loops, as in torchvision's detection models)."""
+    traffic_bytes_per_sample: float | None = None
+    """The base of the performance model's DRAM traffic of memory-bound layers (x a fitted traffic per
+    byte), where it is not the activation memory; None = ``activation_bytes_per_sample``."""
+
+    @property
+    def traffic_bytes(self) -> float:
+        """Per sample, what the memory-bound traffic is counted in: ``traffic_bytes_per_sample``, else the
+        activation memory."""
+        if self.traffic_bytes_per_sample is not None:
+            return self.traffic_bytes_per_sample
+        return self.activation_bytes_per_sample
 
     @property
     def item(self) -> str:

@@ -31,8 +31,10 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
   filter per channel leaving no reduction dimension for a tensor-core tile, at the fitted fraction
   ``e_dw`` of the FP32 peak (``S_fp32`` = FP32 peak x derate) at any precision. So they scale with
   the CUDA-core rate between GPUs (V100 -> A100 1.24x, not the tensor ratio) and gain nothing from AMP.
-- ``A`` stored activation bytes per item at 16-bit, ``m`` the family's DRAM traffic per activation
-  byte, ``W`` achievable memory bandwidth; ``c_p`` is 2 at full precision and ``1 + phi`` under
+- ``A`` the traffic base per item at 16 bits (``Workload.traffic_bytes``: the stored activation
+  bytes, or for the CNN and detection rows the activation estimate the fit was made on, which their
+  measured activation memory has replaced for the memory model; the catalog's header says why),
+  ``m`` the family's DRAM traffic per byte of it, ``W`` achievable memory bandwidth; ``c_p`` is 2 at full precision and ``1 + phi`` under
   mixed precision, ``phi`` the fitted share of that traffic autocast keeps in fp32 (softmax, layer
   norm, losses, reductions).
 - ``N_w(b)`` is the kernels one micro-batch of the workload launches, a fact counted op by op in
@@ -428,8 +430,8 @@ class StepTerms:
     nchw_bytes: float
     """Element size, in 16-bit units, of the NCHW<->NHWC transposes around tensor-core convolutions (2 at
     TF32, 1 at 16 bits; 0 when the convolutions run channels-last or on CUDA cores, or the family has none)."""
-    activation_bytes_per_item: float
-    """Stored activation bytes per item at 16-bit."""
+    traffic_bytes_per_item: float
+    """What the memory-bound DRAM traffic per item is counted in, at 16 bits (``Workload.traffic_bytes``)."""
     bandwidth: float
     """Achievable DRAM bytes/s."""
     optimizer_s: float
@@ -529,7 +531,7 @@ def step_terms(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> StepTerms:
         tensor=tensor,
         sixteen_bit=sixteen,
         nchw_bytes=(1.0 if sixteen else 2.0) if nchw else 0.0,
-        activation_bytes_per_item=workload.activation_bytes_per_sample * per_item,
+        traffic_bytes_per_item=workload.traffic_bytes * per_item,
         bandwidth=bw,
         optimizer_s=workload.params / shard * opt_bytes / bw,
         comm_s=comm,
@@ -573,7 +575,7 @@ def combine(t: StepTerms, p: FittedParams) -> StepTime:
     compute_micro = b * ((t.flops_per_item - dw) * per_flop + dw / (t.simt_rate * p.depthwise_efficiency)) / scale
     bytes_factor = (1.0 + fam.fp32_memory_fraction) if t.sixteen_bit else 2.0
     traffic = fam.memory_traffic * bytes_factor + p.nchw_traffic * t.nchw_bytes
-    memory_micro = b * t.activation_bytes_per_item * traffic / t.bandwidth / scale
+    memory_micro = b * t.traffic_bytes_per_item * traffic / t.bandwidth / scale
     per_kernel = fam.launch_s_per_kernel * p.framework_launch_scale.get(t.framework, 1.0)
     host_micro = per_kernel * t.kernels * p.workload_launch_scale.get(t.workload_id, 1.0) + b * fam.host_s_per_item
     micro = host_micro + compute_micro + memory_micro
