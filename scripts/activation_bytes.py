@@ -153,24 +153,23 @@ def main() -> int:
     except ImportError as e:
         print(f"activation_bytes.py needs torch and torchvision: {e}; pip install -e '.[train]'", file=sys.stderr)
         return 2
-    if args.csv:
-        for name, ids in _ids().items():
-            got = measure(name)
-            for wid in ids:
-                print(f"{wid},{got / 1e6:.1f}e6")
-        return 0
     catalog = catalog_figures()
     off = []
-    print(f"{'workload':<24} {'measured MB':>12} {'catalog MB':>11} {'catalog/measured':>17}   (per item, 16-bit)")
+    lines = []
+    table = sys.stderr if args.csv else sys.stdout  # with --csv, stdout carries only the CSV lines
+    print(f"{'workload':<24} {'measured MB':>12} {'catalog MB':>11} {'catalog/measured':>17}   (per item, 16-bit)", file=table)
     for name, ids in _ids().items():
         t0 = time.perf_counter()
         got = measure(name)
         for wid in ids:
             ratio = catalog[wid] / got
             flag = "" if abs(ratio - 1) <= TOLERANCE else "  off"
-            print(f"{wid:<24} {got / 1e6:>12.1f} {catalog[wid] / 1e6:>11.1f} {ratio:>17.2f}{flag}   {time.perf_counter() - t0:.1f} s")
+            print(f"{wid:<24} {got / 1e6:>12.1f} {catalog[wid] / 1e6:>11.1f} {ratio:>17.2f}{flag}   {time.perf_counter() - t0:.1f} s", file=table)
+            lines.append(f"{wid},{got / 1e6:.1f}e6")
             if flag:
                 off.append(wid)
+    if args.csv:
+        print("\n".join(lines))
     if args.check and off:
         print(f"{len(off)} catalog figure(s) off by more than {TOLERANCE:.0%}: {', '.join(off)}", file=sys.stderr)
         return 1

@@ -40,8 +40,9 @@ in the dev extra (what CI installs), so a refit gives the committed values to ~1
 allows a documented tolerance on top (CHECK_LOG_TOLERANCE on each fitted value, CHECK_MAPE_TOLERANCE
 points on the in-sample errors, CHECK_CV_TOLERANCE points on the cross-validated ones), so another
 solver version does not fail CI while any real change to the model, the data or the fit does. A refit takes ~3 s of CPU, the
-cross-validation (20 refits) ~40 s, the two own-parameter fits (:func:`own_parameters_in_sample`) ~5 s: the fit evaluates the model through :class:`Batch`, the
-vectorised twin of ``combine`` (tests hold the two equal).
+cross-validation (20 refits) ~40 s, the two own-parameter fits (:func:`own_parameters_in_sample`)
+~5 s: the fit evaluates the model through :class:`Batch`, the vectorised twin of ``combine`` (tests
+hold the two equal).
 """
 
 from __future__ import annotations
@@ -524,7 +525,7 @@ def own_parameters_in_sample(rows: list[calibration.Row]) -> dict[str, dict[str,
     per item, off-tensor share and straggler spread. What the model's terms can explain at best once
     they know each group's own answer; what is left is noise between tables and whatever no term
     describes. A held-out row has no parameters of its own, so its cross-validated error is above this
-    (two fits, ~4 s)."""
+    (two fits, ~5 s)."""
     out = {}
     for level in OWN_PARAMETER_LEVELS:
         own = own_rows(rows, level)

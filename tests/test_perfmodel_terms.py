@@ -428,8 +428,13 @@ def test_activation_memory_sets_the_memory_and_the_traffic_base_the_memory_bound
     assert plain.traffic_bytes == w.activation_bytes_per_sample
 
 
-def test_the_catalog_rejects_a_non_positive_traffic_base() -> None:
+@pytest.mark.parametrize("traffic", ["0", "nan", "inf"])
+def test_the_catalog_rejects_a_traffic_base_that_is_not_positive_and_finite(traffic: str) -> None:
     header = WORKLOAD_HEADER.replace(",source", ",traffic_bytes_per_sample,source")
-    row = "x,,cnn,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,,,,,0,src"
-    with pytest.raises(CatalogError, match=r"x: activation_bytes_per_sample 30000000\.0 and traffic_bytes_per_sample 0\.0 must be positive"):
+    row = f"x,,cnn,images,images,5e6,2e9,3e7,,,,,,,,,,sgd,,,,,,,{traffic},src"
+    shown = {"0": r"0\.0", "nan": "nan", "inf": "inf"}[traffic]
+    with pytest.raises(
+        CatalogError,
+        match=rf"x: activation_bytes_per_sample 30000000\.0 and traffic_bytes_per_sample {shown} must be positive and finite",
+    ):
         parse_workloads(read_rows(f"# schema: 1\n{header}\n{row}\n", "workloads.csv"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import difflib
 import io
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -236,10 +237,10 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
                 f"workloads.csv: {w.id}: kernels_per_step {w.kernels_per_step} must be >= 1 and "
                 f"kernels_per_item {w.kernels_per_item} >= 0"
             )
-        if w.activation_bytes_per_sample <= 0 or w.traffic_bytes <= 0:
+        if not all(0 < b < math.inf for b in (w.activation_bytes_per_sample, w.traffic_bytes)):
             raise CatalogError(
                 f"workloads.csv: {w.id}: activation_bytes_per_sample {w.activation_bytes_per_sample} and "
-                f"traffic_bytes_per_sample {w.traffic_bytes_per_sample} must be positive"
+                f"traffic_bytes_per_sample {w.traffic_bytes_per_sample} must be positive and finite"
             )
         index.add(w.id, w, w.aliases)
     return index

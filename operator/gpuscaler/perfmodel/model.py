@@ -34,9 +34,9 @@ per item. Step time of data-parallel training with ``n = gpus_per_node x nodes``
 - ``A`` the traffic base per item at 16 bits (``Workload.traffic_bytes``: the stored activation
   bytes, or for the CNN and detection rows the activation estimate the fit was made on, which their
   measured activation memory has replaced for the memory model; the catalog's header says why),
-  ``m`` the family's DRAM traffic per byte of it, ``W`` achievable memory bandwidth; ``c_p`` is 2 at full precision and ``1 + phi`` under
-  mixed precision, ``phi`` the fitted share of that traffic autocast keeps in fp32 (softmax, layer
-  norm, losses, reductions).
+  ``m`` the family's DRAM traffic per byte of it, ``W`` achievable memory bandwidth; ``c_p`` is 2 at
+  full precision and ``1 + phi`` under mixed precision, ``phi`` the fitted share of that traffic
+  autocast keeps in fp32 (softmax, layer norm, losses, reductions).
 - ``N_w(b)`` is the kernels one micro-batch of the workload launches, a fact counted op by op in
   real PyTorch (``Workload.kernels_per_step`` + ``b x kernels_per_item``, by
   ``scripts/kernel_counts.py``: 408 for ResNet-50, 1,489 for BERT-large, 1,101 + 189.5 per image for
