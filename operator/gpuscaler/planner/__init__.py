@@ -6,7 +6,16 @@ composed by :func:`plan` (:mod:`.planner`, the maths in its docstring); spot rec
 """
 
 from gpuscaler.planner.job import JobError, ResolvedJob, resolve, resolve_workload
-from gpuscaler.planner.planner import Candidate, PlanResult, Reason, Rejection, configure, pareto_front, plan
+from gpuscaler.planner.planner import (
+    Candidate,
+    Offering,
+    PlanResult,
+    Reason,
+    Rejection,
+    configure,
+    pareto_front,
+    plan,
+)
 from gpuscaler.planner.recovery import (
     Interrupted,
     Recovery,
@@ -22,6 +31,7 @@ __all__ = [
     "Candidate",
     "Interrupted",
     "JobError",
+    "Offering",
     "PlanResult",
     "Reason",
     "Recovery",

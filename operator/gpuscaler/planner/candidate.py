@@ -79,6 +79,12 @@ class Candidate(NamedTuple):
     """The throughput band of ``estimate`` (P10/P50/P90); None only for hand-built candidates."""
     price_caveat: str = ""
     """Why its price may not hold (a price the catalog flags), empty when none."""
+    zone: str = ""
+    """The availability zone its price is for ("" = any zone of the instance's region)."""
+    price_source: str = ""
+    """Where its price comes from (see :class:`~gpuscaler.planner.offerings.Offering`)."""
+    price_date: str = ""
+    """The ISO day its price was read."""
 
     @property
     def gpus(self) -> int:
@@ -105,7 +111,7 @@ class Candidate(NamedTuple):
     def label(self) -> str:
         return (
             f"{self.nodes} x {self.instance.name} ({self.gpus} x {self.instance.gpu_id}) "
-            f"{self.capacity.value} {self.precision.value}"
+            f"{self.capacity.value}{f' in {self.zone}' if self.zone else ''} {self.precision.value}"
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -114,6 +120,7 @@ class Candidate(NamedTuple):
             "instanceType": self.instance.name,
             "provider": self.instance.provider,
             "region": self.instance.region,
+            "zone": self.zone,
             "gpuType": self.instance.gpu_id,
             "gpusPerNode": self.instance.gpu_count,
             "nodes": self.nodes,
@@ -135,6 +142,8 @@ class Candidate(NamedTuple):
             "scalingEfficiency": round(e.scaling_efficiency, 3),
             "bottleneck": e.bottleneck,
             "usdPerHour": round(self.usd_per_hour, 4),
+            "priceSource": self.price_source,
+            "priceDate": self.price_date,
             "workHours": round(self.work_hours, 3),
             "expectedHours": round(self.expected_hours, 3),
             "expectedCostUsd": round(self.expected_cost_usd, 2),

@@ -39,6 +39,7 @@ from gpuscaler.planner.candidate import Candidate, Reason, Refusal
 from gpuscaler.planner.configure import configure
 from gpuscaler.planner.correction import MEASURED_LOG_SIGMA_FLOOR
 from gpuscaler.planner.job import ResolvedJob
+from gpuscaler.planner.offerings import Offering
 from gpuscaler.planner.risk import hourly_rate, optimal_interval_s, outlook
 from gpuscaler.policy import Policy
 
@@ -179,9 +180,7 @@ def evaluate(
     job: ResolvedJob,
     spec: TrainingJobSpec,
     policy: Policy,
-    inst: InstanceType,
-    cap: CapacityType,
-    price: float,
+    offer: Offering,
     run: Run,
     caveat: str,
 ) -> Candidate:
@@ -191,9 +190,8 @@ def evaluate(
         job: the resolved job.
         spec: its spec (checkpoint interval and restart seconds).
         policy: the policy (checkpoint interval bounds).
-        inst: the instance type.
-        cap: the capacity type.
-        price: price per node-hour after overrides.
+        offer: the offering (instance type, capacity type, zone, price per node-hour after
+            overrides, the price's source and date).
         run: the configuration and its prediction.
         caveat: :func:`~gpuscaler.planner.offerings.flagged_price` of the offering (the same for
             all its configurations, so the caller works it out once).
@@ -201,6 +199,7 @@ def evaluate(
     Returns:
         The candidate; its deadline risk includes the band's model error.
     """
+    inst, cap = offer.instance, offer.capacity
     nodes = run.cfg.nodes
     rate = hourly_rate(inst.interruption_bucket) * nodes if cap is CapacityType.SPOT else 0.0
     lo, hi = float(policy.min_checkpoint_interval_s), float(policy.max_checkpoint_interval_s)
@@ -224,10 +223,13 @@ def evaluate(
         zero_stage=cfg.zero_stage,
         activation_checkpointing=cfg.activation_checkpointing,
         estimate=run.est,
-        usd_per_hour=price * nodes,
+        usd_per_hour=offer.usd_per_hour * nodes,
         work_hours=run.work_h,
         checkpoint_write_s=run.write_s,
         outlook=out,
         band=run.band,
         price_caveat=caveat,
+        zone=offer.zone,
+        price_source=offer.price_source,
+        price_date=offer.price_date,
     )

@@ -1,7 +1,8 @@
 """Stage 1 of the planner, enumerate: which offerings, node counts and precisions are tried.
 
-An offering is an instance type at a capacity type (on-demand or spot) with its price after the
-policy's overrides (:func:`offerings`). For each, :func:`node_counts` walks the node counts of
+An offering (:class:`Offering`) is an instance type at a capacity type (on-demand or spot), in a
+zone of the instance's region ("" = any zone), with its price after the policy's overrides, and
+where that price comes from and how old it is (:func:`offerings`). For each, :func:`node_counts` walks the node counts of
 :data:`NODE_COUNTS` that the job's GPU bounds allow and :func:`precisions` the precisions to try;
 the GPU cap (:func:`gpu_cap`) is not a filter here: plans over it are still evaluated (up to four
 times the cap) so that an infeasible job can be told how many GPUs its deadline needs.
@@ -10,6 +11,7 @@ times the cap) so that an infeasible job can be told how many GPUs its deadline 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from gpuscaler.api import SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, Precision, normalize
@@ -25,6 +27,39 @@ OVER_CAP_FACTOR = 4
 """Plans up to this many times the GPU cap (and at least :data:`OVER_CAP_GPUS`) are evaluated so
 that an infeasible job's hint can name the GPU count its deadline needs."""
 OVER_CAP_GPUS = 64
+
+
+SHIPPED_TABLE = "shipped-table"
+"""Price source of a price read from the catalog shipped with gpuscaler (``catalog/data/instances.csv``)."""
+POLICY_OVERRIDE = "policy-override"
+"""Price source of a price a policy's ``priceOverrides`` set."""
+
+
+@dataclass(frozen=True, slots=True)
+class Offering:
+    """One thing the planner can buy: an instance type at a capacity type in a zone, at a price.
+
+    Attributes:
+        instance: the instance type (its region is the offering's region).
+        capacity: on-demand or spot.
+        usd_per_hour: price per node-hour after the policy's overrides.
+        zone: the availability zone the price is for; "" = any zone of ``instance.region``.
+        price_source: where the price comes from (:data:`SHIPPED_TABLE`, :data:`POLICY_OVERRIDE`,
+            or a price source's id such as ``aws-spot-price-history``).
+        price_date: the ISO day the price was read (the catalog row's ``price_date``).
+    """
+
+    instance: InstanceType
+    capacity: CapacityType
+    usd_per_hour: float
+    zone: str = ""
+    price_source: str = ""
+    price_date: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(instance type, capacity type)``: how rejections and capacity back-offs name it."""
+        return (self.instance.name, self.capacity.value)
 
 
 def _matches(name: str, wanted: list[str], aliases: tuple[str, ...] = ()) -> bool:
@@ -48,7 +83,7 @@ def offerings(
     catalog: Catalog,
     policy: Policy,
     allow_flagged_prices: bool = False,
-) -> tuple[list[tuple[InstanceType, CapacityType, float]], list[Rejection]]:
+) -> tuple[list[Offering], list[Rejection]]:
     """Instance x capacity pairs the constraints and policy allow, with their price after overrides.
 
     The offerings ``O = {(i, c) : i in catalog, c in {on-demand, spot}, price(i, c) exists}``
@@ -67,11 +102,12 @@ def offerings(
         allow_flagged_prices: keep prices the catalog flags.
 
     Returns:
-        The allowed ``(instance, capacity, price per node-hour)`` in catalog order, and the
-        rejections of the rest.
+        The allowed offerings in catalog order (on-demand before spot), each with its price per
+        node-hour, the price's source (:data:`POLICY_OVERRIDE` when a policy set it) and date,
+        and the rejections of the rest.
     """
     c = spec.constraints
-    allowed: list[tuple[InstanceType, CapacityType, float]] = []
+    allowed: list[Offering] = []
     rejected: list[Rejection] = []
     gpu_ids_user = {catalog.gpu(g).id for g in c.gpu_types}
     gpu_ids_policy = {catalog.gpu(g).id for g in policy.allowed_gpu_types}
@@ -124,7 +160,16 @@ def offerings(
                     f"{caveat}; left out (set a policy priceOverride for it, or plan with --allow-flagged-prices)",
                 )
             else:
-                allowed.append((inst, cap, price))
+                overridden = price != inst.price(cap)
+                allowed.append(
+                    Offering(
+                        inst,
+                        cap,
+                        price,
+                        price_source=POLICY_OVERRIDE if overridden else SHIPPED_TABLE,
+                        price_date="" if overridden else inst.price_date,
+                    )
+                )
     return allowed, rejected
 
 

@@ -4,7 +4,8 @@ A pipeline of four named stages (after SkyPilot's ``sky/optimizer.py``), each a 
 a module of its own, composed by :func:`plan`:
 
 1. **enumerate** (:mod:`~gpuscaler.planner.offerings`): the offerings ``O`` (instance type x
-   capacity type) the job's constraints and the policy allow, with prices after overrides; per
+   capacity type x zone, :class:`~gpuscaler.planner.offerings.Offering`) the job's constraints and
+   the policy allow, with prices after overrides and each price's source and date; per
    offering the node counts ``n`` and precisions ``p`` to try;
 2. **configure** (:mod:`~gpuscaler.planner.configure`): for each ``(o, n, p)`` the largest
    micro-batch ``m`` that fits in memory with the global batch kept exactly
@@ -50,6 +51,7 @@ from gpuscaler.planner.evaluate import STARTUP_S, Performance, evaluate
 from gpuscaler.planner.job import ResolvedJob, check_constraints, resolve
 from gpuscaler.planner.offerings import (
     NODE_COUNTS,
+    Offering,
     flagged_price,
     gpu_cap,
     node_counts,
@@ -62,6 +64,7 @@ from gpuscaler.policy import Policy
 __all__ = [
     "STARTUP_S",
     "Candidate",
+    "Offering",
     "PlanResult",
     "Reason",
     "Rejection",
@@ -148,12 +151,12 @@ def plan(
     wanted = precisions(spec, pol)
     performance = Performance(job, spec, pol, efficiency, efficiency_sigma)
     outcomes = Outcomes(cap, cap_source)
-    for inst, capacity, price in offers:
-        offering = (inst.name, capacity.value)
+    for offer in offers:
+        inst, offering = offer.instance, offer.key
         if offering in unavailable:
             rejected.append(Rejection(*offering, Reason.CAPACITY, "no capacity right now (recent shortage)"))
             continue
-        caveat = flagged_price(inst, capacity, price)
+        caveat = flagged_price(inst, offer.capacity, offer.usd_per_hour)
         for nodes in node_counts(inst, spec, job, cap):
             for precision in wanted:
                 # 2. configure (and the model's prediction), shared by both capacity types
@@ -162,7 +165,7 @@ def plan(
                     outcomes.refuse(offering, run)
                     continue
                 # 3. evaluate
-                outcomes.add(evaluate(job, spec, pol, inst, capacity, price, run, caveat), job, spec, pol)
+                outcomes.add(evaluate(job, spec, pol, offer, run, caveat), job, spec, pol)
     # 4. solve
     chosen, why = solve(outcomes.feasible, spec, job)
     caveats = [chosen.price_caveat] if chosen is not None and chosen.price_caveat else []
