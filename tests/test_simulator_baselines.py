@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gpuscaler.api import SpotPolicy, TrainingJobSpec
@@ -9,9 +11,17 @@ from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.planner import plan, resolve
 from gpuscaler.simulator import CachedPlanner, CloudModel, Trace, TraceJob, simulate
 from gpuscaler.simulator.allocation import Allocation
-from gpuscaler.simulator.baselines import ManagedSpot, OnDemandBest, UniformProgress
-from gpuscaler.simulator.planning import strip_deadline, with_remaining
+from gpuscaler.simulator.baselines import (
+    RESTART_MARGIN,
+    ManagedSpot,
+    ManagedSpotPadded,
+    ManagedSpotPaddedCorrection,
+    OnDemandBest,
+    UniformProgress,
+)
+from gpuscaler.simulator.planning import changeover_s, p90_factor, strip_deadline, with_remaining
 from gpuscaler.simulator.strategies import JobState
+from gpuscaler.simulator.truth import ThroughputTruth
 
 CATALOG = load_catalog()
 PLANNER = CachedPlanner(CATALOG)
@@ -102,6 +112,86 @@ def test_managed_spot_goes_on_demand_when_no_spot_plan_fits() -> None:
     assert d is not None and d.candidate.capacity is CapacityType.ON_DEMAND
 
 
+# ----------------------------------------------------------------------------- managed-spot-padded
+
+
+def test_managed_spot_padded_pads_the_uninterrupted_time_once_by_the_p90_factor() -> None:
+    spec = _spec("10h")
+    st = _state(spec, 10.0)
+    d = ManagedSpotPadded().initial(st, PLANNER, 0.0)
+    assert d is not None and d.candidate.capacity is CapacityType.SPOT and not d.handshake
+    spot = [c for c in _all_feasible(spec) if c.capacity is CapacityType.SPOT]
+    c0 = spot[0]
+    assert c0.band is not None and p90_factor(c0) == pytest.approx(c0.band.p50 / c0.band.p10)
+    fits = [c for c in spot if c.outlook.base_hours * p90_factor(c) <= 10.0]
+    assert d.candidate.label == min(fits, key=lambda c: c.outlook.base_hours * c.usd_per_hour).label
+    # A deadline between the padded and the unpadded time of the unpadded choice: the pad changes it.
+    plain = ManagedSpot().initial(st, PLANNER, 0.0)
+    assert plain is not None
+    between = plain.candidate.outlook.base_hours * (1 + p90_factor(plain.candidate)) / 2
+    st2 = _state(_spec(f"{between * 60:.0f}m"), round(between * 60) / 60)
+    padded = ManagedSpotPadded().initial(st2, PLANNER, 0.0)
+    unpadded = ManagedSpot().initial(st2, PLANNER, 0.0)
+    assert padded is not None and unpadded is not None and padded.candidate.label != unpadded.candidate.label
+    assert padded.candidate.outlook.base_hours * p90_factor(padded.candidate) <= st2.deadline_h  # type: ignore[operator]
+
+
+def test_managed_spot_padded_pads_the_rest_once_after_a_reclaim() -> None:
+    """After a reclaim the rest is planned with the pad applied once to its own time: padding the
+    rest's time again with the first pad would refuse a plan this accepts."""
+    spec = _spec("10h")
+    st = _state(spec, 10.0)
+    s = ManagedSpotPadded()
+    first = s.initial(st, PLANNER, 0.0)
+    assert first is not None
+    st.remaining_samples = st.total_samples * 0.5
+    st.interruptions = 1
+    again = s.after_interruption(st, PLANNER, 5.0)
+    assert again is not None and again.candidate.capacity is CapacityType.SPOT
+    pad = p90_factor(again.candidate)
+    assert again.candidate.outlook.base_hours * pad <= 5.0
+    fits_twice = [c for c in _all_feasible(with_remaining(spec, st.remaining_samples))
+                  if c.capacity is CapacityType.SPOT and c.outlook.base_hours * p90_factor(c) ** 2 <= 5.0]
+    chosen_twice = min(fits_twice, key=lambda c: c.outlook.base_hours * c.usd_per_hour, default=None)
+    assert chosen_twice is None or (chosen_twice.outlook.base_hours * chosen_twice.usd_per_hour
+                                    >= again.candidate.outlook.base_hours * again.candidate.usd_per_hour)
+
+
+def test_managed_spot_padded_goes_on_demand_by_the_padded_rule_when_no_spot_fits() -> None:
+    spec = _spec("10h")
+    spot_fast = min(c.outlook.base_hours * p90_factor(c) for c in _all_feasible(spec)
+                    if c.capacity is CapacityType.SPOT)
+    hours = spot_fast * 0.98
+    st = _state(_spec(f"{hours * 60:.0f}m"), round(hours * 60) / 60)
+    d = ManagedSpotPadded().initial(st, PLANNER, 0.0)
+    assert d is not None and d.candidate.capacity is CapacityType.ON_DEMAND
+    left = st.deadline_h
+    assert left is not None
+    od = [c for c in _all_feasible(spec) if c.capacity is CapacityType.ON_DEMAND
+          and c.outlook.base_hours * p90_factor(c) <= left]
+    if od:
+        assert d.candidate.label == min(od, key=lambda c: c.outlook.base_hours * c.usd_per_hour).label
+
+
+def test_managed_spot_padded_with_correction_moves_off_a_slow_gpu_type() -> None:
+    """The ablation corrects as the operator does: on a GPU type at half the model's speed, a deadline
+    at the padded time is missed by the plain padded baseline; with the correction loop the rest moves
+    to a faster plan at a checkpoint and the deadline is met."""
+    first = ManagedSpotPadded().initial(_state(_spec("10h"), 10.0), PLANNER, 0.0)
+    assert first is not None
+    minutes = math.floor(first.candidate.outlook.base_hours * p90_factor(first.candidate) * 60 + 1)
+    spec = _spec(f"{minutes}m")
+    chosen = ManagedSpotPadded().initial(_state(spec, minutes / 60), PLANNER, 0.0)
+    assert chosen is not None and chosen.candidate.label == first.candidate.label
+    truth = ThroughputTruth(0.0, 0, fixed={first.candidate.instance.gpu_id: 0.5})
+    trace = Trace("t", (TraceJob("job", 0.0, spec),))
+    plain = simulate(trace, ManagedSpotPadded(), PLANNER, QUIET, truth=truth).outcomes[0]
+    fixed = simulate(trace, ManagedSpotPaddedCorrection(), PLANNER, QUIET, truth=truth).outcomes[0]
+    assert plain.corrections == 0 and plain.moves == 0 and plain.missed_deadline
+    assert fixed.corrections >= 1 and fixed.moves >= 1 and fixed.status == "finished"
+    assert not fixed.missed_deadline and not any(seg.interrupted for seg in fixed.segments)
+
+
 # --------------------------------------------------------------------------------- uniform-progress
 
 
@@ -136,18 +226,79 @@ def test_uniform_progress_takes_risks_on_spot_even_when_behind(up: tuple[Uniform
     assert s.after_interruption(st, PLANNER, 20.0) is s.jobs["job"].spot
 
 
-def test_uniform_progress_safety_net_latches_on_demand(up: tuple[UniformProgress, JobState]) -> None:
+def test_uniform_progress_safety_net_fires_exactly_when_the_slack_reaches_the_changeover_delay(
+        up: tuple[UniformProgress, JobState]) -> None:
     s, st = up
     twins = s.jobs["job"]
-    assert twins.on_demand is not None
+    assert twins.on_demand is not None and twins.spot is not None
+    # d = the longest restart + one checkpoint interval lost + one write, nothing more.
+    spot = twins.spot.candidate
+    d_s = st.spec.checkpoint.restart_seconds * RESTART_MARGIN + spot.outlook.interval_s + spot.checkpoint_write_s
+    assert twins.changeover_h * 3600 == pytest.approx(d_s) == changeover_s(spot, 300 * RESTART_MARGIN)
     compute_h = st.total_samples / twins.on_demand.candidate.estimate.throughput / 3600
     st.remaining_samples = st.total_samples * 0.5
-    # R(t) = C(t) + 2d exactly: not yet; a minute later: on-demand to the end.
-    t = 40.0 - (0.5 * compute_h + 2 * twins.changeover_h)
-    assert s.after_interruption(st, PLANNER, t - 1e-6) is twins.spot
-    assert s.after_interruption(st, PLANNER, t + 1 / 60) is twins.on_demand and twins.latched
+    # R(t) - C(t) = d exactly: on-demand to the end; a second sooner (slack above d): spot.
+    t = 40.0 - (0.5 * compute_h + twins.changeover_h)
+    assert s.after_interruption(st, PLANNER, t - 1 / 3600) is twins.spot and not twins.latched
+    assert s.after_interruption(st, PLANNER, t) is twins.on_demand and twins.latched
     st.remaining_samples = st.total_samples * 0.01  # far ahead now, but it stays
     assert s.after_interruption(st, PLANNER, t + 1.0) is twins.on_demand
+
+
+def test_uniform_progress_safety_net_leaves_spot_when_the_slack_reaches_d(up: tuple[UniformProgress, JobState]) -> None:
+    """On spot, the net is watched too: a review no sooner than the slack could reach d, and a move to
+    on-demand (a checkpoint now) once it has."""
+    s, st = up
+    twins = s.jobs["job"]
+    assert twins.on_demand is not None and twins.spot is not None
+    rate = twins.on_demand.candidate.estimate.throughput
+    done = 0.5 * st.total_samples
+    slack = s.slack_h(st, twins, 20.0, done)
+    assert slack == pytest.approx(20.0 - 0.5 * st.total_samples / rate / 3600)
+
+    def on_spot(samples: float) -> Allocation:
+        return Allocation(twins.spot, 1.0, 60.0, samples, samples * 0.9, st.total_samples, 0.0)  # type: ignore[arg-type]
+
+    look = s.review(st, PLANNER, 20.0, on_spot(done))
+    assert look is not None and look.move is None and look.again_h == pytest.approx(20.0 + slack - twins.changeover_h)
+    t = 40.0 - 0.5 * st.total_samples / rate / 3600 - twins.changeover_h  # slack = d exactly
+    leave = s.review(st, PLANNER, t, on_spot(done))
+    assert leave is not None and leave.move is twins.on_demand and not leave.at_checkpoint and twins.latched
+
+
+def test_uniform_progress_subtracts_nothing_up_front() -> None:
+    """A job due in 4 h whose spot plan fits with d to spare runs on spot (the rule before issue 36
+    took 4.17 h off every deadline first and ran it wholly on-demand)."""
+    spec = _spec("4h", workload={"model": "bert-large-squad"}, globalBatch=32, training={"epochs": 2})
+    st = _state(spec, 4.0)
+    s = UniformProgress()
+    d = s.initial(st, PLANNER, 0.0)
+    assert d is not None and d.candidate.capacity is CapacityType.SPOT and not s.jobs["job"].latched
+    assert d.candidate.outlook.base_hours + s.jobs["job"].changeover_h <= 4.0
+    fits = [c for c in _all_feasible(spec) if c.capacity is CapacityType.SPOT
+            and c.outlook.base_hours + changeover_s(c, 300 * RESTART_MARGIN) / 3600 <= 4.0]
+    assert d.candidate.label == min(fits, key=lambda c: c.outlook.base_hours * c.usd_per_hour).label
+    # With no spot plan that fits with d to spare: on-demand from the start, the net latched.
+    tight = min(c.outlook.base_hours for c in fits) + 1 / 60
+    st2 = _state(_spec(f"{tight * 60:.0f}m", workload={"model": "bert-large-squad"}, globalBatch=32,
+                       training={"epochs": 2}), round(tight * 60) / 60)
+    s2 = UniformProgress()
+    d2 = s2.initial(st2, PLANNER, 0.0)
+    assert d2 is not None and d2.candidate.capacity is CapacityType.ON_DEMAND and s2.jobs["job"].latched
+
+
+def test_uniform_progress_fails_over_across_spot_offerings(up: tuple[UniformProgress, JobState]) -> None:
+    s, st = up
+    first = s.jobs["job"]
+    assert first.spot is not None
+    st.unavailable[(first.spot.candidate.instance.name, "spot")] = 1.0  # the engine records the error
+    st.remaining_samples = st.total_samples * 0.99  # ahead of the line at 0.05 h: the next spot offering
+    nxt = s.after_shortage(st, PLANNER, 0.05)
+    assert nxt is not None and nxt.candidate.capacity is CapacityType.SPOT
+    assert nxt.candidate.instance.name != first.spot.candidate.instance.name
+    twins = s.jobs["job"]
+    assert nxt is twins.spot and twins.on_demand is not None
+    assert twins.on_demand.candidate.instance.name == nxt.candidate.instance.name  # its own twin
 
 
 def test_uniform_progress_hysteresis_leaves_on_demand_past_ep_t_plus_2d(up: tuple[UniformProgress, JobState]) -> None:

@@ -58,8 +58,9 @@ from gpuscaler.simulator.strategies import SHORTAGE_HOLD_H, Decision, JobState, 
 from gpuscaler.simulator.trace import Trace
 from gpuscaler.simulator.truth import ThroughputTruth
 
-MAX_REQUESTS = 400
-"""Capacity requests after which a job is abandoned (e.g. restart-from-scratch that never finishes)."""
+MAX_REQUESTS = 2000
+"""Capacity requests after which a job is abandoned (e.g. restart-from-scratch that never finishes; a
+strategy that fails over across every spot offering while it waits for spot asks a few dozen times an hour)."""
 MAX_JOB_HOURS = 24.0 * 90
 """Hours after arrival after which a job is abandoned."""
 
@@ -371,6 +372,8 @@ class _Run:
     def _view(a: _Active, t: float, st: JobState) -> Allocation:
         d = a.decision
         compute, saved, _ = progress(max(a.run_s(t), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
+        if compute > 0:
+            st.progress_rate[config_key(d.candidate)] = a.rate  # what the job's progress counter shows
         return Allocation(d, a.start_h, a.provisioning_s, a.samples0 + compute * a.rate,
                           a.samples0 + saved * a.rate, st.total_samples, st.arrival_h)
 
@@ -460,7 +463,8 @@ class _Run:
         st, out, a = self._job(i)
         assert a.moving is not None
         to, _, compute, ckpt = a.moving
-        seg = self.close(i, a, t, a.provisioning_s, compute, compute, ckpt, 0.0, interrupted=False)
+        prov = min(a.provisioning_s, (t - a.start_h) * 3600.0)  # a move may leave before the nodes are up
+        seg = self.close(i, a, t, prov, compute, compute, ckpt, 0.0, interrupted=False)
         st.remaining_samples = max(0.0, st.remaining_samples - seg.samples)
         out.moves += 1
         out.replans += 1

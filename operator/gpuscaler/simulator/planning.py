@@ -12,16 +12,20 @@ Two selection rules:
 * ``uninterrupted``: among the planner's feasible plans with no deadline, the one with the lowest
   uninterrupted cost (``base_hours x $/h``) whose uninterrupted time fits the hours left, as an
   optimizer that does not model interruptions picks (SkyPilot's: cost = price x estimated time).
+  A :class:`Fit` changes what "fits" means: the uninterrupted time x the model's P90 factor for that
+  offering (``managed-spot-padded``), plus a changeover delay (``uniform-progress``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from gpuscaler.api import Objective, SpotPolicy, TrainingAmount, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
+from gpuscaler.perfmodel.uncertainty import Z90
 from gpuscaler.planner import Candidate, JobError, PlanResult, plan
 from gpuscaler.planner.correction import PlanOption, plan_option
 from gpuscaler.policy import Policy
@@ -39,6 +43,45 @@ def plan_key(c: Candidate) -> PlanKey:
 def config_key(c: Candidate) -> tuple[str, int, str]:
     """A configuration whatever its capacity type: (instance type, nodes, precision)."""
     return (c.instance.name, c.nodes, c.precision.value)
+
+
+def p90_factor(c: Candidate) -> float:
+    """The model's P90 factor on time for ``c``'s offering: ``P50 / P10`` of its throughput band.
+
+    With the band's log-space sigma ``s`` (:mod:`gpuscaler.perfmodel.uncertainty`), ``P10 = P50
+    exp(-1.2816 s)``, so 9 in 10 runs at the model's error finish within ``exp(1.2816 s)`` of the
+    predicted time. 1 for a hand-built candidate without a band.
+    """
+    return math.exp(Z90 * c.band.log_sigma) if c.band is not None else 1.0
+
+
+def changeover_s(c: Candidate, restart_s: float) -> float:
+    """Seconds a switch away from ``c`` (a reclaim, or leaving it) can cost at most.
+
+    ``d = restart_s + interval + write``: provisioning the next nodes (``restart_s``, the caller's
+    longest expected restart), the work a reclaim throws away since the last checkpoint (at most one
+    interval) and the checkpoint written on leaving. Can't Be Late's ``d`` (Wu et al., NSDI 2024) is
+    the restart alone: its jobs lose no work on a preemption; here a reclaim without a checkpoint
+    handshake loses up to one interval.
+    """
+    return restart_s + c.outlook.interval_s + c.checkpoint_write_s
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """What "the uninterrupted time fits the hours left" means for the ``uninterrupted`` rule."""
+
+    p90_pad: bool = False
+    """Multiply the uninterrupted time by the offering's :func:`p90_factor` (once)."""
+    changeover_restart_s: float | None = None
+    """Add the offering's :func:`changeover_s` with this restart time (None: add nothing)."""
+
+    def hours(self, c: Candidate) -> float:
+        """Hours ``c`` must fit into the hours left."""
+        h = c.outlook.base_hours * (p90_factor(c) if self.p90_pad else 1.0)
+        if self.changeover_restart_s is not None:
+            h += changeover_s(c, self.changeover_restart_s) / 3600.0
+        return h
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +124,7 @@ class CachedPlanner:
         current: PlanKey | None = None,
         rule: Rule = "planner",
         capacity: CapacityType | None = None,
+        fit: Fit | None = None,
     ) -> Choice:
         """Plan ``spec`` with ``deadline_h`` hours left (the spec's own deadline fields are ignored).
 
@@ -94,6 +138,7 @@ class CachedPlanner:
             current: a plan to report on (``Choice.current``) if it is among the feasible ones.
             rule: ``planner`` (the planner's choice) or ``uninterrupted`` (module docstring).
             capacity: with ``uninterrupted``, choose among this capacity type only.
+            fit: with ``uninterrupted``, what fits the hours left (default: the uninterrupted time).
 
         Returns:
             The chosen candidate (None when infeasible or unplannable, with ``error``) and the front.
@@ -102,7 +147,7 @@ class CachedPlanner:
         self.calls += 1
         eff = tuple(sorted((g, round(f, 6)) for g, f in (efficiency or {}).items()))
         key = (spec.model_dump_json(), None if deadline_h is None else round(deadline_h, 6), unavailable, eff,
-               current, rule, capacity)
+               current, rule, capacity, fit)
         if self.cache_enabled and key in self._cache:
             return self._cache[key]
         self.misses += 1
@@ -114,7 +159,7 @@ class CachedPlanner:
             choice = Choice(None, (), str(err))
         else:
             self.planning_s += result.planning_seconds
-            choice = _select(result, rule, deadline_h, capacity, current)
+            choice = _select(result, rule, deadline_h, capacity, current, fit or Fit())
         if self.cache_enabled:
             self._cache[key] = choice
         return choice
@@ -126,13 +171,13 @@ class CachedPlanner:
 
 
 def _select(result: PlanResult, rule: Rule, deadline_h: float | None, capacity: CapacityType | None,
-            current: PlanKey | None) -> Choice:
+            current: PlanKey | None, fit: Fit) -> Choice:
     if rule == "planner":
         chosen, error = result.chosen, "" if result.ok else result.why
     else:
         pool = [c for c in result.feasible
                 if (capacity is None or c.capacity is capacity)
-                and (deadline_h is None or c.outlook.base_hours <= deadline_h)]
+                and (deadline_h is None or fit.hours(c) <= deadline_h)]
         chosen = min(pool, key=lambda c: (c.outlook.base_hours * c.usd_per_hour, c.outlook.base_hours), default=None)
         error = "" if chosen else "no plan's uninterrupted time fits the hours left"
     found = None

@@ -2,9 +2,11 @@
 
 Default, in table order (the first is the baseline of the savings column):
 
-* ``ondemand-best``, ``managed-spot``, ``uniform-progress``: what a careful team would run
-  (:mod:`gpuscaler.simulator.baselines`);
+* ``ondemand-best``, ``managed-spot``, ``managed-spot-padded``, ``uniform-progress``: what a
+  careful team would run (:mod:`gpuscaler.simulator.baselines`);
 * ``ondemand-8xa100``: the on-demand 8 x A100 fp32 habit, kept as a reference;
+* ``managed-spot-padded+correction``: the ablation, ``managed-spot-padded`` with the operator's
+  correction loop (what gpuscaler adds beyond it is the planner's risk model and the handshake);
 * ``gpuscaler``.
 
 Optional (``--strategies``): ``cheapest-fits`` (no performance model) and the naive spot
@@ -17,7 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpuscaler.catalog import Catalog
-from gpuscaler.simulator.baselines import ManagedSpot, OnDemandBest, UniformProgress
+from gpuscaler.simulator.baselines import (
+    ManagedSpot,
+    ManagedSpotPadded,
+    ManagedSpotPaddedCorrection,
+    OnDemandBest,
+    UniformProgress,
+)
 from gpuscaler.simulator.strategies import (
     CheapestFits,
     Gpuscaler,
@@ -27,12 +35,17 @@ from gpuscaler.simulator.strategies import (
     Strategy,
 )
 
-STRATEGIES = ("ondemand-best", "managed-spot", "uniform-progress", "ondemand-8xa100", "gpuscaler")
+STRATEGIES = ("ondemand-best", "managed-spot", "managed-spot-padded", "uniform-progress", "ondemand-8xa100",
+              "managed-spot-padded+correction", "gpuscaler")
 """The default comparison."""
 OPTIONAL = ("cheapest-fits", "deadline-blind-spot-restart", "deadline-blind-spot-checkpoint")
 ALL_STRATEGIES = STRATEGIES + OPTIONAL
-BASELINES = ("ondemand-best", "managed-spot", "uniform-progress")
+BASELINES = ("ondemand-best", "managed-spot", "managed-spot-padded", "uniform-progress")
 """The careful baselines gpuscaler's targets are measured against."""
+STRONGEST = "managed-spot-padded"
+"""The strongest careful baseline (issue 36): gpuscaler no dearer, with no more misses, on every trace."""
+ABLATION = "managed-spot-padded+correction"
+"""The strongest baseline plus the operator's correction loop: what the planner itself adds."""
 
 
 def make_strategies(catalog: Catalog, names: Sequence[str] = STRATEGIES,
@@ -50,6 +63,8 @@ def make_strategies(catalog: Catalog, names: Sequence[str] = STRATEGIES,
     makers: dict[str, Callable[[], Strategy]] = {
         "ondemand-best": OnDemandBest,
         "managed-spot": ManagedSpot,
+        "managed-spot-padded": ManagedSpotPadded,
+        "managed-spot-padded+correction": ManagedSpotPaddedCorrection,
         "uniform-progress": UniformProgress,
         "ondemand-8xa100": OnDemandFixed,
         "gpuscaler": Gpuscaler,
