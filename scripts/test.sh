@@ -38,7 +38,7 @@ TEMPORARY=("$BUILD_LOG" "$CORE_READY")
 # shellcheck disable=SC2317  # called by the EXIT trap, which shellcheck does not follow
 cleanup() {
   kill "${BACKGROUND[@]}" 2>/dev/null || true
-  rm -f "${TEMPORARY[@]}"
+  rm -rf "${TEMPORARY[@]}"
 }
 trap cleanup EXIT
 
@@ -48,7 +48,7 @@ PYTHON="$VENV/bin/python"
 export PATH="$VENV/bin:$PATH" PYTHON GPUSCALER_REQUIRE_TORCH=1
 
 echo "==> installing gpuscaler and its dev dependencies into $VENV"
-"$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev,train]'
+"$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[dev,train,docs]'
 
 # Karpenter's kwok controller (e2e only; its build is registered by e2e/karpenter_helpers.py)
 # builds beside the static checks instead of inside the first test that needs it.
@@ -65,6 +65,12 @@ echo "==> static checks: ruff, mypy --strict, import-linter layers"
 "$PYTHON" -m ruff check operator tests e2e scripts benchmarks
 "$PYTHON" -m mypy
 "$VENV/bin/lint-imports"
+
+echo "==> the docs site: generated reference current, mkdocs build --strict"
+"$PYTHON" scripts/gen_reference.py --check
+DOCS_SITE="$(mktemp -d)"
+TEMPORARY+=("$DOCS_SITE")
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$DOCS_SITE"
 
 echo "==> calibration is reproducible from its data"
 "$PYTHON" scripts/calibrate.py --check
