@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuscaler import __version__
+from gpuscaler import prices_cli as pc
 from gpuscaler.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_NODES, TrainingJob
 from gpuscaler.catalog import CatalogError, Precision, UnknownIdError, Workload, load_catalog
 from gpuscaler.errors import ErrorKind, GpuscalerError
@@ -333,6 +334,7 @@ def render_plan(result: PlanResult) -> str:
             f"checkpoint every {c.outlook.interval_s / 60:.0f} min ({c.checkpoint_write_s:.0f} s each)"
             + (f"; {c.outlook.interruptions:.2f} interruptions expected" if c.capacity.value == "spot" else "")
         )
+        out.append(f"  price: {pc.price_note(c.price_source, c.price_date)}")
         band = c.band
         out.append(
             f"  P50 {c.expected_hours:.2f} h, {_money(c.expected_cost_usd)}; P90 {c.p90_hours:.2f} h, "
@@ -496,7 +498,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     doc = load_job(args.file)
     policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
     result = plan(
-        doc.spec, load_catalog(), policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices
+        doc.spec, pc.catalog_for(args), policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices
     )
     if args.json:
         print(to_json(plan_to_dict(result)))
@@ -529,7 +531,7 @@ def _check_global_batch(batch: int, args: argparse.Namespace, workload: Workload
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    cat = load_catalog()
+    cat = pc.catalog_for(args)
     workload = cat.workload(args.workload)
     gpu = cat.gpu(args.gpu)
     counts: tuple[tuple[str, int | None, str, int | None], ...] = (
@@ -625,6 +627,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "allreduce_exposed": est.comm_exposed_s,
         },
         "kernels_per_micro_batch": est.kernels_per_micro_batch,
+        "prices": pc.estimate_prices(cat, gpu.id, per_node, cfg.nodes, est.throughput),
     }
     if args.json:
         print(to_json(data))
@@ -643,6 +646,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"  memory {est.memory_per_gpu_gb:.2f} GB/GPU of {gpu.memory_gb:g} GB: "
             f"{'fits' if est.fits else 'DOES NOT FIT'}"
         )
+        if data["prices"]:
+            print(pc.render_estimate_prices(data["prices"], est.unit))
     return 0
 
 
@@ -831,12 +836,14 @@ def _workload_dict(w: Workload) -> dict[str, object]:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    cat = load_catalog()
+    cat = pc.catalog_for(args)
     if args.json:
         if args.what == "workloads":
             items: list[dict[str, object]] = [_workload_dict(w) for w in cat.workloads]
+        elif args.what == "gpus":
+            items = [asdict(x) for x in cat.gpus]
         else:
-            items = [asdict(x) for x in (cat.gpus if args.what == "gpus" else cat.instances)]
+            items = [asdict(x) | pc.instance_price_fields(x) for x in cat.instances]
         print(to_json({args.what: items}))
         return 0
     if args.what == "gpus":
@@ -869,6 +876,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                 f"{i.spot_usd_hr:.3f}" if i.spot_usd_hr else "-",
                 i.interruption_bucket if i.interruption_bucket is not None else "-",
                 i.price_date,
+                pc.age_label(i),
+                pc.source_label(i),
             ]
             for i in cat.instances
         ]
@@ -886,6 +895,8 @@ def cmd_catalog(args: argparse.Namespace) -> int:
                     "spot $/h",
                     "bucket",
                     "prices of",
+                    "age",
+                    "source",
                 ],
                 rows,
             )
@@ -934,6 +945,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="plan on spot prices the catalog flags as suspicious (left out by default; shown with a caveat)",
     )
+    pc.add_prices_option(sp)
     sp.set_defaults(func=cmd_plan)
 
     se = sub.add_parser("estimate", help="predict memory, step time and throughput of one configuration")
@@ -965,20 +977,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--network-gbps", type=positive_float, help="inter-node bandwidth (default: from the catalog)"
     )
     se.add_argument("--json", action="store_true")
+    pc.add_prices_option(se)
     se.set_defaults(func=cmd_estimate)
 
     sv = sub.add_parser("validate", help="the performance model's fit error on its calibration data")
     sv.add_argument("--json", action="store_true")
     sv.set_defaults(func=cmd_validate)
 
-    sc = sub.add_parser("catalog", help="list GPUs, instance types or workloads")
-    sc.add_argument("what", choices=["gpus", "instances", "workloads"])
-    sc.add_argument(
-        "--json",
-        action="store_true",
-        help="print JSON ({WHAT: [...]}); workloads carry batch_unit, what a batch counts",
-    )
-    sc.set_defaults(func=cmd_catalog)
+    sc = sub.add_parser("catalog", help="list GPUs, instance types or workloads; refresh prices")
+    cs = sc.add_subparsers(dest="what", required=True, metavar="WHAT")
+    for what in ("gpus", "instances", "workloads"):
+        sw = cs.add_parser(what, help=f"list the catalog's {what}")
+        sw.add_argument("--json", action="store_true", help="print JSON ({WHAT: [...]}); workloads carry batch_unit")
+        if what == "instances":
+            pc.add_prices_option(sw)
+        sw.set_defaults(func=cmd_catalog)
 
     for register in _extensions():
         register(sub)

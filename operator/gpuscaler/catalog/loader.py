@@ -54,6 +54,19 @@ class UnknownIdError(InvalidInputError, KeyError):
         return f"unknown {self.what} {shown(self.value)}{hint} (`gpuscaler catalog {self.what}s` lists them)"
 
 
+class UnknownRegionError(UnknownIdError):
+    """A region an instance type (or a cloud) is not known in; carries the close or known regions."""
+
+    def __init__(self, value: str, matches: list[str], where: str) -> None:
+        self.where = where
+        """What the region was looked up for: an instance type, or a provider's known regions."""
+        super().__init__("region", value, matches)
+
+    def __str__(self) -> str:
+        hint = f"; did you mean {', '.join(self.matches)}?" if self.matches else ""
+        return f"unknown region {shown(self.value)} for {self.where}{hint}"
+
+
 def normalize(name: str) -> str:
     """Key used for case- and punctuation-insensitive lookups: ``A100_SXM4 80GB`` -> ``a100-sxm4-80gb``."""
     return "-".join(name.strip().lower().replace("_", " ").replace("-", " ").split())
@@ -93,6 +106,50 @@ class Index(Generic[T]):
         return len(self.items)
 
 
+class InstanceIndex(Index[InstanceType]):
+    """Instance types by (name, region): the same type may be offered in several regions.
+
+    ``get(name)`` answers the type in its first region (the shipped table's, for the shipped types),
+    ``get(name, region)`` the type in that region; iteration yields every (type, region) row.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("instance")
+        self.by_region: dict[tuple[str, str], str] = {}
+        """(normalized name, region) -> item key"""
+
+    def add(self, canonical: str, item: InstanceType, aliases: Iterable[str] = ()) -> None:
+        key = f"{canonical}@{item.region}"
+        if key in self.items:
+            raise CatalogError(f"instance {canonical} in {item.region} is listed twice")
+        self.items[key] = item
+        self.by_region[(normalize(canonical), item.region)] = key
+        for name in (canonical, *aliases):
+            norm = normalize(name)
+            if norm and norm not in self.keys:
+                self.keys[norm] = key
+
+    def get(self, name: str, region: str | None = None) -> InstanceType:
+        """The instance type ``name``, in ``region`` when given, else in its first region.
+
+        Raises:
+            UnknownIdError: no such type (with close names), or not offered in that region (with the
+                regions it is offered in).
+        """
+        first = super().get(name)
+        if region is None:
+            return first
+        key = self.by_region.get((normalize(name), region))
+        if key is None:
+            raise UnknownRegionError(region, self.regions(first.name), f"instance type {first.name}")
+        return self.items[key]
+
+    def regions(self, name: str) -> list[str]:
+        """The regions a type is offered in, in catalog order (empty for an unknown name)."""
+        norm = normalize(name)
+        return [region for (n, region) in self.by_region if n == norm]
+
+
 def read_rows(text: str, filename: str) -> list[dict[str, str]]:
     """Parse a schema-versioned CSV text into rows; comment lines start with ``#``."""
     lines = text.splitlines()
@@ -102,9 +159,12 @@ def read_rows(text: str, filename: str) -> list[dict[str, str]]:
     if version != SCHEMA_VERSION:
         raise CatalogError(f"{filename}: schema {version}, this gpuscaler reads {SCHEMA_VERSION}")
     body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-    return [
-        {k: (v or "").strip() for k, v in row.items()} for row in csv.DictReader(io.StringIO("\n".join(body)))
-    ]
+    rows = []
+    for n, row in enumerate(csv.DictReader(io.StringIO("\n".join(body))), start=1):
+        if None in row:  # csv.DictReader keeps fields beyond the header under the key None
+            raise CatalogError(f"{filename}: row {n} has more fields than the header has columns")
+        rows.append({k: (v or "").strip() for k, v in row.items()})
+    return rows
 
 
 def _opt_float(value: str) -> float | None:
@@ -147,8 +207,8 @@ def parse_gpus(rows: list[dict[str, str]]) -> Index[GPU]:
     return index
 
 
-def parse_instances(rows: list[dict[str, str]], gpus: Index[GPU]) -> Index[InstanceType]:
-    index: Index[InstanceType] = Index("instance")
+def parse_instances(rows: list[dict[str, str]], gpus: Index[GPU]) -> InstanceIndex:
+    index = InstanceIndex()
     for r in rows:
         if tuple(r) != INSTANCE_COLUMNS:
             raise CatalogError(f"instances.csv: columns {list(r)}, expected {list(INSTANCE_COLUMNS)}")
@@ -251,16 +311,17 @@ class Catalog:
     """The GPU, instance and workload catalogs, indexed for lookup."""
 
     gpus: Index[GPU]
-    instances: Index[InstanceType]
+    instances: InstanceIndex
     workloads: Index[Workload]
 
     def gpu(self, name: str) -> GPU:
         """The GPU for an id or alias. Raises UnknownIdError with close matches."""
         return self.gpus.get(name)
 
-    def instance(self, name: str) -> InstanceType:
-        """The instance type for a name. Raises UnknownIdError with close matches."""
-        return self.instances.get(name)
+    def instance(self, name: str, region: str | None = None) -> InstanceType:
+        """The instance type for a name, in ``region`` or else its first region. Raises
+        UnknownIdError with close matches."""
+        return self.instances.get(name, region)
 
     def workload(self, name: str) -> Workload:
         """The named workload profile. Raises UnknownIdError with close matches."""

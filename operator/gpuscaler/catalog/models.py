@@ -14,6 +14,12 @@ from gpuscaler.catalog.workloads import TransformerShape
 SUSPECT_PRICE_MARK = "suspiciously deep"
 """The phrase with which ``instances.csv`` flags a spot price its source lists but that looks wrong
 (``scripts/build_instances_catalog.py``: Azure spot prices ~88% below on-demand)."""
+MIN_SPOT_SHARE = 0.10
+"""A spot price under this share of the on-demand price is flagged as implausible wherever it came
+from (a live source included): AWS advertises spot "up to 90% off" on-demand (aws.amazon.com/ec2/spot),
+so a deeper discount is a data error (moto's EC2 answers every spot price as $0.00001)."""
+SHIPPED_SOURCE = "shipped-table"
+"""The ``source`` id of a price from the catalog shipped with gpuscaler (``catalog/data/instances.csv``)."""
 
 
 class CapacityType(StrEnum):
@@ -99,15 +105,37 @@ class InstanceType:
     source: str
     gpu: GPU = field(compare=False, repr=False)
     """The resolved GPU row."""
+    ondemand_source: str = SHIPPED_SOURCE
+    """Short id of where the on-demand price came from (``shipped-table``, ``aws-pricing-api``, ...)."""
+    spot_source: str = SHIPPED_SOURCE
+    """Short id of where the spot price came from."""
+    spot_price_date: str = ""
+    """The day the spot price was read; empty = ``price_date``."""
+    spot_zones: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    """Spot price per zone where the source gives one (``(zone, usd_per_hour)``, by zone); the
+    region's ``spot_usd_hr`` is then the cheapest of them."""
 
     @property
     def spot_price_suspect(self) -> bool:
-        """The catalog row flags its spot price as suspicious (see :data:`SUSPECT_PRICE_MARK`)."""
-        return SUSPECT_PRICE_MARK in self.source
+        """The spot price is suspicious: the catalog row flags it (:data:`SUSPECT_PRICE_MARK`), or it
+        is under :data:`MIN_SPOT_SHARE` of the on-demand price."""
+        if SUSPECT_PRICE_MARK in self.source:
+            return True
+        return self.spot_usd_hr is not None and self.spot_usd_hr < MIN_SPOT_SHARE * self.ondemand_usd_hr
 
     def price(self, capacity: CapacityType) -> float | None:
         """Hourly price for a capacity type, or None when that capacity does not exist."""
         return self.ondemand_usd_hr if capacity is CapacityType.ON_DEMAND else self.spot_usd_hr
+
+    def price_source(self, capacity: CapacityType) -> str:
+        """Where the price of a capacity type came from (a short id)."""
+        return self.ondemand_source if capacity is CapacityType.ON_DEMAND else self.spot_source
+
+    def price_date_of(self, capacity: CapacityType) -> str:
+        """The day the price of a capacity type was read (ISO date, or the shipped table's label)."""
+        if capacity is CapacityType.ON_DEMAND:
+            return self.price_date
+        return self.spot_price_date or self.price_date
 
 
 @dataclass(frozen=True, slots=True)

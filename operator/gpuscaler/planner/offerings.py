@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from gpuscaler.api import SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, Precision, normalize
+from gpuscaler.catalog.models import SHIPPED_SOURCE
+from gpuscaler.catalog.prices import POLICY_SOURCE
 from gpuscaler.planner.candidate import Reason, Rejection
 from gpuscaler.planner.job import ResolvedJob
 from gpuscaler.policy import Policy
@@ -29,9 +31,9 @@ that an infeasible job's hint can name the GPU count its deadline needs."""
 OVER_CAP_GPUS = 64
 
 
-SHIPPED_TABLE = "shipped-table"
+SHIPPED_TABLE = SHIPPED_SOURCE
 """Price source of a price read from the catalog shipped with gpuscaler (``catalog/data/instances.csv``)."""
-POLICY_OVERRIDE = "policy-override"
+POLICY_OVERRIDE = POLICY_SOURCE
 """Price source of a price a policy's ``priceOverrides`` set."""
 
 
@@ -166,8 +168,8 @@ def offerings(
                         inst,
                         cap,
                         price,
-                        price_source=POLICY_OVERRIDE if overridden else SHIPPED_TABLE,
-                        price_date="" if overridden else inst.price_date,
+                        price_source=POLICY_OVERRIDE if overridden else inst.price_source(cap),
+                        price_date="" if overridden else inst.price_date_of(cap),
                     )
                 )
     return allowed, rejected
