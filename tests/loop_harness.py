@@ -161,8 +161,11 @@ class FakeWorkers:
     def delete_service(self, namespace: str, name: str) -> bool:
         return self.objects.pop(f"Service/{name}", None) is not None
 
-    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        self.objects[f"Pod/{name}"].setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        have = self.objects[f"Pod/{name}"].setdefault("metadata", {}).setdefault("annotations", {})
+        have.update({k: v for k, v in annotations.items() if v is not None})
+        for key in [k for k, v in annotations.items() if v is None]:  # a merge patch's null removes the key
+            have.pop(key, None)
 
     def pods(self) -> list[dict[str, Any]]:
         """The worker pods created and not deleted."""

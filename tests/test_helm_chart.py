@@ -582,7 +582,7 @@ def test_worker_admission_policy_allows_exactly_what_the_runtime_writes() -> Non
     assert allowed == list(REPORTED_ANNOTATIONS)
     # and those are every key the runtime reports, once it has a checkpoint and an ack
     full = Progress(step=3, samples=96, last_checkpoint_step=2, last_checkpoint_time=1.0e9,
-                    checkpoint_ack="r1", phase="training", updated_at=1.0e9)
+                    checkpoint_ack="r1", phase="training", updated_at=1.0e9, checkpoint_write_seconds=2.5)
     assert set(full.annotations()) == set(REPORTED_ANNOTATIONS)
     assert "authentication.kubernetes.io/pod-name" in variables["boundPod"]
 

@@ -312,7 +312,8 @@ def test_periodic_reports_are_rate_limited(tmp_path: Path) -> None:
     run(guard, state, start, 50, clock, dt=1.0)
     steps = [p.step for p in reporter.reports]
     assert steps[0] == 0 and steps[-1] == 50 and reporter.reports[-1].phase == "finished"
-    assert len(steps) <= 1 + 50 // 10 + 2
+    writes = 1  # the final checkpoint's write is reported as it begins (gpuscaler.io/checkpoint-writing)
+    assert len(steps) <= 1 + 50 // 10 + 2 + writes
 
 
 def test_failing_reporter_does_not_stop_training(tmp_path: Path) -> None:

@@ -44,6 +44,29 @@ INTERRUPTION_ANNOTATION: Final = "gpuscaler.io/interruption-notice"
 """On a node, for any notice no taint carries: an RFC 3339 deadline, or a reason."""
 NODE_SELECTOR_ANNOTATION: Final = "gpuscaler.io/node-selector"
 """On a Cluster API MachineDeployment: the node selector of its nodes."""
+LAST_CHECKPOINT_TIME_ANNOTATION: Final = "gpuscaler.io/last-checkpoint-time"
+"""On worker pods, by the operator: when the job's newest complete checkpoint was committed (RFC 3339).
+The preemption-cost annotations (this and the four below) are the operator's, checked and bounded;
+workers cannot write them (docs/preemption-cost.md)."""
+LAST_CHECKPOINT_STEP_ANNOTATION: Final = "gpuscaler.io/last-checkpoint-step"
+"""On worker pods, by the operator: the step of the job's newest complete checkpoint."""
+WORK_AT_RISK_ANNOTATION: Final = "gpuscaler.io/work-at-risk-seconds"
+"""On worker pods, by the operator: seconds of training a preemption now would lose (since the newer
+of the last checkpoint and the gang's start), as of :data:`PREEMPTION_COST_TIME_ANNOTATION`."""
+CHECKPOINT_SECONDS_ANNOTATION: Final = "gpuscaler.io/checkpoint-seconds"
+"""On worker pods, by the operator: measured seconds of the job's last checkpoint write (what a
+graceful stop costs on top of the work at risk)."""
+PREEMPTION_COST_TIME_ANNOTATION: Final = "gpuscaler.io/preemption-cost-time"
+"""On worker pods, by the operator: when the preemption-cost annotations were computed (RFC 3339);
+the work at risk grows by the time since while the job runs."""
+PREEMPTION_COST_ANNOTATIONS: Final = (
+    LAST_CHECKPOINT_TIME_ANNOTATION,
+    LAST_CHECKPOINT_STEP_ANNOTATION,
+    WORK_AT_RISK_ANNOTATION,
+    CHECKPOINT_SECONDS_ANNOTATION,
+    PREEMPTION_COST_TIME_ANNOTATION,
+)
+"""The annotations the operator publishes on each worker pod of a running job for schedulers."""
 FINALIZER: Final = "gpuscaler.io/finalizer"
 """On TrainingJobs: the operator releases the workers and nodes before the object goes."""
 
@@ -56,6 +79,9 @@ REGION_LABEL: Final = "topology.kubernetes.io/region"
 CAPACITY_TYPE_LABEL: Final = "karpenter.sh/capacity-type"
 """Karpenter: ``spot`` or ``on-demand``."""
 KARPENTER_NODEPOOL_LABEL: Final = "karpenter.sh/nodepool"
+DO_NOT_DISRUPT_ANNOTATION: Final = "karpenter.sh/do-not-disrupt"
+"""Karpenter: on a pod, ``"true"`` blocks voluntary disruption (consolidation, drift, expiry) of its
+node. The operator sets it on a job's workers only while a checkpoint is being written."""
 EKS_CAPACITY_LABEL: Final = "eks.amazonaws.com/capacityType"
 """EKS managed node groups: ``SPOT`` or ``ON_DEMAND``."""
 EKS_NODEGROUP_LABEL: Final = "eks.amazonaws.com/nodegroup"

@@ -248,6 +248,24 @@ class Settings(BaseSettings):
         ge=0,
         description="Notice of a gpuscaler.io/interruption-notice annotation that gives no deadline timestamp.",
     )
+    checkpoint_write_max_s: float = Field(
+        default=900.0,
+        gt=0,
+        description=(
+            "Longest a worker's reported checkpoint write (gpuscaler.io/checkpoint-writing) keeps "
+            "karpenter.sh/do-not-disrupt on the job's pods: a bound, so a worker cannot pin its node; "
+            "15 min is above the write of a 70B model's full state at 1 GB/s (docs/preemption-cost.md)."
+        ),
+    )
+    preemption_cost_refresh_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Oldest the published gpuscaler.io/work-at-risk-seconds may get before it is rewritten "
+            "(it is also rewritten at every new checkpoint); readers add the time since "
+            "gpuscaler.io/preemption-cost-time."
+        ),
+    )
 
     # --- Observed performance (gpuscaler.observe, docs/observe.md): progress annotations always, Prometheus when prometheus_url is set
     observe_interval_s: float = Field(

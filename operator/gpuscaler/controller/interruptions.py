@@ -88,6 +88,10 @@ class SpotConfig:
     """Longest wait for the checkpoint ack after a notice with no deadline."""
     annotation_notice_s: float
     """Notice of an interruption annotation that gives no deadline timestamp."""
+    checkpoint_write_max_s: float
+    """Longest a worker's reported checkpoint write keeps ``karpenter.sh/do-not-disrupt`` on its pods."""
+    preemption_cost_refresh_s: float
+    """Oldest the published work at risk may get (:mod:`gpuscaler.controller.preemption`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SpotConfig:

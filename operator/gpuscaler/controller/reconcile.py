@@ -46,6 +46,7 @@ from gpuscaler.cloud import (
 )
 from gpuscaler.cloud.nodes import NODE_DELETED, WORKER_PREEMPTED
 from gpuscaler.controller import interruptions as spot
+from gpuscaler.controller import preemption as preemption_cost
 from gpuscaler.controller import queueing
 from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
@@ -61,7 +62,7 @@ from gpuscaler.kube.workers import (
     worker_pod,
     worker_rbac,
 )
-from gpuscaler.names import ConditionType
+from gpuscaler.names import DO_NOT_DISRUPT_ANNOTATION, ConditionType
 from gpuscaler.observe.controller import JobContext, Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult, remaining_spec
@@ -80,7 +81,7 @@ class WorkerClient(Protocol):
     def create_if_absent(self, body: dict[str, Any]) -> bool: ...
     def delete_pod(self, namespace: str, name: str) -> bool: ...
     def delete_service(self, namespace: str, name: str) -> bool: ...
-    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,7 @@ class Reconciler:
         }[st.phase]
         handler(ctx, request, current)
         self._progress(ctx)
+        self._publish_preemption_cost(ctx)
         spot.refine_loss(st, ctx.pods, now)
         self._cost(ctx)
 
@@ -999,6 +1001,16 @@ class Reconciler:
             prog.reported_by = rep.writer
         if st.plan is not None and st.plan.total_samples > 0:
             prog.percent = round(min(100.0, 100 * prog.samples / st.plan.total_samples), 2)
+
+    def _publish_preemption_cost(self, ctx: StepContext) -> None:
+        """The preemption-cost annotations and do-not-disrupt on the workers (gpuscaler.controller.preemption)."""
+        own = ((ctx.job.spec.template or {}).get("metadata") or {}).get("annotations") or {}
+        cfg = self.config.spot
+        for pod, patch in preemption_cost.patches(
+            ctx.status, ctx.pods, ctx.now, write_max_s=cfg.checkpoint_write_max_s,
+            refresh_s=cfg.preemption_cost_refresh_s, manage_do_not_disrupt=DO_NOT_DISRUPT_ANNOTATION not in own,
+        ).items():
+            self.workers.annotate_pod(ctx.job.namespace, pod, patch)
 
     def _rejected_reports(self, ctx: StepContext, rep: TrustedReport) -> None:
         """Condition WorkerReports (set once something was rejected) and an Event when that changes."""

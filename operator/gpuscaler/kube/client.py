@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -168,10 +168,10 @@ class Workers:
             ) from err
         return True
 
-    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        """Merge annotations into a pod (the checkpoint request)."""
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge annotations into a pod (the checkpoint request, the preemption cost); None removes a key."""
         try:
-            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
         except ApiException as err:
             if err.status == HTTP_NOT_FOUND:
                 return

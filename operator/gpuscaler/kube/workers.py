@@ -22,12 +22,22 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from gpuscaler.kube.checkpoint_reports import CheckpointTiming, parse_timing, parse_utc
 from gpuscaler.kube.reports import Rejected
 from gpuscaler.kube.reports import parse as parse_reports
-from gpuscaler.names import ATTEMPT_LABEL, COMPLETION_INDEX_LABEL, GPU_RESOURCE, JOB_LABEL, RANK_LABEL
+from gpuscaler.names import (
+    ATTEMPT_LABEL,
+    COMPLETION_INDEX_LABEL,
+    DO_NOT_DISRUPT_ANNOTATION,
+    GPU_RESOURCE,
+    JOB_LABEL,
+    PREEMPTION_COST_ANNOTATIONS,
+    RANK_LABEL,
+)
 from gpuscaler.runtime import constants as rc
 from gpuscaler.runtime.kube_reporter import ENV_POD_NAME, ENV_POD_NAMESPACE
 
@@ -285,6 +295,13 @@ class PodState:
     disruption: str | None = None
     """The reason of the pod's ``DisruptionTarget`` condition when it is True (the pod is being
     evicted, preempted, or its node is shutting down), else None."""
+    timing: CheckpointTiming = field(default_factory=CheckpointTiming)
+    """The checkpoint-timing reports (:mod:`gpuscaler.kube.checkpoint_reports`), type- and range-checked."""
+    started_at: datetime | None = None
+    """``status.startTime``: when the kubelet (kwok) accepted the pod."""
+    published: tuple[tuple[str, str], ...] = ()
+    """The operator's preemption-cost annotations and ``karpenter.sh/do-not-disrupt`` as on the pod
+    now (key, value), for :mod:`gpuscaler.controller.preemption` to patch only what changed."""
 
     @property
     def running(self) -> bool:
@@ -326,6 +343,7 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
     name = meta.get("name", "")
     reported = parse_reports(name, ann)
+    timing = parse_timing(name, ann)
     rank = _int(labels.get(RANK_LABEL, labels.get(COMPLETION_INDEX_LABEL)))
     disruption = next(
         (
@@ -350,10 +368,15 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         checkpoint_step=reported.checkpoint_step,
         checkpoint_ack=reported.checkpoint_ack,
         checkpoint_requested=ann.get(rc.ANNOTATION_CHECKPOINT_REQUESTED),
-        rejected=reported.rejected,
+        rejected=reported.rejected + timing.rejected,
         # only the one value the operator acts on is believed; anything else reads as no phase
         runtime_phase=rc.RUNTIME_PHASE_PREEMPTED
         if ann.get(rc.ANNOTATION_RUNTIME_PHASE) == rc.RUNTIME_PHASE_PREEMPTED
         else None,
         disruption=disruption,
+        timing=timing,
+        started_at=parse_utc(str(status.get("startTime") or "")),
+        published=tuple(
+            (k, str(ann[k])) for k in (*PREEMPTION_COST_ANNOTATIONS, DO_NOT_DISRUPT_ANNOTATION) if k in ann
+        ),
     )

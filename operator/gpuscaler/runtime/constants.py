@@ -74,6 +74,14 @@ after a complete checkpoint) or ``finished``. The operator counts a worker that 
 reporting ``preempted`` as preempted whatever its exit code (a launcher such as torchrun exits 1
 when its workers exit 75)."""
 
+ANNOTATION_CHECKPOINT_WRITING: Final = "gpuscaler.io/checkpoint-writing"
+"""Set from the runtime's reports: when the checkpoint being written now began (RFC 3339, UTC), or
+empty when none is being written. The operator keeps ``karpenter.sh/do-not-disrupt`` on the job's
+pods while it is set (for at most ``settings.checkpoint_write_max_s``; docs/preemption-cost.md)."""
+
+ANNOTATION_CHECKPOINT_DURATION: Final = "gpuscaler.io/checkpoint-duration"
+"""Set from the runtime's reports: seconds the newest checkpoint took to write (measured)."""
+
 RUNTIME_PHASE_PREEMPTED: Final = "preempted"
 """The value of :data:`ANNOTATION_RUNTIME_PHASE` after a stop with a complete checkpoint."""
 
@@ -84,6 +92,8 @@ REPORTED_ANNOTATIONS: Final = (
     ANNOTATION_CHECKPOINT_TIME,
     ANNOTATION_CHECKPOINT_ACK,
     ANNOTATION_RUNTIME_PHASE,
+    ANNOTATION_CHECKPOINT_WRITING,
+    ANNOTATION_CHECKPOINT_DURATION,
 )
 """Every annotation a worker writes on its own pod (:meth:`gpuscaler.runtime.progress.Progress.annotations`);
 the Helm chart's worker admission policy allows a worker to change these and nothing else."""

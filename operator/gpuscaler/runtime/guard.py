@@ -217,6 +217,10 @@ class TrainingGuard(Generic[S]):
         self._expected: int | None = None
         self._last: CheckpointInfo | None = None
         self._ack: str | None = None
+        self._writing_since: float | None = None
+        """Wall time the checkpoint being written began (reported: the operator keeps the pod's
+        node from voluntary disruption meanwhile); None between checkpoints."""
+        self._write_seconds: float | None = None
         self._manual_request: tuple[str, float] | None = None
         self._last_report: float | None = None
         self._phase = PHASE_RUNNING
@@ -333,6 +337,8 @@ class TrainingGuard(Generic[S]):
             checkpoint_ack=self._ack,
             phase=self._phase,
             updated_at=self._wall_clock(),
+            checkpoint_writing_since=self._writing_since,
+            checkpoint_write_seconds=self._write_seconds,
         )
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -745,27 +751,16 @@ class TrainingGuard(Generic[S]):
         saved = False
         if info is None or info.step != self._step:
             saved = True
-            if self.sharded:
-                assert self.agree is not None
-                info = self.store.save_sharded(
-                    self._step,
-                    write,
-                    self.agree,
-                    samples=self._samples,
-                    reason=reason,
-                    request_id=request_id,
-                    extra=extra,
-                )
-            else:
-                info = self.store.save(
-                    self._step,
-                    write,
-                    samples=self._samples,
-                    reason=reason,
-                    request_id=request_id,
-                    extra=extra,
-                )
+            self._begin_write()
+            try:
+                info = self._save_checkpoint(write, reason=reason, request_id=request_id, extra=extra)
+            except BaseException:
+                self._writing_since = None
+                self._report(force=True)  # nothing is being written any more
+                raise
+            self._writing_since = None  # the checkpointed() report below clears the annotation
             self._last = info
+            self._write_seconds = info.write_seconds
             self.metrics.observe_checkpoint(
                 info.step, info.created_at, info.write_seconds, info.payload_bytes, reason
             )
@@ -796,6 +791,37 @@ class TrainingGuard(Generic[S]):
             self._call_reporter(lambda r: r.checkpointed(event, self.progress()))
             self._last_report = self._clock()
         return info
+
+    def _begin_write(self) -> None:
+        """Report that a checkpoint write begins (``gpuscaler.io/checkpoint-writing``), whatever the interval."""
+        self._writing_since = self._wall_clock()
+        if self.reports:
+            snapshot = self.progress()
+            self._call_reporter(lambda r: r.report(snapshot))
+
+    def _save_checkpoint(
+        self,
+        write: Callable[[Path], None],
+        *,
+        reason: str,
+        request_id: str | None,
+        extra: Mapping[str, Any] | None,
+    ) -> CheckpointInfo:
+        """Write and commit the checkpoint of :attr:`step` (sharded: on every rank)."""
+        if self.sharded:
+            assert self.agree is not None
+            return self.store.save_sharded(
+                self._step,
+                write,
+                self.agree,
+                samples=self._samples,
+                reason=reason,
+                request_id=request_id,
+                extra=extra,
+            )
+        return self.store.save(
+            self._step, write, samples=self._samples, reason=reason, request_id=request_id, extra=extra
+        )
 
     def finish(self) -> CheckpointInfo | None:
         """Write the final checkpoint (if the newest is older), report ``finished`` and close.

@@ -25,8 +25,10 @@ from typing import Any, Protocol, runtime_checkable
 from gpuscaler.runtime.atomic import atomic_write_text
 from gpuscaler.runtime.constants import (
     ANNOTATION_CHECKPOINT_ACK,
+    ANNOTATION_CHECKPOINT_DURATION,
     ANNOTATION_CHECKPOINT_STEP,
     ANNOTATION_CHECKPOINT_TIME,
+    ANNOTATION_CHECKPOINT_WRITING,
     ANNOTATION_PROGRESS_SAMPLES,
     ANNOTATION_PROGRESS_STEP,
     ANNOTATION_RUNTIME_PHASE,
@@ -91,18 +93,28 @@ class Progress:
     """:data:`PHASE_RUNNING`, :data:`PHASE_PREEMPTED` or :data:`PHASE_FINISHED`."""
     updated_at: float
     """Unix time of this snapshot."""
+    checkpoint_writing_since: float | None = None
+    """Unix time the checkpoint being written now began; None when none is being written."""
+    checkpoint_write_seconds: float | None = None
+    """Seconds the newest checkpoint written by this process took (None: none written yet)."""
 
     def annotations(self) -> dict[str, str]:
         """The pod annotations this snapshot maps to (what an annotation-patching reporter writes).
 
         Returns:
-            Annotation key -> value; checkpoint keys only once there is a checkpoint.
+            Annotation key -> value; checkpoint keys only once there is a checkpoint;
+            ``checkpoint-writing`` always (empty while no checkpoint is being written).
         """
         out = {
             ANNOTATION_PROGRESS_STEP: str(self.step),
             ANNOTATION_PROGRESS_SAMPLES: str(self.samples),
             ANNOTATION_RUNTIME_PHASE: self.phase,
+            ANNOTATION_CHECKPOINT_WRITING: ""
+            if self.checkpoint_writing_since is None
+            else rfc3339(self.checkpoint_writing_since),
         }
+        if self.checkpoint_write_seconds is not None:
+            out[ANNOTATION_CHECKPOINT_DURATION] = f"{self.checkpoint_write_seconds:.3f}"
         if self.last_checkpoint_step is not None:
             out[ANNOTATION_CHECKPOINT_STEP] = str(self.last_checkpoint_step)
         if self.last_checkpoint_time is not None:
