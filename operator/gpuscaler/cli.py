@@ -47,6 +47,8 @@ from gpuscaler.inputs import (
 from gpuscaler.perfmodel import DATA_LOADERS, ParallelConfig, estimate
 from gpuscaler.perfmodel.uncertainty import CrossValidationError, throughput_band
 from gpuscaler.planner import PlanResult, plan
+from gpuscaler.planner.profile_docs import load_profiles
+from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy import Policy, load_policies, policy_for_namespace
 
 EXTENSIONS = (
@@ -281,9 +283,9 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
             "objective": result.objective.value,
         },
         "feasible": result.ok,
-        "chosen": result.chosen.to_dict() if result.chosen else None,
+        "chosen": result.chosen.to_dict(result.profiles) if result.chosen else None,
         "why": result.why,
-        "pareto": [c.to_dict() for c in result.pareto],
+        "pareto": [c.to_dict(result.profiles) for c in result.pareto],
         "rejected": [
             {
                 "instanceType": r.instance,
@@ -325,7 +327,8 @@ def render_plan(result: PlanResult) -> str:
             + (f" | ZeRO-{c.zero_stage}" if c.zero_stage else "")
         )
         out.append(
-            f"  {e.throughput:,.1f} {e.unit}/s, step {e.step_time_s * 1000:,.1f} ms, "
+            f"  {e.throughput:,.1f} {e.unit}/s" + (f" ({c.throughput_source})" if result.profiles else "")
+            + f", step {e.step_time_s * 1000:,.1f} ms, "
             f"{e.memory_per_gpu_gb:.1f} GB/GPU of {c.instance.gpu.memory_gb:g}, scaling efficiency "
             f"{e.scaling_efficiency:.0%}, bound by {e.bottleneck} ({e.precision_used})"
         )
@@ -348,7 +351,8 @@ def render_plan(result: PlanResult) -> str:
         if band is not None:
             risk.insert(
                 0,
-                f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s (model error sigma {band.log_sigma:.2f}"
+                f"throughput P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {e.unit}/s "
+                + f"({'measured' if c.prior and c.prior.exact else 'model error'} sigma {band.log_sigma:.2f}"
                 + (f": {', '.join(band.reasons)}" if band.reasons else "")
                 + ")",
             )
@@ -497,8 +501,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401  (missing: say so before planning, not after printing the plan)
     doc = load_job(args.file)
     policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
+    profiles = ProfileStore.of(load_profiles(args.profiles)) if args.profiles else None
     result = plan(
-        doc.spec, pc.catalog_for(args), policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices
+        doc.spec, pc.catalog_for(args), policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices,
+        profiles=profiles,
     )
     if args.json:
         print(to_json(plan_to_dict(result)))
@@ -946,6 +952,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="plan on spot prices the catalog flags as suspicious (left out by default; shown with a caveat)",
     )
     pc.add_prices_option(sp)
+    sp.add_argument("--profiles", metavar="FILE", help="performance profiles (gpuscaler profiles export) as measured priors")
     sp.set_defaults(func=cmd_plan)
 
     se = sub.add_parser("estimate", help="predict memory, step time and throughput of one configuration")

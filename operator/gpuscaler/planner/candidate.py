@@ -16,6 +16,7 @@ from typing import NamedTuple
 from gpuscaler.catalog import CapacityType, InstanceType, Precision
 from gpuscaler.perfmodel import Estimate
 from gpuscaler.perfmodel.uncertainty import Band
+from gpuscaler.planner.profiles import MeasuredPrior
 from gpuscaler.planner.risk import RunOutlook
 
 
@@ -85,6 +86,14 @@ class Candidate(NamedTuple):
     """Where its price comes from (see :class:`~gpuscaler.planner.offerings.Offering`)."""
     price_date: str = ""
     """The ISO day its price was read."""
+    prior: MeasuredPrior | None = None
+    """The performance profile its throughput and band come from (None: the model's, or the job's
+    own observed correction)."""
+
+    @property
+    def throughput_source(self) -> str:
+        """What the throughput comes from: ``measured in 7 runs``, a near profile, or ``model``."""
+        return self.prior.source if self.prior is not None else "model"
 
     @property
     def gpus(self) -> int:
@@ -114,9 +123,11 @@ class Candidate(NamedTuple):
             f"{self.capacity.value}{f' in {self.zone}' if self.zone else ''} {self.precision.value}"
         )
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self, source: bool = False) -> dict[str, object]:
+        """The plan as ``gpuscaler plan --json`` prints it; with ``source``, ``throughputSource`` too
+        (plans made with profiles of the workload: :attr:`throughput_source`)."""
         e = self.estimate
-        return {
+        out: dict[str, object] = {
             "instanceType": self.instance.name,
             "provider": self.instance.provider,
             "region": self.instance.region,
@@ -157,6 +168,9 @@ class Candidate(NamedTuple):
             "deadlineMissProbability": round(self.outlook.deadline_miss_probability, 4),
             "priceCaveat": self.price_caveat,
         }
+        if source:
+            out["throughputSource"] = self.throughput_source
+        return out
 
 
 

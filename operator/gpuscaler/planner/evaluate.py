@@ -15,7 +15,9 @@ P(miss) = sum_k Poisson(k; lambda T0) P(W' / f > D - startup - k (restart + tau)
 
 (:mod:`gpuscaler.planner.risk` derives ``T`` and ``P(miss)``.) A GPU with observed efficiency
 ``e`` (the operator's correction) has ``X`` multiplied by ``e`` and its band drawn around the
-measurement instead of the model's error.
+measurement instead of the model's error. Else, with performance profiles (``profiles``), a
+configuration the cluster measured takes the measured band, and one near a measured one the
+model's estimate moved by the measured ratio (:mod:`gpuscaler.planner.profiles`, the maths there).
 
 The model's answer for an instance type, node count and precision does not depend on the
 capacity type, so :class:`Performance` computes it once per such triple and both capacity types
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -40,6 +43,7 @@ from gpuscaler.planner.configure import configure
 from gpuscaler.planner.correction import MEASURED_LOG_SIGMA_FLOOR
 from gpuscaler.planner.job import ResolvedJob
 from gpuscaler.planner.offerings import Offering
+from gpuscaler.planner.profiles import MeasuredPrior, ProfileKey, ProfileStore, signature_of
 from gpuscaler.planner.risk import hourly_rate, optimal_interval_s, outlook
 from gpuscaler.policy import Policy
 
@@ -88,6 +92,8 @@ class Run(NamedTuple):
     """Training hours at ``est``'s throughput."""
     write_s: float
     """Seconds per checkpoint."""
+    prior: MeasuredPrior | None = None
+    """The performance profile ``est`` and ``band`` come from (None: the model, or the job's own correction)."""
 
 
 @dataclass
@@ -100,6 +106,9 @@ class Performance:
         policy: the policy (checkpoint write bandwidth).
         efficiency: observed / predicted throughput per GPU id (see :func:`gpuscaler.planner.plan`).
         efficiency_sigma: how sure each factor is (log-space sigma).
+        profiles: measured priors (:mod:`gpuscaler.planner.profiles`); a GPU with an observed
+            efficiency of this job keeps that instead.
+        now: profiles not seen for their TTL before this are ignored (None: none is).
         evaluated: how many configurations the model was asked about.
     """
 
@@ -108,8 +117,21 @@ class Performance:
     policy: Policy
     efficiency: Mapping[str, float] | None = None
     efficiency_sigma: Mapping[str, float] | None = None
+    profiles: ProfileStore | None = None
+    now: datetime | None = None
     evaluated: int = 0
     _runs: dict[tuple[str, int, Precision], Run | Refusal] = field(default_factory=dict)
+    _signature: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.profiles:
+            sig = signature_of(self.spec.workload, self.job.workload.id).id
+            self._signature = sig if self.profiles.has(sig) else None
+
+    @property
+    def profiled(self) -> bool:
+        """Profiles of the job's workload were consulted."""
+        return self._signature is not None
 
     def run(self, inst: InstanceType, nodes: int, precision: Precision) -> Run | Refusal:
         """The configuration of ``nodes`` x ``inst`` at ``precision`` with its prediction, or why none.
@@ -131,15 +153,25 @@ class Performance:
         if isinstance(found, Refusal):
             return found
         cfg, est, band = found
+        prior: MeasuredPrior | None = None
         if self.efficiency and inst.gpu_id in self.efficiency:
             factor = self.efficiency[inst.gpu_id]
             est = corrected(est, factor)
             measured = (self.efficiency_sigma or {}).get(inst.gpu_id, MEASURED_LOG_SIGMA_FLOOR)
             band = band.scaled(factor, max(measured, MEASURED_LOG_SIGMA_FLOOR))
+        elif self._signature is not None and self.profiles is not None:
+            key = ProfileKey(
+                self._signature, inst.gpu_id, cfg.gpus_per_node * cfg.nodes, cfg.nodes, cfg.micro_batch,
+                cfg.accumulation, precision.value,
+            )  # fmt: skip
+            prior = self.profiles.prior_for(key, est.throughput, band.log_sigma, self.now)
+            if prior is not None:
+                band = prior.band(band)
+                est = corrected(est, prior.factor)
         self.evaluated += 1
         work_h = job.total_samples / est.throughput / 3600.0
         write_s = checkpoint_write_seconds(job.workload, cfg, self.policy, self.spec.checkpoint.write_seconds)
-        return Run(cfg, est, band, work_h, write_s)
+        return Run(cfg, est, band, work_h, write_s, prior)
 
 
 @lru_cache(maxsize=PREDICTION_CACHE_SIZE)
@@ -232,4 +264,5 @@ def evaluate(
         zone=offer.zone,
         price_source=offer.price_source,
         price_date=offer.price_date,
+        prior=run.prior,
     )

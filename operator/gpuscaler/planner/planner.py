@@ -15,7 +15,9 @@ a module of its own, composed by :func:`plan`:
    work hours ``W = S / X``, the Young/Daly checkpoint interval, expected hours ``T`` and cost
    ``T x price x n`` with interruptions, and ``P(miss deadline)`` with the model's error
    (:mod:`gpuscaler.planner.risk`); the model is asked once per ``(instance, n, p)`` and both
-   capacity types reuse the answer;
+   capacity types reuse the answer; a configuration the cluster measured (a performance profile,
+   :mod:`gpuscaler.planner.profiles`) plans with the measured band instead, one near it with the
+   model moved by the measured ratio;
 4. **solve** (:mod:`~gpuscaler.planner.solve`): the feasible set
    ``F = {c : P(miss | c) <= r, cost(c) <= budget, policy caps, gpus(c) <= cap}``, then
 
@@ -58,6 +60,7 @@ from gpuscaler.planner.offerings import (
     offerings,
     precisions,
 )
+from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.planner.solve import Outcomes, hints, pareto_front, solve
 from gpuscaler.policy import Policy
 
@@ -93,6 +96,9 @@ class PlanResult:
     planning_seconds: float = 0.0
     caveats: list[str] = field(default_factory=list)
     """What the chosen plan's figures rest on that may not hold (a flagged price)."""
+    profiles: bool = False
+    """Performance profiles of the job's workload were consulted (each candidate's
+    ``throughput_source`` then says whether one was used)."""
 
     @property
     def ok(self) -> bool:
@@ -112,6 +118,7 @@ def plan(
     efficiency: Mapping[str, float] | None = None,
     efficiency_sigma: Mapping[str, float] | None = None,
     allow_flagged_prices: bool = False,
+    profiles: ProfileStore | None = None,
 ) -> PlanResult:
     """Plan a training job.
 
@@ -132,6 +139,9 @@ def plan(
             (at least :data:`~gpuscaler.planner.correction.MEASURED_LOG_SIGMA_FLOOR` when not given)
             instead of the model's cross-validated error.
         allow_flagged_prices: plan on spot prices the catalog flags as suspicious (with a caveat).
+        profiles: performance profiles the cluster measured (:mod:`gpuscaler.planner.profiles`):
+            a configuration measured before plans with the measured band, one near it with the
+            model moved by the measured ratio; a GPU in ``efficiency`` keeps this job's own correction.
 
     Returns:
         The plan result; ``chosen`` is None when no plan is feasible, with ``hints``.
@@ -149,7 +159,7 @@ def plan(
     offers, rejected = offerings(job, spec, catalog, pol, allow_flagged_prices)
     cap, cap_source = gpu_cap(spec, pol)
     wanted = precisions(spec, pol)
-    performance = Performance(job, spec, pol, efficiency, efficiency_sigma)
+    performance = Performance(job, spec, pol, efficiency, efficiency_sigma, profiles, now)
     outcomes = Outcomes(cap, cap_source)
     for offer in offers:
         inst, offering = offer.instance, offer.key
@@ -185,4 +195,5 @@ def plan(
         candidates_evaluated=performance.evaluated,
         planning_seconds=time.perf_counter() - t0,
         caveats=caveats,
+        profiles=performance.profiled,
     )
