@@ -195,10 +195,10 @@ def answer(spec: TrainingJobSpec, policy: Policy | None, kwargs: dict[str, Any])
     result = plan(spec, load_catalog(), policy, **kwargs)
     out = plan_to_dict(result)
     out.pop("planningSeconds")
-    for c in [out["chosen"], *out["pareto"]] if out["chosen"] else out["pareto"]:
+    for c in [*([out["chosen"]] if out["chosen"] else []), *out["pareto"], *out["rejected"]]:
         # Where each price comes from (issue 34) was added after the golden file was made: not a plan.
         for key in PRICE_PROVENANCE:
-            c.pop(key)
+            c.pop(key, None)
     out["feasibleOrder"] = [
         f"{c.nodes} {c.instance.name} {c.capacity.value} {c.precision.value} {c.micro_batch}x{c.accumulation} "
         f"z{c.zero_stage}{'c' if c.activation_checkpointing else ''} {c.expected_cost_usd:.2f} {c.expected_hours:.3f}"

@@ -248,3 +248,30 @@ def test_launch_failure_health_issue_is_a_capacity_error(aws: tuple[Any, Any]) -
         pytest.raises(InsufficientCapacityError, match="AsgInstanceLaunchFailures"),
     ):
         p.ensure_nodes(request("p4d.24xlarge", CapacityType.SPOT, 2), [])
+
+
+def test_a_zoned_plan_gets_a_group_in_that_zones_subnets(aws: tuple[Any, Any]) -> None:
+    eks, (role, _) = aws
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    by_zone = {
+        z: ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=z)["Subnet"]["SubnetId"]
+        for z, cidr in (("us-east-1b", "10.1.1.0/24"), ("us-east-1c", "10.1.2.0/24"))
+    }
+    p = EksProvider(
+        eks, FakeCore(), cluster=CLUSTER, ec2=ec2,
+        template=EksTemplate(subnets=list(by_zone.values()), node_role_arn=role),
+    )  # fmt: skip
+    inst = CAT.instance("g5.12xlarge")
+    req = NodeRequest(JOB, inst, CapacityType.SPOT, 2, inst.spot_usd_hr or 0.0, zone="us-east-1c")
+    assert p.ensure_nodes(req, []) == []
+    name = "gpuscaler-g5-12xlarge-spot-us-east-1c"
+    ng = eks.describe_nodegroup(clusterName=CLUSTER, nodegroupName=name)["nodegroup"]
+    assert ng["subnets"] == [by_zone["us-east-1c"]]
+    assert ng["tags"]["gpuscaler.io/zone"] == "us-east-1c"
+    assert p.find_group("g5.12xlarge", CapacityType.SPOT, "us-east-1c") == name
+    assert p.find_group("g5.12xlarge", CapacityType.SPOT, "us-east-1b") is None
+    assert p.scheduling(req).node_selector["topology.kubernetes.io/zone"] == "us-east-1c"
+    elsewhere = NodeRequest(JOB, inst, CapacityType.SPOT, 1, 1.0, zone="us-east-1d")
+    with pytest.raises(ProviderError, match="no subnet of GPUSCALER_EKS_SUBNETS is in us-east-1d"):
+        p.ensure_nodes(elsewhere, [])

@@ -258,3 +258,16 @@ def test_no_pool_says_what_to_create(stub: Stub) -> None:
     stub.route = lambda m, path, b: (200, POOLS)
     with pytest.raises(ProviderError, match=r"gpuscaler\.io/instance-type=a3-highgpu-8g"):
         provider(stub, FakeCore()).ensure_nodes(request("a3-highgpu-8g", CapacityType.SPOT, 1), [])
+
+
+def test_a_zoned_plan_is_served_only_by_a_pool_in_that_zone(stub: Stub) -> None:
+    pools = {"nodePools": [{**POOLS["nodePools"][0], "locations": ["us-central1-a"]}]}
+    stub.route = lambda method, path, body: (200, pools)
+    p = provider(stub, FakeCore())
+    assert p.find_pool("a2-highgpu-1g", CapacityType.SPOT, "us-central1-a") is not None
+    assert p.find_pool("a2-highgpu-1g", CapacityType.SPOT, "us-central1-b") is None
+    inst = CAT.instance("a2-highgpu-1g")
+    req = NodeRequest(JOB, inst, CapacityType.SPOT, 1, 1.0, zone="us-central1-b")
+    with pytest.raises(ProviderError, match=r"in us-central1-b; create one .* --node-locations us-central1-b"):
+        p.ensure_nodes(req, [])
+    assert p.scheduling(req).node_selector["topology.kubernetes.io/zone"] == "us-central1-b"

@@ -290,6 +290,7 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
             {
                 "instanceType": r.instance,
                 "capacityType": r.capacity,
+                "zone": r.zone,
                 "category": r.category,
                 "reason": r.reason,
             }

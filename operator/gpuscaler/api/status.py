@@ -125,8 +125,15 @@ class UnavailableOffering(StatusModel):
 
     instance_type: str = Field(description="Instance type.")
     capacity_type: str = Field(description="on-demand or spot.")
+    zone: str = Field(default="", description="The zone that ran short; empty = every zone of the region.")
     until: datetime = Field(description="Left out of plans until this time.")
     reason: str = Field(default="", description="What happened.")
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """How the planner's ``unavailable`` names it: ``(instance, capacity)`` in every zone,
+        ``(instance, capacity, zone)`` in one."""
+        return (self.instance_type, self.capacity_type, self.zone) if self.zone else (self.instance_type, self.capacity_type)
 
 
 class NoticeStatus(StatusModel):

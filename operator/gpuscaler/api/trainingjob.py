@@ -81,6 +81,8 @@ class WorkerRuntime(StrEnum):
 
 
 QUEUE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ZONE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+"""An availability zone as the node label ``topology.kubernetes.io/zone`` spells it."""
 """A LocalQueue name (Kueue's queue-name label value, which must also be a DNS-1123 label)."""
 
 
@@ -229,6 +231,14 @@ class Constraints(Model):
         default_factory=list, description="Allowed clouds."
     )
     regions: list[str] = Field(default_factory=list, description="Allowed regions; empty = any.")
+    zones: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Allowed availability zones, as nodes label them (topology.kubernetes.io/zone: us-east-1a, "
+            "us-central1-a, eastus-1); empty = any. The planner picks among them by price and capacity."
+        ),
+    )
     min_gpus: int = Field(default=1, ge=1, le=MAX_GPUS, description="Fewest GPUs to use.")
     max_gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS, description="Most GPUs to use.")
     max_nodes: int | None = Field(default=None, ge=1, le=MAX_NODES, description="Most nodes to use.")
@@ -245,6 +255,17 @@ class Constraints(Model):
     max_deadline_risk: float = Field(
         default=0.05, ge=0, le=1, description="Highest acceptable probability of missing the deadline."
     )
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, v: list[str]) -> list[str]:
+        for zone in v:
+            if not re.fullmatch(ZONE_PATTERN, zone):
+                raise ValueError(
+                    f"zones: {shown(zone)} is not a zone name as nodes label it (topology.kubernetes.io/zone): "
+                    "lower-case letters, digits and '-', at most 63 characters, like us-east-1a, us-central1-a or eastus-1"
+                )
+        return v
 
     @model_validator(mode="after")
     def _gpu_range(self) -> Constraints:

@@ -8,6 +8,10 @@ How it maps the :class:`~gpuscaler.cloud.provider.NodePoolProvider` contract ont
   exactly ``[<type>]`` with the matching ``capacityType`` serves too. With a template configured
   (:class:`EksTemplate`: subnets and node role), a missing group is created
   (``gpuscaler-<type>-<capacity>``, min 0, tainted ``nvidia.com/gpu``, labelled and tagged).
+- **Zones.** A plan pinned to a zone (``us-east-1b``) needs a group whose subnets are in that zone:
+  one tagged ``gpuscaler.io/zone=<zone>``, or one created from the template with only the
+  template's subnets in that Availability Zone (``ec2.describe_subnets`` says which) and named
+  ``gpuscaler-<type>-<capacity>-<zone>``. The workers select ``topology.kubernetes.io/zone``.
 - **Scaling up.** ``update_nodegroup_config`` raises ``desiredSize`` by what the job still lacks
   beyond instances already launching. Instances register their Node objects on their own; this
   provider never creates a Node. Registered nodes of the group that no job holds are *adopted*
@@ -53,6 +57,8 @@ INSTANCE_TAG = names.INSTANCE_TYPE_KEY
 """Node-group tag (or label) naming the instance type it serves."""
 CAPACITY_TAG = names.CAPACITY_TYPE_KEY
 """Node-group tag (or label) naming the capacity type it serves: ``on-demand`` or ``spot``."""
+ZONE_TAG = names.ZONE_KEY
+"""Node-group tag (or label) naming the Availability Zone it serves (its subnets are in it)."""
 NODEGROUP_LABEL = names.EKS_NODEGROUP_LABEL
 """Label EKS puts on every node of a managed node group."""
 EKS_CAPACITY_LABEL = names.EKS_CAPACITY_LABEL
@@ -103,6 +109,8 @@ class EksTemplate:
     """``maxSize`` of a created group (raised when a plan needs more)."""
     taint_key: str = names.GPU_RESOURCE
     tags: dict[str, str] = field(default_factory=dict)
+    subnet_zones: dict[str, str] = field(default_factory=dict)
+    """Availability Zone of each subnet, when known up front; else asked of EC2 when a zone is planned."""
 
 
 @dataclass
@@ -128,6 +136,7 @@ class EksProvider(AdoptsNodes):
         cluster: str,
         autoscaling: Any | None = None,
         template: EksTemplate | None = None,
+        ec2: Any | None = None,
         retries: int = 5,
         backoff_s: float = 0.5,
         sleep: Callable[[float], None] = time.sleep,
@@ -139,6 +148,8 @@ class EksProvider(AdoptsNodes):
             cluster: The EKS cluster name.
             autoscaling: A boto3 ``autoscaling`` client for targeted scale-down (optional).
             template: How to create missing node groups; None = only use existing ones.
+            ec2: A boto3 ``ec2`` client, to learn the template subnets' Availability Zones
+                (``describe_subnets``) when a plan names a zone.
             retries: Attempts of a throttled call before giving up.
             backoff_s: First backoff delay; doubled per attempt.
             sleep: Injected for tests.
@@ -147,11 +158,13 @@ class EksProvider(AdoptsNodes):
         self.autoscaling = autoscaling
         self.cluster = cluster
         self.template = template
+        self.ec2 = ec2
+        self._subnet_zones: dict[str, str] = dict(template.subnet_zones) if template else {}
         self.retries = retries
         self.backoff_s = backoff_s
         self.sleep = sleep
         self.adopter = NodeAdopter(core)
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self._groups: dict[tuple[str, str, str], _Group] = {}
 
     # ------------------------------------------------------------------ AWS calls
 
@@ -197,10 +210,14 @@ class EksProvider(AdoptsNodes):
                 return names
 
     @staticmethod
-    def _serves(ng: dict[str, Any], instance: str, capacity: CapacityType) -> bool:
+    def _serves(ng: dict[str, Any], instance: str, capacity: CapacityType, zone: str = "") -> bool:
         for meta in (ng.get("tags") or {}, ng.get("labels") or {}):
+            if zone and meta.get(ZONE_TAG, "") != zone:
+                continue
             if INSTANCE_TAG in meta:
                 return bool(meta[INSTANCE_TAG] == instance and meta.get(CAPACITY_TAG) == capacity.value)
+        if zone:
+            return False  # a group serves a zone only when tagged with it
         return bool(
             ng.get("instanceTypes") == [instance]
             and ng.get("capacityType", "ON_DEMAND") == EKS_CAPACITY[capacity]
@@ -211,24 +228,51 @@ class EksProvider(AdoptsNodes):
         asgs = (ng.get("resources") or {}).get("autoScalingGroups") or []
         return str(asgs[0]["name"]) if asgs else None
 
-    def find_group(self, instance: str, capacity: CapacityType) -> str | None:
-        """The name of the node group that serves an offering, or None."""
-        key = (instance, capacity.value)
+    def find_group(self, instance: str, capacity: CapacityType, zone: str = "") -> str | None:
+        """The name of the node group that serves an offering (in ``zone``, when given), or None."""
+        key = (instance, capacity.value, zone)
         if key in self._groups:
             return self._groups[key].name
         for name in self._list_groups():
             ng = self._describe(name)
-            if self._serves(ng, instance, capacity):
+            if self._serves(ng, instance, capacity, zone):
                 self._groups[key] = _Group(name, self._asg(ng))
                 return name
         return None
 
+    def _subnets(self, zone: str) -> list[str]:
+        """The template's subnets in ``zone`` (all of them for ""), their zones asked of EC2 once.
+
+        Raises:
+            ProviderError: no subnet of the template is in ``zone``, or EC2 cannot say.
+        """
+        t = self.template
+        assert t is not None
+        if not zone:
+            return list(t.subnets)
+        unknown = [s for s in t.subnets if s not in self._subnet_zones]
+        if unknown:
+            if self.ec2 is None:
+                raise ProviderError(f"eks: the Availability Zones of subnets {unknown} are unknown (no EC2 client)")
+            page = self._call(f"describing subnets {unknown}", self.ec2.describe_subnets, SubnetIds=unknown)
+            self._subnet_zones.update({s["SubnetId"]: s["AvailabilityZone"] for s in page.get("Subnets", [])})
+        inside = [s for s in t.subnets if self._subnet_zones.get(s) == zone]
+        if not inside:
+            raise ProviderError(
+                f"eks: no subnet of GPUSCALER_EKS_SUBNETS is in {zone} (theirs: "
+                f"{', '.join(sorted({self._subnet_zones.get(s, '?') for s in t.subnets}))}); add one in "
+                f"{zone}, or keep plans out of it (constraints.zones, policy zones)"
+            )
+        return inside
+
     def _create_group(self, request: NodeRequest, desired: int) -> str:
         t = self.template
         assert t is not None
-        inst, cap = request.instance.name, request.capacity
-        name = f"gpuscaler-{_slug(inst)}-{cap.value}"[:63]
-        meta = {INSTANCE_TAG: inst, CAPACITY_TAG: cap.value}
+        inst, cap, zone = request.instance.name, request.capacity, request.zone
+        subnets = self._subnets(zone)
+        name = f"gpuscaler-{_slug(inst)}-{cap.value}" + (f"-{zone}" if zone else "")
+        name = name[:63]
+        meta = {INSTANCE_TAG: inst, CAPACITY_TAG: cap.value, **({ZONE_TAG: zone} if zone else {})}
         self._call(
             f"creating node group {name} ({inst}, {cap.value})",
             self.eks.create_nodegroup,
@@ -236,7 +280,7 @@ class EksProvider(AdoptsNodes):
             nodegroupName=name,
             scalingConfig={"minSize": 0, "maxSize": max(t.max_nodes, desired), "desiredSize": desired},
             diskSize=t.disk_size_gb,
-            subnets=list(t.subnets),
+            subnets=subnets,
             instanceTypes=[inst],
             amiType=t.ami_type,
             nodeRole=t.node_role_arn,
@@ -245,7 +289,7 @@ class EksProvider(AdoptsNodes):
             taints=[{"key": t.taint_key, "effect": "NO_SCHEDULE"}],
             tags={**t.tags, **meta, names.MANAGED_LABEL: "true"},
         )
-        self._groups[(inst, cap.value)] = _Group(name, None)
+        self._groups[(inst, cap.value, zone)] = _Group(name, None)
         return name
 
     @staticmethod
@@ -261,13 +305,15 @@ class EksProvider(AdoptsNodes):
     def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
         inst, cap = request.instance.name, request.capacity
         have = sum(1 for n in existing if not n.deleting)
-        group = self.find_group(inst, cap)
+        group = self.find_group(inst, cap, request.zone)
         if group is None:
             if self.template is None:
+                where = f" in {request.zone}" if request.zone else ""
+                zone_tag = f", {ZONE_TAG}={request.zone}" if request.zone else ""
                 raise ProviderError(
-                    f"eks: no node group of cluster {self.cluster} serves {inst} ({cap.value}); tag one "
-                    f"{INSTANCE_TAG}={inst}, {CAPACITY_TAG}={cap.value} or configure a node-group template "
-                    "(GPUSCALER_EKS_SUBNETS, GPUSCALER_EKS_NODE_ROLE_ARN)"
+                    f"eks: no node group of cluster {self.cluster} serves {inst} ({cap.value}){where}; tag one "
+                    f"{INSTANCE_TAG}={inst}, {CAPACITY_TAG}={cap.value}{zone_tag} or configure a node-group "
+                    "template (GPUSCALER_EKS_SUBNETS, GPUSCALER_EKS_NODE_ROLE_ARN)"
                 )
             self._create_group(request, max(0, request.count - have))
             return []  # CREATING: nodes register later; the next reconcile adopts them
@@ -277,7 +323,7 @@ class EksProvider(AdoptsNodes):
         if missing <= 0:
             return adopted
         ng = self._describe(group)
-        self._groups[(inst, cap.value)].asg = self._asg(ng)
+        self._groups[(inst, cap.value, request.zone)].asg = self._asg(ng)
         issue = self._capacity_issue(ng)
         if issue:
             raise InsufficientCapacityError(
@@ -366,6 +412,7 @@ class EksProvider(AdoptsNodes):
                 INSTANCE_TYPE_LABEL: request.instance.name,
                 EKS_CAPACITY_LABEL: EKS_CAPACITY[request.capacity],
                 JOB_LABEL: request.job.label,
+                **request.zone_selector(),
             },
             tolerations=[{"key": key, "operator": "Exists", "effect": "NoSchedule"}],
         )

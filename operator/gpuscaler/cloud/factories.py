@@ -48,6 +48,7 @@ def eks(settings: Settings, api: Any) -> NodePoolProvider:
         cluster=settings.eks_cluster_name,
         autoscaling=boto3.client("autoscaling", config=cfg) if settings.eks_targeted_scale_down else None,
         template=template,
+        ec2=boto3.client("ec2", config=cfg) if template is not None else None,
         retries=settings.cloud_api_retries,
         backoff_s=settings.cloud_api_backoff_s,
     )

@@ -6,7 +6,9 @@ How it maps the :class:`~gpuscaler.cloud.provider.NodePoolProvider` contract ont
   ``gpuscaler.io/instance-type=<machine type>`` and ``gpuscaler.io/capacity-type=<on-demand|spot>``,
   or, unlabelled, when ``config.machineType`` is the machine type and ``config.spot`` (or
   ``preemptible``) matches. Pools must exist beforehand (``docs/providers.md`` shows the command);
-  a zonal pool, because ``setSize`` counts nodes per zone.
+  a zonal pool, because ``setSize`` counts nodes per zone. A plan pinned to a zone is served by a
+  pool whose node locations (``locations``) are exactly that zone; a plan for any zone by the first
+  pool that serves the offering.
 - **Scaling.** ``setSize`` to the nodes registered in the pool plus what the job still lacks beyond
   nodes already launching (the last size this process set). When the pool autoscales and its
   ``maxNodeCount`` is below that, ``setAutoscaling`` raises the bound first. Nodes register on their
@@ -126,7 +128,7 @@ class GkeProvider(AdoptsNodes):
         self.sleep = sleep
         self.clock = clock
         self.adopter = NodeAdopter(core)
-        self._pools: dict[tuple[str, str], _Pool] = {}
+        self._pools: dict[tuple[str, str, str], _Pool] = {}
         self._target: dict[str, int] = {}
         """Last size this process set per pool: nodes above the registered ones are launching."""
         self._pending: dict[str, str] = {}
@@ -187,23 +189,25 @@ class GkeProvider(AdoptsNodes):
             self.timeout = saved
 
     @staticmethod
-    def _serves(np: Any, instance: str, capacity: CapacityType) -> bool:
+    def _serves(np: Any, instance: str, capacity: CapacityType, zone: str = "") -> bool:
+        if zone and list(np.locations or []) != [zone]:
+            return False
         labels = dict(np.config.labels or {})
         if INSTANCE_LABEL in labels:
             return bool(labels[INSTANCE_LABEL] == instance and labels.get(CAPACITY_LABEL) == capacity.value)
         spot = bool(np.config.spot or np.config.preemptible)
         return bool(np.config.machine_type == instance and spot == (capacity is CapacityType.SPOT))
 
-    def find_pool(self, instance: str, capacity: CapacityType) -> _Pool | None:
-        """The node pool that serves an offering, or None."""
-        key = (instance, capacity.value)
+    def find_pool(self, instance: str, capacity: CapacityType, zone: str = "") -> _Pool | None:
+        """The node pool that serves an offering (with node locations ``[zone]`` when given), or None."""
+        key = (instance, capacity.value, zone)
         if key in self._pools:
             return self._pools[key]
         resp = self._api(
             f"listing node pools of {self.parent}", self.gke.list_node_pools, request={"parent": self.parent}
         )
         for np in resp.node_pools:
-            if self._serves(np, instance, capacity):
+            if self._serves(np, instance, capacity, zone):
                 pool = _Pool(
                     name=f"{self.parent}/nodePools/{np.name}",
                     short=np.name,
@@ -239,11 +243,13 @@ class GkeProvider(AdoptsNodes):
 
     def ensure_nodes(self, request: NodeRequest, existing: list[NodeState]) -> list[str]:
         inst, cap = request.instance.name, request.capacity
-        pool = self.find_pool(inst, cap)
+        pool = self.find_pool(inst, cap, request.zone)
         if pool is None:
+            where = f" in {request.zone}" if request.zone else ""
+            locations = f" and --node-locations {request.zone}" if request.zone else ""
             raise ProviderError(
-                f"gke: no node pool of {self.parent} serves {inst} ({cap.value}); create one with node labels "
-                f"{INSTANCE_LABEL}={inst},{CAPACITY_LABEL}={cap.value} (docs/providers.md)"
+                f"gke: no node pool of {self.parent} serves {inst} ({cap.value}){where}; create one with node labels "
+                f"{INSTANCE_LABEL}={inst},{CAPACITY_LABEL}={cap.value}{locations} (docs/providers.md)"
             )
         have = sum(1 for n in existing if not n.deleting)
         selector = f"{NODEPOOL_LABEL}={pool.short}"
@@ -287,6 +293,7 @@ class GkeProvider(AdoptsNodes):
             selector[ACCELERATOR_LABEL] = accelerator
         if request.capacity is CapacityType.SPOT:
             selector[SPOT_LABEL] = "true"
+        selector.update(request.zone_selector())
         return Scheduling(
             node_selector=selector,
             tolerations=[{"key": self.toleration_key, "operator": "Exists", "effect": "NoSchedule"}],

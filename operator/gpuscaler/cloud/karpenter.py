@@ -116,6 +116,18 @@ class KarpenterProvider(AdoptsNodes):
         self.consolidate_after = consolidate_after
         self.extra_requirements = list(extra_requirements or [])
 
+    def admit(self, instance_type: str | None, zone: str = "") -> None:
+        """Widen the pool's requirements to admit an instance type and a zone (see :meth:`ensure_nodepool`)."""
+        if instance_type and instance_type not in self.instance_types:
+            self.instance_types = sorted({*self.instance_types, instance_type})
+        if zone:
+            self.extra_requirements = [
+                {**r, "values": sorted({*r.get("values", []), zone})}
+                if r.get("key") == names.ZONE_LABEL and r.get("operator") == "In"
+                else r
+                for r in self.extra_requirements
+            ]
+
     def manifest(self) -> dict[str, Any]:
         """The NodePool as gpuscaler wants it."""
         spec: dict[str, Any] = {
@@ -148,14 +160,19 @@ class KarpenterProvider(AdoptsNodes):
             "spec": spec,
         }
 
-    def ensure_nodepool(self, instance_type: str | None = None) -> dict[str, Any]:
+    def ensure_nodepool(self, instance_type: str | None = None, zone: str = "") -> dict[str, Any]:
         """Create the NodePool, or bring its spec to what gpuscaler wants; returns the server's object.
+
+        The pool admits ``instance_type`` and, when its requirements restrict
+        ``topology.kubernetes.io/zone`` (an ``extra_requirements`` entry), ``zone``: the planned
+        zone is added to that requirement's values, as a planned instance type is to the pool's
+        (a pool without a zone requirement admits every zone of its NodeClass already; the
+        workers' node selector then picks the zone).
 
         Raises:
             ProviderError: the API server refused (e.g. the Karpenter CRDs are not installed), with its cause.
         """
-        if instance_type and instance_type not in self.instance_types:
-            self.instance_types = sorted({*self.instance_types, instance_type})
+        self.admit(instance_type, zone)
         want = self.manifest()
         try:
             have = self.custom.get_cluster_custom_object(GROUP, VERSION, "nodepools", self.nodepool)
@@ -197,7 +214,7 @@ class KarpenterProvider(AdoptsNodes):
         Raises:
             ProviderError: the NodePool could not be read or written, with its cause.
         """
-        self.ensure_nodepool(request.instance.name)
+        self.ensure_nodepool(request.instance.name, request.zone)
         return []
 
     def release_nodes(self, job: JobRef, nodes: list[NodeState]) -> list[str]:
@@ -237,6 +254,7 @@ class KarpenterProvider(AdoptsNodes):
                 CAPACITY_TYPE_LABEL: request.capacity.value,
                 NODEPOOL_LABEL: self.nodepool,
                 JOB_LABEL: request.job.label,
+                **request.zone_selector(),
             },
             tolerations=[{"key": self.taint_key, "operator": "Exists", "effect": "NoSchedule"}],
         )

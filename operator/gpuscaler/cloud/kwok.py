@@ -86,6 +86,7 @@ class KwokProvider(MakesNodes):
                 f"gpuscaler-{request.pool_id}",
                 request.instance,
                 capacity_type=request.capacity,
+                zone=request.zone or None,
                 ready_after=self.delay,
                 labels={JOB_LABEL: request.job.label},
                 annotations={PRICE_ANNOTATION: f"{request.usd_per_hour_per_node:.6g}"},
@@ -125,6 +126,7 @@ class KwokProvider(MakesNodes):
                 INSTANCE_TYPE_LABEL: label_value(request.instance.name),
                 CAPACITY_TYPE_LABEL: request.capacity.value,
                 JOB_LABEL: request.job.label,
+                **request.zone_selector(),
             },
             tolerations=[{"key": self.toleration_key, "operator": "Exists", "effect": "NoSchedule"}],
         )

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gpuscaler import names
-from gpuscaler.catalog import CapacityType, InstanceType
+from gpuscaler.catalog import CapacityType, InstanceType, zones
 
 NODE_READY_DELAY_ANNOTATION: Final = "node-initialize.stage.kwok.x-k8s.io/delay"
 """Node annotation: how long kwok waits before making the node Ready (the dev cluster's kwok
@@ -51,11 +51,7 @@ def label_value(value: str) -> str:
 
 def default_zone(inst: InstanceType) -> str:
     """The first zone of the instance's region, spelled the provider's way."""
-    if inst.provider == "aws":
-        return f"{inst.region}a"
-    if inst.provider == "gcp":
-        return f"{inst.region}-a"
-    return f"{inst.region}-1"
+    return zones.default_zone(inst.provider, inst.region)
 
 
 def reserved_cpu_millis(vcpu: int) -> int:

@@ -96,6 +96,8 @@ class NodeState:
     deleting: bool = False
     signals: tuple[Signal, ...] = ()
     """Every interruption signal of :data:`NOTICE_SOURCES` the Node carries, in table order."""
+    zone: str = ""
+    """Its ``topology.kubernetes.io/zone`` label (empty when it has none)."""
 
     @property
     def interrupted(self) -> str | None:
@@ -174,4 +176,5 @@ def node_state(node: dict[str, object]) -> NodeState:
         usd_per_hour=price,
         deleting=bool(meta.get("deletionTimestamp")),
         signals=_signals(ann, taints, conds),
+        zone=labels.get(names.ZONE_LABEL, ""),
     )

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuscaler import names
 from gpuscaler.catalog import CapacityType, InstanceType
 from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.errors import ErrorKind, TemporaryError
@@ -66,19 +67,26 @@ class JobRef:
 
 @dataclass(frozen=True)
 class NodeRequest:
-    """What the plan needs: ``count`` nodes of ``instance`` at ``capacity``."""
+    """What the plan needs: ``count`` nodes of ``instance`` at ``capacity``, in ``zone``."""
 
     job: JobRef
     instance: InstanceType
     capacity: CapacityType
     count: int
     usd_per_hour_per_node: float
+    zone: str = ""
+    """The availability zone to create the nodes in (the plan's); "" = any zone of the region."""
 
     @property
     def pool_id(self) -> str:
-        """Short stable hash of job + offering: a re-plan onto another offering gets other names."""
-        text = f"{self.job.key}/{self.instance.name}/{self.capacity.value}"
+        """Short stable hash of job + offering (+ zone): a re-plan onto another offering or zone gets
+        other names."""
+        text = f"{self.job.key}/{self.instance.name}/{self.capacity.value}" + (f"/{self.zone}" if self.zone else "")
         return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+    def zone_selector(self) -> dict[str, str]:
+        """The node selector that keeps workers in the request's zone (empty for any zone)."""
+        return {names.ZONE_LABEL: self.zone} if self.zone else {}
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,10 @@ def owned_by_name(request: NodeRequest, node: NodeState) -> bool:
 
 
 def owned_by_offering(request: NodeRequest, node: NodeState) -> bool:
-    """:meth:`NodePoolProvider.owns` of a provider whose cloud names the nodes: the offering."""
+    """:meth:`NodePoolProvider.owns` of a provider whose cloud names the nodes: the offering (and
+    the zone, when the request names one and the node says its zone)."""
+    if request.zone and node.zone and node.zone != request.zone:
+        return False
     return (node.instance_type, node.capacity_type) == (request.instance.name, request.capacity.value)
 
 

@@ -69,7 +69,7 @@ class Planner(Protocol):
     """
 
     def __call__(  # implemented by gpuscaler.controller.policy.gated_plan (with its catalog bound)
-        self, spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: frozenset[tuple[str, str]], /,
+        self, spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: frozenset[tuple[str, ...]], /,
         efficiency: Mapping[str, float] | None = None, governance: Governance | None = None,
     ) -> PlanResult: ...
 
@@ -267,12 +267,13 @@ def record(
         st.unavailable = [
             u
             for u in st.unavailable
-            if (u.instance_type, u.capacity_type) != (plan.instance_type, plan.capacity_type)
+            if (u.instance_type, u.capacity_type, u.zone) != (plan.instance_type, plan.capacity_type, plan.zone)
         ]
         st.unavailable.append(
             UnavailableOffering(
                 instance_type=plan.instance_type,
                 capacity_type=plan.capacity_type,
+                zone=plan.zone,
                 until=now + timedelta(seconds=cfg.interruption_backoff_s),
                 reason=f"spot reclaim of {node} ({signal})",
             )
@@ -365,7 +366,7 @@ def replan(
     interruptions: int,
     done_samples: float,
     deadline_h: float | None,
-    unavailable: frozenset[tuple[str, str]],
+    unavailable: frozenset[tuple[str, ...]],
     planner: Planner,
     survivors: int = 0,
     rules: SpotRules | None = None,
@@ -398,7 +399,7 @@ def replan(
     """
     factors = dict(efficiency or {})
 
-    def call(s: TrainingJobSpec, dl: float | None, un: frozenset[tuple[str, str]]) -> PlanResult:
+    def call(s: TrainingJobSpec, dl: float | None, un: frozenset[tuple[str, ...]]) -> PlanResult:
         if factors:
             return planner(s, name, dl, un, efficiency=factors)
         return planner(s, name, dl, un)

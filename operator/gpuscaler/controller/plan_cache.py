@@ -47,7 +47,7 @@ class PlanFn(Protocol):
         *,
         name: str = ...,
         deadline_h: float | None = ...,
-        unavailable: frozenset[tuple[str, str]] = ...,
+        unavailable: frozenset[tuple[str, ...]] = ...,
         efficiency: Mapping[str, float] | None = ...,
     ) -> PlanResult: ...
 
@@ -89,7 +89,7 @@ class PlanCache:
         *,
         name: str = "trainingjob",
         deadline_h: float | None = None,
-        unavailable: frozenset[tuple[str, str]] = frozenset(),
+        unavailable: frozenset[tuple[str, ...]] = frozenset(),
         efficiency: Mapping[str, float] | None = None,
     ) -> PlanResult:
         """:func:`gpuscaler.planner.plan` of these inputs, from the cache when they were planned before.

@@ -202,7 +202,7 @@ def gated_plan(
     spec: TrainingJobSpec,
     name: str,
     deadline_h: float | None,
-    unavailable: frozenset[tuple[str, str]],
+    unavailable: frozenset[tuple[str, ...]],
     /,
     efficiency: Mapping[str, float] | None = None,
     governance: Governance | None = None,

@@ -386,7 +386,7 @@ class Reconciler:
 
     def _plan(self, ctx: StepContext) -> bool:
         job, st, now = ctx.job, ctx.status, ctx.now
-        unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
+        unavailable = frozenset(u.key for u in st.unavailable)
         t0 = time.perf_counter()
         try:
             result = self._call_planner(ctx, job, unavailable)
@@ -466,7 +466,7 @@ class Reconciler:
         self,
         ctx: StepContext,
         job: Job,
-        unavailable: frozenset[tuple[str, str]],
+        unavailable: frozenset[tuple[str, ...]],
         efficiency: Mapping[str, float] | None = None,
     ) -> PlanResult:
         """The planner on ``job`` (the step's, or the rest of it) with the job's observed
@@ -484,7 +484,7 @@ class Reconciler:
         conditions, model correction; at a checkpoint, move the gang to a cheaper plan if one is pending."""
         job, st, now = ctx.job, ctx.status, ctx.now
         assert self.observer is not None and st.plan is not None
-        unavailable = frozenset((u.instance_type, u.capacity_type) for u in st.unavailable)
+        unavailable = frozenset(u.key for u in st.unavailable)
         report = trusted_report(st, pods)
         ckpt = report.checkpoint_step
         hours_left = self._deadline_hours(job, now)
@@ -579,6 +579,7 @@ class Reconciler:
             UnavailableOffering(
                 instance_type=st.plan.instance_type,
                 capacity_type=st.plan.capacity_type,
+                zone=st.plan.zone,
                 until=ctx.now + timedelta(seconds=self.config.capacity_backoff_s),
                 reason=reason,
             )
@@ -609,6 +610,7 @@ class Reconciler:
             capacity=CapacityType(plan.capacity_type),
             count=plan.nodes,
             usd_per_hour_per_node=plan.usd_per_hour / max(plan.nodes, 1),
+            zone=plan.zone,
         )
 
     # ------------------------------------------------------------------------------- phases

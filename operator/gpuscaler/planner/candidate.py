@@ -183,3 +183,5 @@ class Rejection:
     category: Reason
     """The reason code (printed as its value: policy, constraint, memory, batch, precision, ...)."""
     reason: str
+    zone: str = ""
+    """The zone of a per-zone offering; empty when the rejection holds for the whole region."""

@@ -14,6 +14,7 @@ from gpuscaler.api import TrainingJobSpec, WorkloadSpec
 from gpuscaler.api.trainingjob import MAX_HORIZON_HOURS, MAX_TRAINING_SAMPLES
 from gpuscaler.catalog import Catalog, UnknownIdError, Workload, normalize
 from gpuscaler.catalog.workloads import TransformerShape
+from gpuscaler.catalog.zones import unknown_zone
 from gpuscaler.inputs import InputError, shown
 
 CUSTOM_ACTIVATION_BYTES_PER_PARAM = 0.5
@@ -39,7 +40,8 @@ def check_constraints(spec: TrainingJobSpec, catalog: Catalog, largest_plan_gpus
 
     Raises:
         UnknownIdError: an unknown GPU or instance type (with close matches).
-        JobError: an unknown region (with close matches), or minGpus beyond any plan or the batch.
+        JobError: an unknown region (with close matches), a zone in no known region, or minGpus
+            beyond any plan or the batch.
     """
     c = spec.constraints
     for g in c.gpu_types:
@@ -60,6 +62,9 @@ def check_constraints(spec: TrainingJobSpec, catalog: Catalog, largest_plan_gpus
                 field="constraints.regions",
                 value=shown(r),
             )
+    for z in c.zones:
+        if (problem := unknown_zone(z, catalog.instances)) is not None:
+            raise JobError(f"constraints.zones: {problem}", field="constraints.zones", value=shown(z))
     if c.min_gpus > largest_plan_gpus:
         raise JobError(
             f"constraints.minGpus {c.min_gpus}: no plan has that many GPUs (the largest has "

@@ -10,13 +10,14 @@ times the cap) so that an infeasible job can be told how many GPUs its deadline 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpuscaler.api import SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, Precision, normalize
-from gpuscaler.catalog.models import SHIPPED_SOURCE
+from gpuscaler.catalog.models import MIN_SPOT_SHARE, SHIPPED_SOURCE, SUSPECT_PRICE_MARK
 from gpuscaler.catalog.prices import POLICY_SOURCE
+from gpuscaler.catalog.zones import in_region
 from gpuscaler.planner.candidate import Reason, Rejection
 from gpuscaler.planner.job import ResolvedJob
 from gpuscaler.policy import Policy
@@ -69,14 +70,80 @@ def _matches(name: str, wanted: list[str], aliases: tuple[str, ...] = ()) -> boo
     return any(normalize(w) in keys for w in wanted)
 
 
-def flagged_price(inst: InstanceType, cap: CapacityType, price: float) -> str:
-    """The caveat of a price the catalog flags (empty when it does not, or a policy overrode it)."""
-    if cap is not CapacityType.SPOT or not inst.spot_price_suspect or price != inst.spot_usd_hr:
+def flagged_price(offer: Offering) -> str:
+    """The caveat of a spot price the catalog flags (empty when it does not, or a policy set it):
+    the catalog row marks it (:data:`~gpuscaler.catalog.models.SUSPECT_PRICE_MARK`), or the
+    offering's own price (a zone's, or the region's) is under
+    :data:`~gpuscaler.catalog.models.MIN_SPOT_SHARE` of on-demand: the rule of
+    :attr:`InstanceType.spot_price_suspect`, applied to each zone's price."""
+    inst = offer.instance
+    if offer.capacity is not CapacityType.SPOT or offer.price_source == POLICY_OVERRIDE:
+        return ""
+    if SUSPECT_PRICE_MARK not in inst.source and offer.usd_per_hour >= MIN_SPOT_SHARE * inst.ondemand_usd_hr:
         return ""
     return (
-        f"{inst.name} spot ${price:,.2f}/h is {1 - price / inst.ondemand_usd_hr:.0%} below on-demand: "
-        "the catalog flags this price as suspiciously deep"
+        f"{inst.name} spot ${offer.usd_per_hour:,.2f}/h is {1 - offer.usd_per_hour / inst.ondemand_usd_hr:.0%} "
+        "below on-demand: the catalog flags this price as suspiciously deep"
     )
+
+
+def priced_zones(inst: InstanceType, capacity: CapacityType) -> list[tuple[str, float]]:
+    """The zones the price data prices ``inst`` x ``capacity`` in, with their prices, by zone;
+    empty when it has one price for the whole region (the shipped table; on-demand everywhere).
+
+    Spot prices per zone come from a price file or live source that has them (``zone`` rows:
+    AWS ``DescribeSpotPriceHistory``), kept by :func:`~gpuscaler.catalog.prices.apply_prices` in
+    ``InstanceType.spot_zones``.
+    """
+    if capacity is CapacityType.SPOT and inst.spot_usd_hr is not None:
+        return list(inst.spot_zones)
+    return []
+
+
+def _zoned(
+    inst: InstanceType,
+    cap: CapacityType,
+    price: float,
+    wanted: list[str],
+    policy: Policy,
+    reject: Callable[[Reason, str, str], None],
+) -> list[Offering]:
+    """The offerings of ``inst`` x ``cap`` per zone, within the job's and the policy's zones.
+
+    Where the price data prices zones (:func:`priced_zones`) there is one offering per zone at its
+    own price (a policy override replaces every zone's); else one for the whole region (zone "",
+    any zone). A zone list (``constraints.zones``, the policy's ``zones``) keeps the zones it names
+    and pins a region-wide offering to each named zone of its region (the same price in each: the
+    capacity back-off then moves a plan from one zone to the next); a zone it leaves out is rejected
+    (``constraint`` for the job's list, checked first, ``policy`` for the policy's).
+    """
+    overridden = price != inst.price(cap)
+    source, day = (POLICY_OVERRIDE, "") if overridden else (inst.price_source(cap), inst.price_date_of(cap))
+    zones = [(z, price if overridden else p) for z, p in priced_zones(inst, cap)] or [("", price)]
+    out: list[Offering] = []
+    for zone, usd in zones:
+        if zone:
+            if wanted and zone not in wanted:
+                reject(Reason.CONSTRAINT, f"zone {zone} not in constraints.zones", zone)
+            elif policy.zones and zone not in policy.zones:
+                reject(Reason.POLICY, f"policy {policy.name}: zone {zone} not allowed", zone)
+            else:
+                out.append(Offering(inst, cap, usd, zone, source, day))
+            continue
+        mine = [z for z in wanted if in_region(inst.provider, inst.region, z)]
+        theirs = [z for z in policy.zones if in_region(inst.provider, inst.region, z)]
+        if wanted and not mine:
+            reject(Reason.CONSTRAINT, f"no zone of constraints.zones is in {inst.region}", "")
+            continue
+        if policy.zones and not theirs:
+            reject(Reason.POLICY, f"policy {policy.name}: no allowed zone is in {inst.region}", "")
+            continue
+        pinned = [z for z in mine if not policy.zones or z in theirs] if wanted else theirs
+        if (wanted or policy.zones) and not pinned:
+            reject(Reason.POLICY, f"policy {policy.name}: none of constraints.zones {mine} is allowed", "")
+            continue
+        out.extend(Offering(inst, cap, usd, z, source, day) for z in pinned or [""])
+    return out
 
 
 def offerings(
@@ -118,9 +185,9 @@ def offerings(
         for cap in (CapacityType.ON_DEMAND, CapacityType.SPOT):
 
             def reject(
-                category: Reason, reason: str, inst: InstanceType = inst, cap: CapacityType = cap
+                category: Reason, reason: str, zone: str = "", inst: InstanceType = inst, cap: CapacityType = cap
             ) -> None:
-                rejected.append(Rejection(inst.name, cap.value, category, reason))
+                rejected.append(Rejection(inst.name, cap.value, category, reason, zone))
 
             price = policy.price(inst, cap)
             if price is None:
@@ -156,22 +223,17 @@ def offerings(
                     f"policy {policy.name}: spot needs >= {policy.spot.min_hours_to_deadline:g} h to the deadline, "
                     f"{job.deadline_h:.1f} h left",
                 )
-            elif not allow_flagged_prices and (caveat := flagged_price(inst, cap, price)):
-                reject(
-                    Reason.PRICE,
-                    f"{caveat}; left out (set a policy priceOverride for it, or plan with --allow-flagged-prices)",
-                )
             else:
-                overridden = price != inst.price(cap)
-                allowed.append(
-                    Offering(
-                        inst,
-                        cap,
-                        price,
-                        price_source=POLICY_OVERRIDE if overridden else inst.price_source(cap),
-                        price_date="" if overridden else inst.price_date_of(cap),
-                    )
-                )
+                for offer in _zoned(inst, cap, price, c.zones, policy, reject):
+                    if not allow_flagged_prices and (caveat := flagged_price(offer)):
+                        reject(
+                            Reason.PRICE,
+                            f"{caveat}; left out (set a policy priceOverride for it, or plan with "
+                            "--allow-flagged-prices)",
+                            offer.zone,
+                        )
+                    else:
+                        allowed.append(offer)
     return allowed, rejected
 
 

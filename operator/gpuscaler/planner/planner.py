@@ -114,7 +114,7 @@ def plan(
     name: str = "trainingjob",
     now: datetime | None = None,
     deadline_h: float | None = None,
-    unavailable: frozenset[tuple[str, str]] = frozenset(),
+    unavailable: frozenset[tuple[str, ...]] = frozenset(),
     efficiency: Mapping[str, float] | None = None,
     efficiency_sigma: Mapping[str, float] | None = None,
     allow_flagged_prices: bool = False,
@@ -129,7 +129,8 @@ def plan(
         name: the job's name, for messages.
         now: the time the deadline is measured from (now when None).
         deadline_h: override of the hours left (the operator passes the time left after progress).
-        unavailable: (instance type, capacity type) pairs known to lack capacity right now.
+        unavailable: offerings known to lack capacity right now: ``(instance type, capacity type)``
+            in every zone, ``(instance type, capacity type, zone)`` in one zone.
         efficiency: observed / predicted throughput of this job per GPU id (the operator's
             ``status.observed.efficiencyByGpu``, see :mod:`gpuscaler.observe.assess`): each
             candidate's predicted throughput on that GPU is multiplied by it; GPUs not listed keep
@@ -163,10 +164,12 @@ def plan(
     outcomes = Outcomes(cap, cap_source)
     for offer in offers:
         inst, offering = offer.instance, offer.key
-        if offering in unavailable:
-            rejected.append(Rejection(*offering, Reason.CAPACITY, "no capacity right now (recent shortage)"))
+        if offering in unavailable or (*offering, offer.zone) in unavailable:
+            rejected.append(
+                Rejection(*offering, Reason.CAPACITY, "no capacity right now (recent shortage)", offer.zone)
+            )
             continue
-        caveat = flagged_price(inst, offer.capacity, offer.usd_per_hour)
+        caveat = flagged_price(offer)
         for nodes in node_counts(inst, spec, job, cap):
             for precision in wanted:
                 # 2. configure (and the model's prediction), shared by both capacity types

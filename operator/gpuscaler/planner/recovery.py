@@ -74,7 +74,7 @@ class PlanFn(Protocol[R_co]):
     """Plan ``spec`` with ``deadline_h`` hours left (None: no deadline), avoiding ``unavailable``."""
 
     def __call__(
-        self, spec: TrainingJobSpec, deadline_h: float | None, unavailable: frozenset[tuple[str, str]], /
+        self, spec: TrainingJobSpec, deadline_h: float | None, unavailable: frozenset[tuple[str, ...]], /
     ) -> R_co: ...
 
 
@@ -104,7 +104,7 @@ class Situation:
     """Hours left to the deadline (None: no deadline)."""
     spent_usd: float = 0.0
     """What the job has cost so far."""
-    unavailable: frozenset[tuple[str, str]] = frozenset()
+    unavailable: frozenset[tuple[str, ...]] = frozenset()
     """Offerings in back-off, the reclaimed one included."""
     survivors: int = 0
     """Nodes of the interrupted plan still up and not under notice (0: none to continue on)."""

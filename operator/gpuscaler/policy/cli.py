@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, UnknownIdError, load_catalog, normalize
+from gpuscaler.catalog.zones import unknown_zone
 from gpuscaler.inputs import first_field, format_validation, shown, to_json
 from gpuscaler.policy.evaluate import policy_for_namespace
 from gpuscaler.policy.models import Policy, PolicyFileError, load_policies
@@ -26,7 +27,7 @@ def _close(value: str, known: list[str]) -> str:
 
 
 def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
-    """Errors for GPU types, instance types, providers or regions the catalog does not know."""
+    """Errors for GPU types, instance types, providers, regions or zones the catalog does not know."""
     errors = []
     for i, g in enumerate(policy.allowed_gpu_types):
         try:
@@ -56,6 +57,9 @@ def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
             errors.append(
                 f"regions.{i}: no instance type in region {shown(r)}{_close(r, regions)} (known: {', '.join(regions)})"
             )
+    for i, z in enumerate(policy.zones):
+        if (problem := unknown_zone(z, catalog.instances)) is not None:
+            errors.append(f"zones.{i}: {problem}")
     return errors
 
 

@@ -32,7 +32,7 @@ from gpuscaler.policy.models import Policy, SpotRules
 SPOT_ORDER = ("never", "allowed", "preferred")
 """Spot modes from strictest to most permissive (used when two policies at one level disagree)."""
 
-_ALLOW_LISTS = ("allowed_gpu_types", "allowed_instance_types", "providers", "regions", "allowed_precisions")
+_ALLOW_LISTS = ("allowed_gpu_types", "allowed_instance_types", "providers", "regions", "zones", "allowed_precisions")
 _LOWEST = (
     "max_gpus_per_job",
     "max_gpus_per_namespace",
@@ -252,6 +252,7 @@ def check_job(
         ("instanceTypes", "allowedInstanceTypes", policy.allowed_instance_types),
         ("providers", "providers", policy.providers),
         ("regions", "regions", policy.regions),
+        ("zones", "zones", policy.zones),
         ("precisions", "allowedPrecisions", policy.allowed_precisions),
     ):
         wanted_list = [str(x) for x in c.get(key) or []]

@@ -77,6 +77,10 @@ class Policy(PolicyModel):
     allowed_instance_types: list[str] = Field(default_factory=list, description="Instance types allowed.")
     providers: list[str] = Field(default_factory=list, description="Clouds allowed.")
     regions: list[str] = Field(default_factory=list, description="Regions allowed.")
+    zones: list[str] = Field(
+        default_factory=list,
+        description="Availability zones allowed (us-east-1a, us-central1-a, eastus-1); empty = any zone of an allowed region.",
+    )
     max_gpus_per_job: int | None = Field(default=None, ge=1, description="Most GPUs one job may use.")
     max_gpus_per_namespace: int | None = Field(
         default=None, ge=1, description="Most GPUs a namespace may hold."

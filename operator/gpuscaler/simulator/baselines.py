@@ -118,7 +118,7 @@ def _hours_left(st: JobState, now_h: float) -> float | None:
 
 
 def on_demand_plan(st: JobState, planner: CachedPlanner, now_h: float, spec: TrainingJobSpec | None = None,
-                   avoid: frozenset[tuple[str, str]] | None = None) -> Candidate | None:
+                   avoid: frozenset[tuple[str, ...]] | None = None) -> Candidate | None:
     """The cheapest on-demand plan that meets the deadline left, else the fastest sensible one.
 
     Args:

@@ -117,7 +117,7 @@ class CachedPlanner:
         self,
         spec: TrainingJobSpec,
         deadline_h: float | None,
-        unavailable: frozenset[tuple[str, str]] = frozenset(),
+        unavailable: frozenset[tuple[str, ...]] = frozenset(),
         name: str = "trainingjob",
         *,
         efficiency: Mapping[str, float] | None = None,

@@ -86,7 +86,7 @@ class JobState:
         """Hours left to the deadline at ``now_h`` (None without a deadline)."""
         return None if self.deadline_h is None else self.deadline_h - (now_h - self.arrival_h)
 
-    def avoided(self, now_h: float) -> frozenset[tuple[str, str]]:
+    def avoided(self, now_h: float) -> frozenset[tuple[str, ...]]:
         """Offerings to avoid at ``now_h``."""
         return frozenset(k for k, until in self.unavailable.items() if until > now_h)
 
