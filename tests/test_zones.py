@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import UnavailableOffering
 from gpuscaler.catalog import CapacityType, load_catalog
+from gpuscaler.catalog.prices import Price, PriceTable, apply_prices
 from gpuscaler.catalog.zones import default_zone, in_region, unknown_zone, zone_region
 from gpuscaler.cloud import JobRef, NodeRequest
 from gpuscaler.cloud.karpenter import KarpenterProvider, NodeClassRef
@@ -159,3 +160,32 @@ def test_karpenter_pods_select_the_zone_and_a_zone_requirement_admits_it() -> No
     p.admit(AWS, req.zone)  # what ensure_nodepool does before it writes the pool
     zone_req = [r for r in p.manifest()["spec"]["template"]["spec"]["requirements"] if r["key"] == ZONE_LABEL]
     assert zone_req == [{"key": ZONE_LABEL, "operator": "In", "values": ["us-east-1a", "us-east-1c"]}]
+
+
+def zoned_catalog(prices: dict[str, float]) -> Any:
+    """The shipped catalog with per-zone spot prices of p4d.24xlarge (as a spot price history gives them)."""
+    rows = [Price("aws", "us-east-1", z, AWS, CapacityType.SPOT, usd, "2026-12-06", "aws-spot-price-history")
+            for z, usd in prices.items()]  # fmt: skip
+    return apply_prices(CAT, PriceTable(rows, "zones.csv"))
+
+
+def test_spot_is_planned_in_the_cheapest_zone_and_moves_on_a_shortage() -> None:
+    cat = zoned_catalog({"us-east-1a": 9.0, "us-east-1b": 7.5, "us-east-1c": 8.0})
+    s = spec(spot="preferred")
+    r = plan(s, cat)
+    assert r.chosen is not None
+    assert (r.chosen.capacity, r.chosen.zone, r.chosen.price_source) == (CapacityType.SPOT, "us-east-1b", "aws-spot-price-history")
+    assert r.chosen.usd_per_hour == pytest.approx(7.5 * r.chosen.nodes)
+    assert r.chosen.price_date == "2026-12-06"
+    again = plan(s, cat, unavailable=frozenset({(AWS, "spot", "us-east-1b")}))
+    assert again.chosen is not None and again.chosen.zone == "us-east-1c"
+    assert plan(spec(spot="preferred", zones=["us-east-1a"]), cat).chosen.zone == "us-east-1a"  # type: ignore[union-attr]
+
+
+def test_an_implausible_zone_price_is_flagged_alone() -> None:
+    od = CAT.instance(AWS).ondemand_usd_hr
+    cat = zoned_catalog({"us-east-1a": od * 0.05, "us-east-1b": od * 0.4})
+    r = plan(spec(spot="preferred"), cat)
+    assert r.chosen is not None and r.chosen.zone == "us-east-1b"
+    flagged = [x for x in r.rejected if x.category is Reason.PRICE]
+    assert [(x.instance, x.zone) for x in flagged] == [(AWS, "us-east-1a")]
