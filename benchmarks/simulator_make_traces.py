@@ -3,6 +3,8 @@
 * ``research-week.yaml``: a research team's week, mixed CNN and BERT jobs, no hard deadlines.
 * ``production-month.yaml``: a production team's month of retraining with deadlines and budgets.
 * ``llm-finetune-burst.jsonl``: a burst of LLM fine-tunes (llama-7b, gpt2-small) in one afternoon.
+* ``recurring-month.yaml``: a month of recurring jobs, the same five workloads run nightly or weekly
+  with deadlines (where performance profiles carry from one run to the next).
 
 Run ``python benchmarks/simulator_make_traces.py`` from the repository root.
 """
@@ -103,6 +105,50 @@ def production_month(rng: random.Random) -> dict[str, Any]:
     }
 
 
+def recurring_month(rng: random.Random) -> dict[str, Any]:
+    """The same workloads run again and again over 30 days, each with a deadline: nightly and weekly."""
+    aws = {"providers": ["aws"]}
+    jobs = []
+    for day in range(30):
+        # Nightly EfficientNet-B0 retrain on the day's images: ready by 04:00 (6 h after 22:00).
+        jobs.append(_job(f"nightly-effnet-b0-d{day:02d}", day * 24 + 22 + rng.uniform(0, 0.25), {
+            "workload": {"model": "efficientnet-b0"}, "globalBatch": 1024, "training": {"epochs": 30},
+            "maxDuration": "6h", "constraints": aws,
+        }))
+        if day % 7 < 5:
+            # Weeknight GPT-2 small fine-tune on the day's text: ready by 09:00 (10 h after 23:00).
+            jobs.append(_job(f"nightly-gpt2-ft-d{day:02d}", day * 24 + 23 + rng.uniform(0, 0.25), {
+                "workload": {"model": "gpt2-small"}, "globalBatch": 512, "training": {"samples": 8_000_000},
+                "maxDuration": "10h", "constraints": aws,
+            }))
+        if day % 7 == 4:
+            # Weekly Transformer-XL base language model over the weekend (48 h from Friday 18:00).
+            jobs.append(_job(f"weekly-txl-base-d{day:02d}", day * 24 + 18, {
+                "workload": {"model": "transformerxl-base"}, "globalBatch": 256, "training": {"steps": 40000},
+                "maxDuration": "48h", "constraints": aws,
+            }))
+        if day % 7 == 5:
+            # Weekly SSD300 detector refresh, Saturday 08:00, within 24 h.
+            jobs.append(_job(f"weekly-ssd300-d{day:02d}", day * 24 + 8, {
+                "workload": {"model": "ssd300"}, "globalBatch": 256, "training": {"epochs": 40},
+                "maxDuration": "24h", "constraints": aws,
+            }))
+        if day % 7 == 6:
+            # Weekly llama-7b instruction fine-tune, Sunday 10:00, within 12 h, AWS or GCP.
+            jobs.append(_job(f"weekly-llama7b-ft-d{day:02d}", day * 24 + 10, {
+                "workload": {"model": "llama-7b"}, "globalBatch": 128, "training": {"samples": 400_000},
+                "maxDuration": "12h", "constraints": {"providers": ["aws", "gcp"]},
+            }))
+    return {
+        "name": "recurring-month",
+        "description": "A month of recurring jobs with deadlines, the same workload each time: nightly "
+        "EfficientNet-B0 retrains (6 h) and weeknight GPT-2 small fine-tunes (10 h), weekly Transformer-XL "
+        "(48 h), SSD300 (24 h) and llama-7b fine-tunes (12 h, AWS or GCP).",
+        "start": START,
+        "jobs": sorted(jobs, key=lambda j: j["arrivalHours"]),
+    }
+
+
 def llm_burst(rng: random.Random) -> list[dict[str, Any]]:
     """Two dozen LLM fine-tunes submitted within one afternoon."""
     lines: list[dict[str, Any]] = [{"trace": {
@@ -142,9 +188,10 @@ def _header(jobs: int) -> str:
 
 
 def main() -> None:
-    """Write the three traces."""
+    """Write the four traces."""
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, fn in (("research-week", research_week), ("production-month", production_month)):
+    for name, fn in (("research-week", research_week), ("production-month", production_month),
+                     ("recurring-month", recurring_month)):
         data = fn(random.Random(name))
         text = yaml.dump(data, Dumper=_NoAliases, sort_keys=False, width=110)
         (OUT / f"{name}.yaml").write_text(_header(len(data["jobs"])) + text, encoding="utf-8")

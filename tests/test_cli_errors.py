@@ -184,6 +184,8 @@ def test_simulate_badly_typed_cloud(capsys: pytest.CaptureFixture[str], tmp_path
         ("--checkpoint-interval", "nan", "not a finite number"),
         ("--interruption-scale", "-1", "must be at least 0"),
         ("--shortage-scale", "inf", "not a finite number"),
+        ("--scaling-error", "-0.1", "must be at least 0"),
+        ("--deadline-scale", "0", "must be greater than 0"),
     ],
 )
 def test_simulate_flags(capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str) -> None:

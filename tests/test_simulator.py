@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.observe import controller
-from gpuscaler.planner import correction, resolve
+from gpuscaler.planner import correction, resolve, resolve_workload
 from gpuscaler.simulator import (
     ALL_STRATEGIES,
     CachedPlanner,
@@ -89,7 +89,8 @@ def _check_books(res: SimulationResult, trace: Trace) -> None:
 
 @pytest.fixture(scope="module")
 def stormy() -> list[SimulationResult]:
-    return compare(small_trace(), CATALOG, cloud=STORMY, seed=7, strategies=ALL_STRATEGIES).results
+    return compare(small_trace(), CATALOG, cloud=STORMY, seed=7, strategies=ALL_STRATEGIES, throughput_error=0.26,
+                   scaling_error=0.1).results
 
 
 def test_accounting_conserves_cost_and_time(stormy: list[SimulationResult]) -> None:
@@ -157,20 +158,28 @@ def test_gpuscaler_meets_deadlines_when_quiet() -> None:
 
 
 def test_throughput_error_changes_the_world_not_the_plan() -> None:
-    """The plan is the model's; the run is the world's: time = predicted / factor of the GPU type."""
+    """The plan is the model's; the run is the world's: time = predicted / the factor of the job's
+    workload family, GPU type and precision (x its scaling factor on more than one GPU)."""
     trace = Trace("one", (small_trace().jobs[0],))
+    family = resolve_workload(trace.jobs[0].spec.workload, CATALOG).family
     for strategy in ("ondemand-best", "ondemand-8xa100"):  # no correction, no interruption
         exact = compare(trace, CATALOG, cloud=QUIET, strategies=[strategy]).results[0].outcomes[0]
-        off = compare(trace, CATALOG, cloud=QUIET, strategies=[strategy], seed=5, throughput_error=0.4)
+        off = compare(trace, CATALOG, cloud=QUIET, strategies=[strategy], seed=5, throughput_error=0.4,
+                      scaling_error=0.1)
         out = off.results[0].outcomes[0]
         assert out.plan_label == exact.plan_label  # the planner never sees the factors
         seg = out.segments[0]
         gpu = next(i for i in CATALOG.instances if i.name == seg.instance).gpu_id
         precision = out.plan_label.split()[-1]  # "... on-demand amp"
-        factor = ThroughputTruth(0.4, 5).factor(gpu, precision)
+        truth = ThroughputTruth(0.4, 5, scaling_sigma=0.1)
+        factor = truth.factor(gpu, precision, family, seg.gpus, seg.nodes)
         assert factor != pytest.approx(1.0, abs=1e-3)
         assert seg.kept_s == pytest.approx(exact.segments[0].kept_s / factor, rel=1e-9)
-        assert off.truth_factors == {f"{gpu}/{precision}": factor}
+        expected = {f"{family}/{gpu}/{precision}"}
+        if seg.gpus > 1:
+            expected.add(f"scaling/{family}/{gpu}/{seg.gpus}/{seg.nodes}")
+        assert off.truth_factors is not None and set(off.truth_factors) == expected
+        assert math.prod(off.truth_factors.values()) == pytest.approx(factor, rel=1e-12)
 
 
 def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,7 +221,8 @@ def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyP
     _check_books(res, trace)
 
 
-@pytest.mark.parametrize("name", ["research-week.yaml", "production-month.yaml", "llm-finetune-burst.jsonl"])
+@pytest.mark.parametrize("name", ["research-week.yaml", "production-month.yaml", "llm-finetune-burst.jsonl",
+                                  "recurring-month.yaml"])
 def test_shipped_traces_load_and_plan(name: str) -> None:
     trace = load_trace(TRACES / name)
     assert len(trace.jobs) >= 20
@@ -295,13 +305,15 @@ def test_uninterrupted_run_matches_progress(work: float, interval: float, write:
 
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), scale=st.sampled_from([0.0, 50.0, 400.0]),
-       shortage=st.sampled_from([0.0, 1.0, 4.0]), error=st.sampled_from([0.0, 0.2, 0.5]))
-def test_books_balance_for_any_seed(seed: int, scale: float, shortage: float, error: float) -> None:
-    """Cost = price x hours per segment, time and work conserved, under any luck and throughput error."""
+       shortage=st.sampled_from([0.0, 1.0, 4.0]), error=st.sampled_from([0.0, 0.2, 0.5]),
+       scaling=st.sampled_from([0.0, 0.1, 0.3]))
+def test_books_balance_for_any_seed(seed: int, scale: float, shortage: float, error: float, scaling: float) -> None:
+    """Cost = price x hours per segment, time and work conserved, under any luck and model error
+    (per workload family, GPU type and precision, and on scaling)."""
     trace = small_trace()
     cloud = CloudModel(interruption_scale=scale, shortage_scale=shortage)
     for res in compare(trace, CATALOG, cloud=cloud, seed=seed, strategies=ALL_STRATEGIES,
-                       throughput_error=error).results:
+                       throughput_error=error, scaling_error=scaling).results:
         _check_books(res, trace)
         if res.strategy == "gpuscaler":  # naive strategies may give up on scarce capacity
             assert all(o.status == "finished" for o in res.outcomes)

@@ -3,8 +3,11 @@ throughput off the model's prediction."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +16,8 @@ from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.simulator import CachedPlanner, CloudModel, ThroughputTruth, Trace, TraceJob, simulate
 from gpuscaler.simulator.cloud import Cloud
 from gpuscaler.simulator.registry import make_strategies
-from gpuscaler.simulator.truth import default_throughput_error
+from gpuscaler.simulator.trace import load_trace, scale_deadlines
+from gpuscaler.simulator.truth import default_scaling_error, default_throughput_error
 
 CATALOG = load_catalog()
 P4D = next(i for i in CATALOG.instances if i.name == "p4d.24xlarge")
@@ -98,6 +102,44 @@ def test_truth_factors_are_lognormal_seeded_and_one_at_zero() -> None:
     assert ThroughputTruth(0.3, 7, fixed={"T4": 0.7}).factor("T4", "fp32") == 0.7
     with pytest.raises(ValueError, match="throughput error"):
         ThroughputTruth(-0.1)
+
+
+def test_truth_is_per_workload_family_with_a_separate_scaling_error() -> None:
+    t = ThroughputTruth(0.3, 7, scaling_sigma=0.1)
+    # One factor per (family, GPU type, precision): shared by jobs of a family, not across families.
+    assert t.factor("V100-16GB", "amp", "cnn") == t.factor("V100-16GB", "amp", "cnn")
+    assert t.factor("V100-16GB", "amp", "cnn") != t.factor("V100-16GB", "amp", "transformer")
+    # Scaling: 1 on a single GPU; its own draw per GPU count and node count on more.
+    one = t.factor("V100-16GB", "amp", "cnn", 1, 1)
+    assert t.factor("V100-16GB", "amp", "cnn", 4, 1) != one
+    assert t.factor("V100-16GB", "amp", "cnn", 8, 1) != t.factor("V100-16GB", "amp", "cnn", 8, 2)
+    logs = [math.log(t.factor("V100-16GB", "amp", "cnn", 2, k + 1) / one) for k in range(3000)]
+    assert statistics.stdev(logs) == pytest.approx(0.1, rel=0.08)
+    assert ThroughputTruth(0.0, 7).factor("V100-16GB", "amp", "cnn", 8, 2) == 1.0  # both 0: the model
+    assert ThroughputTruth(0.0, 7, scaling_sigma=0.1).factor("V100-16GB", "amp", "cnn", 1, 1) == 1.0
+    assert ThroughputTruth(0.3, 7, fixed={"T4": 0.7}, scaling_sigma=0.1).factor("T4", "fp32", "cnn", 4, 1) == 0.7
+    assert set(t.factors()) >= {"cnn/V100-16GB/amp", "scaling/cnn/V100-16GB/4/1"}
+    with pytest.raises(ValueError, match="scaling error"):
+        ThroughputTruth(0.1, scaling_sigma=math.inf)
+
+
+def test_default_scaling_error_is_the_models_cross_validated_scaling_error() -> None:
+    d = default_scaling_error()
+    cv = json.loads(resources.files("gpuscaler.perfmodel").joinpath("data", "cross_validation.json").read_text())
+    assert d.sigma == cv["metrics"]["scaling"]["log_sigma"] > 0 and "cross_validation.json" in d.source
+
+
+def test_scale_deadlines_multiplies_the_hours_to_each_deadline() -> None:
+    trace = load_trace(Path(__file__).resolve().parent.parent / "examples" / "traces" / "production-month.yaml")
+    tight = scale_deadlines(trace, 0.7)
+    assert scale_deadlines(trace, 1.0) is trace
+    for a, b in zip(trace.jobs, tight.jobs, strict=True):
+        before, after = a.deadline_h(trace.start), b.deadline_h(tight.start)
+        assert (before is None) == (after is None)
+        if before is not None and after is not None:
+            assert after == pytest.approx(before * 0.7, abs=1e-4)
+    with pytest.raises(ValueError, match="deadline scale"):
+        scale_deadlines(trace, 0.0)
 
 
 def test_default_throughput_error_names_its_source() -> None:

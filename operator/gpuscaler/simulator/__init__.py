@@ -18,7 +18,7 @@ from gpuscaler.simulator.registry import ALL_STRATEGIES, BASELINES, STRATEGIES, 
 from gpuscaler.simulator.report import SeedRange, StrategySummary, format_table, ranges, summarize
 from gpuscaler.simulator.strategies import Strategy
 from gpuscaler.simulator.trace import Trace, TraceError, TraceJob, load_trace
-from gpuscaler.simulator.truth import ThroughputTruth, default_throughput_error
+from gpuscaler.simulator.truth import ThroughputTruth, default_scaling_error, default_throughput_error
 
 __all__ = [
     "ALL_STRATEGIES",
@@ -38,6 +38,7 @@ __all__ = [
     "TraceError",
     "TraceJob",
     "compare",
+    "default_scaling_error",
     "default_throughput_error",
     "format_table",
     "load_trace",

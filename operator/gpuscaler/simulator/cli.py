@@ -36,8 +36,8 @@ from gpuscaler.simulator.compare import Comparison, compare
 from gpuscaler.simulator.planning import CachedPlanner
 from gpuscaler.simulator.registry import ALL_STRATEGIES, STRATEGIES
 from gpuscaler.simulator.report import format_markdown, format_table, plot, ranges, summarize
-from gpuscaler.simulator.trace import TraceError, load_trace
-from gpuscaler.simulator.truth import default_throughput_error
+from gpuscaler.simulator.trace import TraceError, load_trace, scale_deadlines
+from gpuscaler.simulator.truth import default_scaling_error, default_throughput_error
 
 EXIT_USAGE = 2
 DEFAULT_SEEDS = 5
@@ -46,6 +46,7 @@ DEFAULT_SEEDS = 5
 def register(subparsers: Any) -> None:
     """Add the ``simulate`` subcommand to the main CLI's subparsers."""
     default = default_throughput_error()
+    scaling = default_scaling_error()
     sp = subparsers.add_parser(
         "simulate",
         help="replay a workload trace under several strategies: cost, deadline misses, completion, losses",
@@ -62,8 +63,14 @@ def register(subparsers: Any) -> None:
                     f"also {', '.join(s for s in ALL_STRATEGIES if s not in STRATEGIES)})")
     sp.add_argument("--policy", help="platform policy YAML")
     sp.add_argument("--throughput-error", type=non_negative_float, default=None, metavar="SIGMA",
-                    help="true throughput = the model's x exp(SIGMA x N(0,1)), one draw per GPU type and precision "
-                    f"and seed; 0 = the world is the model (default {default.sigma:g}: {default.source})")
+                    help="true throughput = the model's x exp(SIGMA x N(0,1)), one draw per workload family, GPU "
+                    f"type, precision and seed; 0 = none (default {default.sigma:g}: {default.source})")
+    sp.add_argument("--scaling-error", type=non_negative_float, default=None, metavar="SIGMA",
+                    help="and x exp(SIGMA x N(0,1)) on more than one GPU, one draw per family, GPU type, GPU count, "
+                    f"node count and seed; 0 = none; both 0 = the world is the model (default {scaling.sigma:g}: "
+                    f"{scaling.source})")
+    sp.add_argument("--deadline-scale", type=positive_float, default=1.0, metavar="X",
+                    help="multiply every job's hours to its deadline by X (0.7 = tight deadlines; default 1)")
     sp.add_argument("--interruption-scale", type=non_negative_float,
                     help="multiply the Spot Advisor interruption rates (default: the trace's, else 1)")
     sp.add_argument("--shortage-scale", type=non_negative_float,
@@ -78,8 +85,8 @@ def register(subparsers: Any) -> None:
     sp.set_defaults(func=cmd_simulate)
 
 
-def _check_args(args: argparse.Namespace) -> tuple[list[str], float, str]:
-    """The strategy names and the throughput error with its source.
+def _check_args(args: argparse.Namespace) -> tuple[list[str], float, str, float]:
+    """The strategy names, the throughput error with its source and the scaling error.
 
     Raises:
         InputError: an option is out of range (the message names it).
@@ -106,17 +113,24 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], float, str]:
     if not (math.isfinite(sigma) and sigma >= 0):
         raise InputError(f"--throughput-error must be a number >= 0 (0 = the world is the model), got {sigma}",
                          field="--throughput-error")
+    scaling = default_scaling_error().sigma if args.scaling_error is None else args.scaling_error
+    if not (math.isfinite(scaling) and scaling >= 0):
+        raise InputError(f"--scaling-error must be a number >= 0 (0 = the model's scaling is right), got {scaling}",
+                         field="--scaling-error")
+    if not (math.isfinite(args.deadline_scale) and args.deadline_scale > 0):
+        raise InputError(f"--deadline-scale must be a number > 0 (1 = as in the trace), got {args.deadline_scale}",
+                         field="--deadline-scale")
     if args.jobs_out and not Path(args.jobs_out).resolve().parent.is_dir():
         raise InputError(f"--jobs-out {args.jobs_out}: directory {Path(args.jobs_out).resolve().parent} does not exist",
                          field="--jobs-out")
-    return names, sigma, source
+    return names, sigma, source, scaling
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run the ``simulate`` subcommand."""
     try:
-        names, sigma, source = _check_args(args)
-        trace = load_trace(args.trace)
+        names, sigma, source, scaling = _check_args(args)
+        trace = scale_deadlines(load_trace(args.trace), args.deadline_scale)
         policy = load_policy(args.policy) if args.policy else None
         cloud = CloudModel.from_mapping(trace.cloud, interruption_scale=args.interruption_scale,
                                         shortage_scale=args.shortage_scale)
@@ -133,7 +147,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     runs: list[Comparison] = [
         compare(trace, catalog, policy=policy, cloud=cloud, seed=s, strategies=names,
                 checkpoint_interval_s=args.checkpoint_interval, keep_segments=False, throughput_error=sigma,
-                planner=planner)
+                planner=planner, scaling_error=scaling)
         for s in seeds
     ]
     elapsed = time.perf_counter() - t0
@@ -144,7 +158,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json({
             "trace": trace.name, "jobs": len(trace.jobs), "seeds": seeds,
-            "throughputError": sigma, "throughputErrorSource": source,
+            "throughputError": sigma, "throughputErrorSource": source, "scalingError": scaling,
+            "deadlineScale": args.deadline_scale,
             "interruptionScale": cloud.interruption_scale, "shortageScale": cloud.shortage_scale,
             "strategies": [r.to_dict() for r in table],
             "planner": {"calls": planner.calls, "runs": planner.misses, "seconds": round(planner.planning_s, 3)},
@@ -153,7 +168,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print(f"trace {trace.name}: {len(trace.jobs)} jobs over {trace.jobs[-1].arrival_h:.0f} h; {seed_text}; "
               f"interruption rates x{cloud.interruption_scale:g}, shortages x{cloud.shortage_scale:g}; "
-              f"throughput error {sigma:g} ({source})")
+              f"throughput error {sigma:g} ({source}), scaling error {scaling:g}"
+              + (f"; deadlines x{args.deadline_scale:g}" if args.deadline_scale != 1 else ""))
         print(format_markdown(table) if args.markdown else format_table(table))
         print(f"ranges over {len(seeds)} seed(s); cost and deadline misses summed over all jobs; mean/p95 h = "
               f"arrival to finish; GPU-h lost = compute thrown away by interruptions. {planner.misses} planner "

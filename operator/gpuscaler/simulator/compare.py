@@ -26,7 +26,8 @@ class Comparison:
     planner: CachedPlanner
     throughput_error: float = 0.0
     truth_factors: dict[str, float] | None = None
-    """The hidden ``GPU/precision -> true/model`` factors the run drew (reports only)."""
+    """The hidden ``true/model`` factors the run drew, by key (reports only)."""
+    scaling_error: float = 0.0
 
 
 def compare(
@@ -42,6 +43,7 @@ def compare(
     keep_segments: bool = True,
     throughput_error: float = 0.0,
     planner: CachedPlanner | None = None,
+    scaling_error: float = 0.0,
 ) -> Comparison:
     """Simulate ``trace`` under each strategy with the same seed, cloud, truth and (cached) planner.
 
@@ -55,9 +57,11 @@ def compare(
         checkpoint_interval_s: the fixed interval of ``deadline-blind-spot-checkpoint``.
         cache: memoise planner calls by spec signature.
         keep_segments: keep every allocation in the outcomes.
-        throughput_error: sigma of ln(true / model throughput) per GPU type and precision (0: the
-            world is the model).
+        throughput_error: sigma of ln(true / model throughput) per workload family, GPU type and
+            precision (0: none).
         planner: a planner to share (its cache) across calls; default a new one.
+        scaling_error: sigma of ln(true / model scaling efficiency) per family, GPU type, GPU count
+            and node count, on more than one GPU (0: none). Both 0: the world is the model.
 
     Returns:
         The results in the order of ``strategies``.
@@ -67,9 +71,9 @@ def compare(
     """
     cloud = cloud or CloudModel.from_mapping(trace.cloud)
     planner = planner or CachedPlanner(catalog, policy, cache=cache)
-    truth = ThroughputTruth(throughput_error, seed)
+    truth = ThroughputTruth(throughput_error, seed, scaling_sigma=scaling_error)
     results = [
         simulate(trace, s, planner, cloud, seed=seed, keep_segments=keep_segments, truth=truth)
         for s in make_strategies(catalog, strategies, checkpoint_interval_s)
     ]
-    return Comparison(trace, cloud, seed, results, planner, throughput_error, truth.factors())
+    return Comparison(trace, cloud, seed, results, planner, throughput_error, truth.factors(), scaling_error)

@@ -7,8 +7,9 @@ move) and ``move`` (the rest of the job leaves the allocation, at a checkpoint).
 Nothing sleeps; the clock jumps from event to event.
 
 Each allocation runs at the world's *true* throughput, the model's prediction times the hidden
-factor of its GPU type and precision (:mod:`gpuscaler.simulator.truth`); strategies plan with the
-prediction and learn only what they observe.
+factors of its workload family, GPU type and precision and of its scaling over its GPUs and nodes
+(:mod:`gpuscaler.simulator.truth`); strategies plan with the prediction and learn only what they
+observe.
 
 One allocation of nodes is a :class:`Segment`. Its wall time splits exactly into provisioning,
 training compute, checkpoint writes and idle time (after a handshake, until the reclaim); its
@@ -41,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpuscaler.catalog import CapacityType
-from gpuscaler.planner import resolve
+from gpuscaler.planner import resolve, resolve_workload
 from gpuscaler.planner.correction import keep_factor
 from gpuscaler.planner.planner import STARTUP_S
 from gpuscaler.simulator.allocation import Allocation
@@ -227,6 +228,8 @@ class _Run:
         self.active: list[_Active | None] = [None] * n
         self.started: list[bool] = [False] * n
         self.epoch: list[int] = [0] * n
+        self.family: list[str] = [""] * n
+        """Each job's workload family (the truth's error is per family)."""
         for i, job in enumerate(trace.jobs):
             self.outcomes.append(JobOutcome(job.name, job.arrival_h, job.deadline_h(trace.start), job.spec.budget_usd))
             self.push(job.arrival_h, ARRIVE, i)
@@ -261,6 +264,7 @@ class _Run:
         except ValueError as err:
             out.status, out.note = "unplanned", str(err)
             return
+        self.family[i] = resolve_workload(job.spec.workload, self.planner.catalog).family
         st = JobState(job.name, job.spec, t, out.deadline_h, total, total, plan_changed_h=t)
         self.states[i] = st
         self.draws[i] = Draws(self.seed, f"{i}|{job.name}")
@@ -308,7 +312,8 @@ class _Run:
             self.push(t + wait_h, REQUEST, i)
             return
         self.started[i] = True
-        rate = cand.estimate.throughput / d.efficiency * self.truth.factor(inst.gpu_id, cand.precision.value)
+        truth = self.truth.factor(inst.gpu_id, cand.precision.value, self.family[i], cand.gpus, nodes)
+        rate = cand.estimate.throughput / d.efficiency * truth
         work_s = st.remaining_samples / rate
         wall_s, writes = run_wall_s(work_s, d.interval_s, cand.checkpoint_write_s)
         self.epoch[i] += 1

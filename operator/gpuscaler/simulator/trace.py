@@ -217,3 +217,27 @@ def load_trace(path: str | Path) -> Trace:
         cloud=_cloud(meta.get("cloud"), str(path)),
         jobs=_unique(jobs),
     )
+
+
+def scale_deadlines(trace: Trace, factor: float) -> Trace:
+    """The trace with every job's hours to its deadline multiplied by ``factor`` (a stress test).
+
+    A job's effective deadline (the earlier of ``deadline`` and ``maxDuration``, from its arrival)
+    becomes ``maxDuration`` = that many hours x ``factor`` (in minutes, to 0.001); ``deadline`` is
+    dropped. Jobs without one keep none. ``factor`` 1 returns the trace unchanged.
+
+    Raises:
+        ValueError: ``factor`` is not a finite number > 0.
+    """
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"deadline scale must be a finite number > 0, got {factor}")
+    if factor == 1:
+        return trace
+    def scaled(job: TraceJob) -> TraceJob:
+        hours = job.deadline_h(trace.start)
+        if hours is None:
+            return job
+        minutes = f"{max(hours * factor * 60, 0.001):.3f}m"
+        return TraceJob(job.name, job.arrival_h, job.spec.model_copy(update={"deadline": None, "max_duration": minutes}))
+
+    return Trace(trace.name, tuple(scaled(j) for j in trace.jobs), trace.description, trace.start, trace.cloud)
