@@ -119,14 +119,22 @@ def _total(r: SeedRange, field: str) -> float:
     return sum(r.values(field))
 
 
+def _against(table: list[SeedRange], other: str) -> tuple[float, float, int, int, int] | None:
+    """(gpuscaler's cost, ``other``'s, gpuscaler's misses, ``other``'s, deadline jobs) over the seeds."""
+    by = {r.strategy: r for r in table}
+    if other not in by or "gpuscaler" not in by:
+        return None
+    g, b = by["gpuscaler"], by[other]
+    return (_total(g, "cost_usd"), _total(b, "cost_usd"), int(_total(g, "deadline_misses")),
+            int(_total(b, "deadline_misses")), g.deadline_jobs * len(g.rows))
+
+
 def strongest_text(table: list[SeedRange]) -> str:
     """gpuscaler against ``managed-spot-padded``: no dearer, with no more misses."""
-    by = {r.strategy: r for r in table}
-    if STRONGEST not in by or "gpuscaler" not in by:
+    pair = _against(table, STRONGEST)
+    if pair is None:
         return ""
-    g, b = by["gpuscaler"], by[STRONGEST]
-    cost, ref = _total(g, "cost_usd"), _total(b, "cost_usd")
-    miss, ref_miss = int(_total(g, "deadline_misses")), int(_total(b, "deadline_misses"))
+    cost, ref, miss, ref_miss, _ = pair
     ok = cost <= ref + 1e-6 and miss <= ref_miss
     delta = (cost - ref) / ref if ref else 0.0
     return (f"target strongest: gpuscaler ${cost:,.0f} vs {STRONGEST} ${ref:,.0f} ({delta:+.1%}), misses {miss} vs "
@@ -135,13 +143,10 @@ def strongest_text(table: list[SeedRange]) -> str:
 
 def recurring_text(table: list[SeedRange]) -> str:
     """On recurring jobs: >= 5% cheaper than the ablation with no more misses, misses <= 2%."""
-    by = {r.strategy: r for r in table}
-    if ABLATION not in by or "gpuscaler" not in by:
+    pair = _against(table, ABLATION)
+    if pair is None:
         return ""
-    g, b = by["gpuscaler"], by[ABLATION]
-    cost, ref = _total(g, "cost_usd"), _total(b, "cost_usd")
-    miss, ref_miss = int(_total(g, "deadline_misses")), int(_total(b, "deadline_misses"))
-    jobs = g.deadline_jobs * len(g.rows)
+    cost, ref, miss, ref_miss, jobs = pair
     saving = (ref - cost) / ref if ref else 0.0
     ok = saving >= RECURRING_SAVING and miss <= ref_miss and miss <= RECURRING_MISSES * jobs
     return (f"target recurring: gpuscaler {saving:.1%} cheaper than {ABLATION} (>= {RECURRING_SAVING:.0%}), misses "
