@@ -44,6 +44,16 @@ little slower). A seventh time for the CNN and detection rows' activation memory
 scripts/activation_bytes.py (ResNet-50 45 -> 42.3 MB per image, the EfficientNets and SSD300 up 20-50%,
 Mask R-CNN 1,200 -> 541 MB), with the DRAM-traffic base of the performance model kept: none of the 47
 chosen plans changed; 29 answers changed in their memory figures and the micro-batches of alternatives.
+An eighth time for the memory model checked against documented runs (perfmodel/memory.py: capacity in
+GiB less the CUDA context and NCCL buffers instead of 95% of GB, DDP's gradient buckets, FSDP's gathered
+units, the transformer activations itemised by feed-forward size and dropout, LLaMA without dropout):
+4 of the 47 chosen plans changed in instance or GPU count, 45 answers in memory figures and micro-batches.
+bert-batch-not-divisible a T4 (micro-batch 10, $0.50) -> an A10G (25, $0.49) and bert-precisions an L4
+-> an L40S at fp8 ($0.51 -> $0.50), each card's usable memory now its GiB less context, which admits
+a larger, faster micro-batch; llama-7b-spot with the production policy 8 -> 32 A100-40GBs ($149 ->
+$150) and with the research policy 8 -> 16 ($156 -> $159): one p4d's 40 GiB now fits ZeRO-1 with
+checkpointing at micro-batch 2, which configure prefers to ZeRO-2 at micro-batch 8 (its order of
+memory savers), and that slower configuration loses to more nodes.
 Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write

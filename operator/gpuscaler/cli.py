@@ -330,7 +330,7 @@ def render_plan(result: PlanResult) -> str:
         out.append(
             f"  {e.throughput:,.1f} {e.unit}/s" + (f" ({c.throughput_source})" if result.profiles else "")
             + f", step {e.step_time_s * 1000:,.1f} ms, "
-            f"{e.memory_per_gpu_gb:.1f} GB/GPU of {c.instance.gpu.memory_gb:g}, scaling efficiency "
+            f"{e.memory_per_gpu_gb:.1f} GB/GPU of {e.memory.capacity / 1e9:.1f} usable, scaling efficiency "
             f"{e.scaling_efficiency:.0%}, bound by {e.bottleneck} ({e.precision_used})"
         )
         out.append(
@@ -620,7 +620,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "optimizer": est.memory.optimizer / 1e9,
             "activations": est.memory.activations / 1e9,
             "overhead": est.memory.overhead / 1e9,
+            **{k: getattr(est.memory, k) / 1e9 for k in ("gathered", "buckets", "workspace", "fragmentation")},
             "usable": est.memory.capacity / 1e9,
+            "visible": est.memory.visible / 1e9,
+            "reserved": est.memory.reserved / 1e9,
         },
         "fits": est.fits,
         "scaling_efficiency": est.scaling_efficiency,
@@ -650,7 +653,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             f"  P10-P90 {band.p10:,.1f}-{band.p90:,.1f} {est.unit}/s (model error sigma {band.log_sigma:.2f}"
             + (f": {', '.join(band.reasons)}" if band.reasons else "")
             + ")\n"
-            f"  memory {est.memory_per_gpu_gb:.2f} GB/GPU of {gpu.memory_gb:g} GB: "
+            f"  memory {est.memory_per_gpu_gb:.2f} GB/GPU of {est.memory.capacity / 1e9:.2f} GB usable "
+            f"({gpu.memory_gb:g} GiB card): "
             f"{'fits' if est.fits else 'DOES NOT FIT'}"
         )
         if data["prices"]:
@@ -681,8 +685,10 @@ def _default_batch(
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from gpuscaler.perfmodel import calibration, fitted
+    from gpuscaler.perfmodel.memory import agreement_json, agreement_lines, memory_agreement
 
     rep = calibration.report()
+    memory = memory_agreement()
     meta = fitted().meta
     cv = calibration.cross_validation()
     if args.json:
@@ -711,6 +717,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     },
                     "skipped": rep.skipped,
                     "calibration": meta,
+                    "memory": agreement_json(memory),
                 },
             )
         )
@@ -813,6 +820,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     if rep.skipped:
         print("\nSkipped rows: " + "; ".join(f"{n} {why}" for why, n in rep.skipped.items()))
+    print("\n" + "\n".join(agreement_lines(memory)))
     return 0
 
 

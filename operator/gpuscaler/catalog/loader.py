@@ -256,6 +256,7 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
                 gated=_bool(r["gated"]),
                 head=r["head"] or "lm",
                 flash_attention=_bool(r["flash"]),
+                dropout=r.get("dropout", "") != "0",
             )
         w = Workload(
             id=r["id"],
@@ -326,6 +327,11 @@ class Catalog:
     def workload(self, name: str) -> Workload:
         """The named workload profile. Raises UnknownIdError with close matches."""
         return self.workloads.get(name)
+
+
+def data_text(name: str) -> str:
+    """The text of a data file shipped in ``catalog/data``."""
+    return _data(name)
 
 
 def _data(name: str) -> str:

@@ -207,3 +207,27 @@ class Workload:
         """Samples (throughput units) in one batch item: ``seq_len`` tokens for token-unit
         workloads (a sequence or sentence pair), else 1."""
         return self.seq_len if self.unit == "tokens" and self.seq_len else 1
+
+
+def transformer_workload(
+    shape: TransformerShape, optimizer: str = "adam", variable_inputs: bool = False, source: str = ""
+) -> Workload:
+    """The workload profile of a dense transformer given by its shape (a custom job, or a row of
+    ``memory_runs.csv``): parameters, FLOPs and activations derived by :class:`TransformerShape`."""
+    return Workload(
+        id=f"custom-transformer-{shape.layers}x{shape.hidden}",
+        family="transformer",
+        unit="sequences",
+        params=shape.params,
+        flops_per_sample=shape.train_flops_per_sequence(),
+        activation_bytes_per_sample=shape.activation_bytes_per_sequence(),
+        seq_len=shape.seq_len,
+        layers=shape.layers,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        vocab=shape.vocab,
+        optimizer=optimizer,
+        source=source or "custom transformer shape",
+        shape=shape,
+        variable_inputs=variable_inputs,
+    )

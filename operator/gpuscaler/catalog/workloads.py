@@ -11,11 +11,23 @@ Language Model Training on GPU Clusters", eq. 3 without recomputation):
                             (1 for a causal LM, 0.15 for BERT's masked LM, 0 for fine-tuning heads)
 Training = 3 x forward (backward is twice the forward).
 
-Activation memory per sequence at 16-bit (Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", sec. 4.1, no parallelism):
-    L * s * h * (34 + 5 * a * s / h)   bytes, standard attention
-    L * s * h * 34                     bytes, memory-efficient (flash) attention
-  + s * V * 6 * f_head                 logits in 16-bit plus fp32 softmax
+Activation memory per sequence at 16-bit: the tensors autograd keeps for the backward pass,
+itemised as Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", sec. 4.1, no parallelism) do, with the feed-forward size ``f`` and the dropout kept
+general (their 34 sbh + 5 as^2b is the case f = 4h, dropout on, standard attention)::
+
+    per layer and token   4h            the two layer norms' inputs
+                        + 10h           attention: QKV input 2h, Q K V 6h, the attention output 2h
+                                        (the output projection's input; flash attention keeps the same)
+                        + 2h + 4f       feed-forward: its input 2h, the activation's input and output
+                        | 2h + 8f       gated (SwiGLU): gate and up outputs, the activation's output,
+                                        their product
+                        + 2h            dropout masks after attention and after the feed-forward (if any)
+                        + (2 + 3 d) a s standard attention only: softmax output 2 (+ dropout mask 1 and
+                                        output 2 with dropout d); flash attention keeps no s^2 matrix
+  + s * V * f_head * (6 | 2)            logits in 16-bit plus their fp32 softmax for the loss, or the
+                                        16-bit logits alone under a fused cross-entropy kernel (which
+                                        writes the gradient into the logits' buffer)
 """
 
 from __future__ import annotations
@@ -43,6 +55,11 @@ class TransformerShape:
     """lm (causal LM), mlm (masked LM on 15% of tokens) or none (classification/QA head)."""
     flash_attention: bool = False
     """Memory-efficient attention: no s^2 attention matrices kept for backward."""
+    dropout: bool = True
+    """The model trains with dropout (BERT, GPT-2); False where it has none (LLaMA, MPT, nanoGPT)."""
+    fused_loss: bool = False
+    """The cross-entropy runs as one fused kernel that keeps no fp32 copy of the logits (llm-foundry's
+    ``fused_crossentropy``); False for PyTorch's ``cross_entropy`` on autocast logits."""
 
     @property
     def ffn_size(self) -> int:
@@ -77,15 +94,22 @@ class TransformerShape:
 
     def layer_activation_bytes(self) -> float:
         """16-bit activation bytes of one layer for one sequence (what recomputation re-creates)."""
-        s, h, a = self.seq_len, self.hidden, self.heads
-        per_token = 34.0 if self.flash_attention else 34.0 + 5.0 * a * s / h
-        return s * h * per_token
+        s, h, a, f = self.seq_len, self.hidden, self.heads, self.ffn_size
+        ffn = 2.0 * h + (8.0 if self.gated else 4.0) * f
+        per_token = 4.0 * h + 10.0 * h + ffn + (2.0 * h if self.dropout else 0.0)
+        if not self.flash_attention:
+            per_token += (2.0 + (3.0 if self.dropout else 0.0)) * a * s
+        return s * per_token
+
+    def head_activation_bytes(self) -> float:
+        """Bytes of the output head's logits and loss for one sequence (0 without a vocabulary head)."""
+        per_logit = 2.0 if self.fused_loss else 6.0
+        return self.seq_len * self.vocab * per_logit * HEAD_FRACTION[self.head]
 
     def activation_bytes_per_sequence(self) -> float:
-        head = self.seq_len * self.vocab * 6.0 * HEAD_FRACTION[self.head]
-        return self.layers * self.layer_activation_bytes() + head
+        return self.layers * self.layer_activation_bytes() + self.head_activation_bytes()
 
     def checkpointed_activation_bytes_per_sequence(self) -> float:
         """Full activation checkpointing: keep each layer's 16-bit input, recompute one layer at a time."""
-        head = self.seq_len * self.vocab * 6.0 * HEAD_FRACTION[self.head]
-        return self.layers * 2.0 * self.seq_len * self.hidden + self.layer_activation_bytes() + head
+        kept = self.layers * 2.0 * self.seq_len * self.hidden
+        return kept + self.layer_activation_bytes() + self.head_activation_bytes()

@@ -3,16 +3,15 @@
 Pure: imports no Kubernetes or cloud code. See :mod:`gpuscaler.perfmodel.model` for the maths.
 """
 
+from gpuscaler.perfmodel.memory import MemoryBreakdown, memory_per_gpu
 from gpuscaler.perfmodel.model import (
     DATA_LOADERS,
     Estimate,
-    MemoryBreakdown,
     ParallelConfig,
     PrecisionUnsupportedError,
     allreduce_seconds,
     estimate,
     hardware_precision,
-    memory_per_gpu,
 )
 from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 

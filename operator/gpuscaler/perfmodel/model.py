@@ -76,7 +76,8 @@ known (PyTorch DataLoader rate per vCPU, x the DALI factor with ``data_loader="d
 
 The parameter-free part of this (rates, bytes, link times) is :func:`step_terms`; the fitted part
 is :func:`combine`. Calibration computes the terms of each measured row once and refits only the
-combination. The micro-batch-independent parts (memory of weights, gradients and optimizer state;
+combination. Memory per GPU and the rule that decides whether it fits are in
+:mod:`gpuscaler.perfmodel.memory`. The micro-batch-independent parts (memory of weights, gradients and optimizer state;
 achievable rates per GPU, precision and family; all-reduce time per link) are memoised, since the
 planner evaluates thousands of micro-batches and node counts of the same few workloads and GPUs.
 """
@@ -89,6 +90,7 @@ from functools import lru_cache
 
 from gpuscaler.catalog.models import GPU, Precision, Workload
 from gpuscaler.errors import InvalidInputError
+from gpuscaler.perfmodel.memory import MemoryBreakdown, memory_per_gpu
 from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 
 GIB = 1024.0**3
@@ -138,28 +140,6 @@ class ParallelConfig:
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.accumulation * self.gpus
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryBreakdown:
-    """Bytes per GPU by role."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-    """Optimizer state plus fp32 master weights under mixed precision."""
-    activations: float
-    overhead: float
-    capacity: float
-    """Usable bytes on the GPU (memory x usable fraction)."""
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.overhead
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,49 +212,6 @@ def hardware_precision(gpu: GPU, precision: Precision) -> tuple[str, float]:
             f"{gpu.id} has no fp8 (Ada, Hopper, Blackwell and MI300X have); use amp"
         )
     return "fp8", gpu.fp8_tflops
-
-
-@lru_cache(maxsize=CACHE_SIZE)
-def _memory_form(
-    workload: Workload, precision: Precision, n: int, zero_stage: int, checkpointing: bool
-) -> tuple[float, float, float, float, float]:
-    """The micro-batch-independent part of :func:`memory_per_gpu`: weights, gradients and optimizer
-    bytes, stored activation bytes per item and the precision's activation scale."""
-    c = constants()["memory"]
-    p = precision.value
-    params = workload.params
-    shard_opt = n if zero_stage >= 1 else 1
-    shard_grad = n if zero_stage >= 2 else 1
-    shard_w = n if zero_stage >= 3 else 1
-    weights = params * c["weight_bytes"][p] / shard_w
-    grads = params * c["grad_bytes"][p] / shard_grad
-    opt_bytes = c["optimizer_state_bytes"].get(workload.optimizer, 8) + c["master_weight_bytes"][p]
-    optimizer = params * opt_bytes / shard_opt
-    act_scale = c["activation_scale"][p]
-    if checkpointing:
-        if workload.shape is not None:
-            per_item = workload.shape.checkpointed_activation_bytes_per_sequence()
-        else:
-            per_item = (
-                workload.activation_bytes_per_sample
-                * workload.samples_per_item
-                * c["checkpointed_activation_fraction"]
-            )
-    else:
-        per_item = workload.activation_bytes_per_sample * workload.samples_per_item
-    return weights, grads, optimizer, per_item, act_scale
-
-
-def memory_per_gpu(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> MemoryBreakdown:
-    """Bytes per GPU: weights, gradients, optimizer state (+ master weights), activations, overhead."""
-    weights, grads, optimizer, per_item, act_scale = _memory_form(
-        workload, cfg.precision, cfg.gpus, cfg.zero_stage, cfg.activation_checkpointing
-    )
-    c = constants()["memory"]
-    activations = cfg.micro_batch * per_item * act_scale
-    overhead = c["framework_overhead_gb"] * GB + c["fragmentation"] * activations
-    capacity = gpu.memory_gb * GB * c["usable_fraction"]
-    return MemoryBreakdown(weights, grads, optimizer, activations, overhead, capacity)
 
 
 def _link_efficiency(link: str) -> float:

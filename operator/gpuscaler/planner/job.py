@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from gpuscaler.api import TrainingJobSpec, WorkloadSpec
 from gpuscaler.api.trainingjob import MAX_HORIZON_HOURS, MAX_TRAINING_SAMPLES
 from gpuscaler.catalog import Catalog, UnknownIdError, Workload, normalize
+from gpuscaler.catalog.models import transformer_workload
 from gpuscaler.catalog.workloads import TransformerShape
 from gpuscaler.catalog.zones import unknown_zone
 from gpuscaler.inputs import InputError, shown
@@ -116,23 +117,7 @@ def resolve_workload(spec: WorkloadSpec, catalog: Catalog) -> Workload:
         shape = TransformerShape(
             t.layers, t.hidden, t.heads, t.seq_len, t.vocab, t.ffn, t.gated, t.head, t.flash_attention
         )
-        return Workload(
-            id=f"custom-transformer-{t.layers}x{t.hidden}",
-            family="transformer",
-            unit="sequences",
-            params=shape.params,
-            flops_per_sample=shape.train_flops_per_sequence(),
-            activation_bytes_per_sample=shape.activation_bytes_per_sequence(),
-            seq_len=t.seq_len,
-            layers=t.layers,
-            hidden=t.hidden,
-            heads=t.heads,
-            vocab=t.vocab,
-            optimizer=spec.optimizer or "adam",
-            source="custom transformer shape",
-            shape=shape,
-            variable_inputs=bool(spec.variable_inputs),
-        )
+        return transformer_workload(shape, spec.optimizer or "adam", bool(spec.variable_inputs))
     assert spec.params is not None and spec.flops_per_sample is not None
     return Workload(
         id="custom",
