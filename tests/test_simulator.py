@@ -3,6 +3,7 @@ the world's throughput off the model, and the simulated operator's correction.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -28,8 +29,9 @@ from gpuscaler.simulator import (
     observing,
     simulate,
 )
-from gpuscaler.simulator.engine import SimulationResult, progress, run_wall_s
+from gpuscaler.simulator.engine import Segment, SimulationResult, progress, run_wall_s
 from gpuscaler.simulator.registry import make_strategies
+from gpuscaler.simulator.spot_prices import SpotPriceHistory
 from gpuscaler.simulator.strategies import Gpuscaler
 from gpuscaler.simulator.trace import TraceError
 
@@ -61,12 +63,29 @@ def small_trace() -> Trace:
     return Trace("small", jobs)
 
 
-def _check_books(res: SimulationResult, trace: Trace) -> None:
+def _billed(s: Segment, history: SpotPriceHistory | None) -> float:
+    """A segment's cost from the history itself: hours x the price in force, cut at every change."""
+    if history is None or s.capacity is not CapacityType.SPOT:
+        return (s.end_h - s.start_h) * s.usd_per_hour
+    if not s.zone:  # nothing priced the type: the planned price
+        assert not history.zones(s.instance)
+    else:  # a plan for any zone lands in the zone cheapest when the nodes came
+        prices = {z: history.price(s.instance, z, s.start_h) for z in history.zones(s.instance)}
+        priced = {z: p for z, p in prices.items() if p is not None}
+        assert s.zone in history.zones(s.instance) and (not priced or priced[s.zone] == min(priced.values()))
+    series = history.series.get((s.instance, s.zone))
+    changes = [h for h in (series.hours if series else ()) if s.start_h < h < s.end_h]
+    bounds = [s.start_h, *changes, s.end_h]
+    per_node = s.usd_per_hour / s.nodes
+    return sum((b - a) * s.nodes * (history.price(s.instance, s.zone, a) or per_node)
+               for a, b in itertools.pairwise(bounds))
+
+
+def _check_books(res: SimulationResult, trace: Trace, history: SpotPriceHistory | None = None) -> None:
     for job, out in zip(trace.jobs, res.outcomes, strict=True):
         segs = out.segments
         assert math.isclose(out.cost_usd, sum(s.cost_usd for s in segs), rel_tol=1e-9, abs_tol=1e-9)
-        assert math.isclose(out.cost_usd, sum((s.end_h - s.start_h) * s.usd_per_hour for s in segs),
-                            rel_tol=1e-9, abs_tol=1e-9)
+        assert math.isclose(out.cost_usd, sum(_billed(s, history) for s in segs), rel_tol=1e-9, abs_tol=1e-9)
         assert math.isclose(out.gpu_hours, sum(s.wall_s / 3600 * s.gpus for s in segs), rel_tol=1e-9, abs_tol=1e-9)
         for s in segs:
             # Wall time = provisioning + compute + checkpoint writes + idle; compute = kept + lost.
@@ -301,6 +320,21 @@ def test_uninterrupted_run_matches_progress(work: float, interval: float, write:
     compute, _, writing = progress(wall, interval, write)
     assert compute == pytest.approx(work, rel=1e-9, abs=1e-6)
     assert writes * write == pytest.approx(writing, rel=1e-9, abs=1e-6)
+
+
+HISTORY = SpotPriceHistory.read(str(ROOT / "operator" / "gpuscaler" / "simulator" / "data" / "spot-price-history.json"))
+
+
+def test_books_balance_with_moving_spot_prices() -> None:
+    """With the shipped spot price history every spot segment is billed at the prices in force."""
+    trace = small_trace()
+    cloud = CloudModel(interruption_scale=50.0, spot_prices=HISTORY)
+    results = compare(trace, CATALOG, cloud=cloud, seed=5, strategies=ALL_STRATEGIES).results
+    spot = [s for r in results for o in r.outcomes for s in o.segments if s.capacity is CapacityType.SPOT]
+    assert spot and all(s.zone for s in spot if HISTORY.zones(s.instance))
+    assert any(len(s.charges) > 1 for s in spot)  # some ran through a price change
+    for res in results:
+        _check_books(res, trace, HISTORY)
 
 
 @settings(max_examples=8, deadline=None)

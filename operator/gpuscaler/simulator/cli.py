@@ -36,6 +36,7 @@ from gpuscaler.simulator.compare import Comparison, compare
 from gpuscaler.simulator.planning import CachedPlanner
 from gpuscaler.simulator.registry import ALL_STRATEGIES, STRATEGIES
 from gpuscaler.simulator.report import format_markdown, format_table, plot, ranges, summarize
+from gpuscaler.simulator.spot_prices import SpotPriceHistory, describe
 from gpuscaler.simulator.trace import TraceError, load_trace, scale_deadlines
 from gpuscaler.simulator.truth import default_scaling_error, default_throughput_error
 
@@ -77,6 +78,9 @@ def register(subparsers: Any) -> None:
                     help="multiply capacity-shortage probabilities (default: the trace's, else 1)")
     sp.add_argument("--checkpoint-interval", type=positive_float, default=3600.0,
                     help="seconds between checkpoints of deadline-blind-spot-checkpoint (default 3600)")
+    sp.add_argument("--spot-prices", metavar="FILE",
+                    help="spot price history to replay (describe_spot_price_history JSON; docs/prices.md): spot "
+                         "prices per zone move over time and allocations are billed at the prices in force")
     sp.add_argument("--no-cache", action="store_true", help="do not memoise planner calls")
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -132,8 +136,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         names, sigma, source, scaling = _check_args(args)
         trace = scale_deadlines(load_trace(args.trace), args.deadline_scale)
         policy = load_policy(args.policy) if args.policy else None
+        history = SpotPriceHistory.read(args.spot_prices) if args.spot_prices else None
         cloud = CloudModel.from_mapping(trace.cloud, interruption_scale=args.interruption_scale,
-                                        shortage_scale=args.shortage_scale)
+                                        shortage_scale=args.shortage_scale, spot_prices=history)
     except ValidationError as err:
         raise validation_error(err, f"simulate: policy {args.policy}") from None
     except GpuscalerError as err:  # options, a policy file or cloud keys: named after the command
@@ -161,6 +166,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "throughputError": sigma, "throughputErrorSource": source, "scalingError": scaling,
             "deadlineScale": args.deadline_scale,
             "interruptionScale": cloud.interruption_scale, "shortageScale": cloud.shortage_scale,
+            "spotPrices": describe(history) if history else None,
             "strategies": [r.to_dict() for r in table],
             "planner": {"calls": planner.calls, "runs": planner.misses, "seconds": round(planner.planning_s, 3)},
             "seconds": round(elapsed, 3),
@@ -169,7 +175,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"trace {trace.name}: {len(trace.jobs)} jobs over {trace.jobs[-1].arrival_h:.0f} h; {seed_text}; "
               f"interruption rates x{cloud.interruption_scale:g}, shortages x{cloud.shortage_scale:g}; "
               f"throughput error {sigma:g} ({source}), scaling error {scaling:g}"
-              + (f"; deadlines x{args.deadline_scale:g}" if args.deadline_scale != 1 else ""))
+              + (f"; deadlines x{args.deadline_scale:g}" if args.deadline_scale != 1 else "")
+              + (f"; spot prices replayed from {history.source}" if history else ""))
         print(format_markdown(table) if args.markdown else format_table(table))
         print(f"ranges over {len(seeds)} seed(s); cost and deadline misses summed over all jobs; mean/p95 h = "
               f"arrival to finish; GPU-h lost = compute thrown away by interruptions. {planner.misses} planner "

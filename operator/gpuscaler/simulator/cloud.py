@@ -25,7 +25,10 @@ it, correlated in time, not drawn independently per request:
 * **Provisioning delays.** The planner's start-up time (first start) or the job's
   ``checkpoint.restartSeconds`` (after an interruption or a move), times a uniform factor in
   ``[1 - jitter, 1 + jitter]``.
-* **Prices.** The catalog's (after policy overrides), exactly what the planner priced.
+* **Prices.** The catalog's (after policy overrides), exactly what the planner priced; with a spot
+  price history (``spot_prices``, :mod:`gpuscaler.simulator.spot_prices`), spot prices per zone
+  move over time as the history says, the same for every strategy, and each allocation is billed
+  at the prices in force while it ran.
 * **Interruption notice.** 120 s on AWS, 30 s on GCP and Azure.
 * **Progress measurements.** The operator reads the training runtime's samples counter once per
   observer interval; each interval's increase is the true rate times ``1 + e``, ``e ~ N(0,
@@ -52,6 +55,7 @@ from typing import Any
 from gpuscaler.catalog import CapacityType, InstanceType
 from gpuscaler.inputs import InputError
 from gpuscaler.planner.risk import hourly_rate
+from gpuscaler.simulator.spot_prices import SpotPriceHistory
 
 SCARCE_GPUS = frozenset({"A100-40GB", "A100-80GB", "H100-80GB-SXM", "H200-141GB-SXM"})
 NOTICE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
@@ -95,6 +99,8 @@ class CloudModel:
     """Interruption notice per provider."""
     measurement_noise: float = 0.10
     """Relative standard deviation of the progress measured over one observer interval (assumption)."""
+    spot_prices: SpotPriceHistory | None = None
+    """Spot prices per zone over time, replayed (None: the planned prices throughout)."""
 
     def __post_init__(self) -> None:
         probabilities = {"wave_share": self.wave_share, "storm_share": self.storm_share,

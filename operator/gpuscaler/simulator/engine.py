@@ -14,10 +14,13 @@ observe.
 One allocation of nodes is a :class:`Segment`. Its wall time splits exactly into provisioning,
 training compute, checkpoint writes and idle time (after a handshake, until the reclaim); its
 training compute splits exactly into work kept (it advanced the job) and work lost (redone later).
-Cost is wall hours x the offering's hourly price for the nodes, by capacity type. So, per job and
-per trace::
+Cost is wall hours x the offering's hourly price for the nodes, by capacity type; with a spot
+price history (:mod:`gpuscaler.simulator.spot_prices`) a spot segment is billed in pieces at the
+price in force in its zone, one piece per price change inside it (:attr:`Segment.charges`). So,
+per job and per trace::
 
-    cost            = sum(segment wall hours x price of its nodes)
+    cost            = sum(segment wall hours x price of its nodes)      (no history)
+                    = sum over segments and their pieces (piece hours x price in force)
     wall            = provisioning + compute + checkpoint writes + idle
     compute         = work kept + work lost
     work kept x true throughput, summed = the job's samples (when it finished)
@@ -94,6 +97,11 @@ class Segment:
     interval_s: float | None
     write_s: float
     """Seconds per checkpoint write of its plan."""
+    zone: str = ""
+    """The zone its nodes ran in ("" = not placed in a priced zone)."""
+    charges: tuple[tuple[float, float, float], ...] = ()
+    """With a spot price history: ``(from_h, to_h, USD per hour of all its nodes)`` pieces covering
+    ``[start_h, end_h]``, cut at each price change; empty = ``usd_per_hour`` throughout."""
 
     @property
     def wall_s(self) -> float:
@@ -101,6 +109,8 @@ class Segment:
 
     @property
     def cost_usd(self) -> float:
+        if self.charges:
+            return sum((b - a) * usd for a, b, usd in self.charges)
         return (self.end_h - self.start_h) * self.usd_per_hour
 
 
@@ -480,13 +490,23 @@ class _Run:
     def close(self, i: int, a: _Active, t: float, prov: float, compute: float, kept: float, ckpt: float,
               idle: float, *, interrupted: bool, samples: float | None = None) -> Segment:
         cand = a.decision.candidate
+        zone = cand.zone
+        charges: tuple[tuple[float, float, float], ...] = ()
+        history = self.model.spot_prices
+        if history is not None and cand.capacity is CapacityType.SPOT:
+            zone = history.placement(cand.instance.name, cand.zone, a.start_h)
+            planned = cand.usd_per_hour / cand.nodes
+            charges = tuple(
+                (x, y, usd * cand.nodes)
+                for x, y, usd in history.pieces(cand.instance.name, zone, a.start_h, t, planned)
+            )
         seg = Segment(
             instance=cand.instance.name, capacity=cand.capacity, nodes=cand.nodes, gpus=cand.gpus,
             usd_per_hour=cand.usd_per_hour, start_h=a.start_h, end_h=t, provisioning_s=prov,
             compute_s=compute, kept_s=kept, lost_s=compute - kept, checkpoint_s=ckpt, idle_s=idle,
             samples=kept * a.rate if samples is None else samples,
             interrupted=interrupted, interval_s=a.decision.interval_s,
-            write_s=cand.checkpoint_write_s,
+            write_s=cand.checkpoint_write_s, zone=zone, charges=charges,
         )
         out, st = self.outcomes[i], self.states[i]
         assert st is not None
