@@ -202,5 +202,6 @@ def _write_jobs(path: str, runs: list[Comparison]) -> None:
                         "costUsd": round(o.cost_usd, 4), "predictedCostUsd": round(o.predicted_cost_usd, 4),
                         "predictedHours": round(o.predicted_hours, 4), "gpuHours": round(o.gpu_hours, 4),
                         "gpuHoursLost": round(o.gpu_hours_lost, 4), "interruptions": o.interruptions,
-                        "shortages": o.shortages, "moves": o.moves, "corrections": o.corrections, "note": o.note,
+                        "shortages": o.shortages, "moves": o.moves, "corrections": o.corrections,
+                        "throughputSource": o.throughput_source, "profiled": o.profiled, "note": o.note,
                     }, indent=None) + "\n")

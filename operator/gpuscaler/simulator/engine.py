@@ -43,8 +43,9 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from datetime import timedelta
 
-from gpuscaler.catalog import CapacityType
+from gpuscaler.catalog import CapacityType, Workload
 from gpuscaler.planner import resolve, resolve_workload
 from gpuscaler.planner.correction import keep_factor
 from gpuscaler.planner.planner import STARTUP_S
@@ -56,6 +57,7 @@ from gpuscaler.simulator.observing import (
     decide_move,
     miss_probability,
     progress_points,
+    record_profile,
 )
 from gpuscaler.simulator.planning import CachedPlanner, config_key
 from gpuscaler.simulator.strategies import SHORTAGE_HOLD_H, Decision, JobState, Strategy
@@ -141,6 +143,10 @@ class JobOutcome:
     """Allocations left by choice (a re-plan after a correction, uniform progress leaving on-demand)."""
     corrections: int = 0
     """Times the simulated operator corrected the model's throughput for this job."""
+    throughput_source: str = ""
+    """What the first plan's throughput came from: ``model`` or a performance profile (``measured in 3 runs``)."""
+    profiled: bool = False
+    """The simulated operator recorded this run in a performance profile."""
     segments: list[Segment] = field(default_factory=list)
     note: str = ""
 
@@ -238,8 +244,8 @@ class _Run:
         self.active: list[_Active | None] = [None] * n
         self.started: list[bool] = [False] * n
         self.epoch: list[int] = [0] * n
-        self.family: list[str] = [""] * n
-        """Each job's workload family (the truth's error is per family)."""
+        self.workload: list[Workload | None] = [None] * n
+        """Each job's resolved workload (the truth's error is per family; profiles key on its id)."""
         for i, job in enumerate(trace.jobs):
             self.outcomes.append(JobOutcome(job.name, job.arrival_h, job.deadline_h(trace.start), job.spec.budget_usd))
             self.push(job.arrival_h, ARRIVE, i)
@@ -274,7 +280,7 @@ class _Run:
         except ValueError as err:
             out.status, out.note = "unplanned", str(err)
             return
-        self.family[i] = resolve_workload(job.spec.workload, self.planner.catalog).family
+        self.workload[i] = resolve_workload(job.spec.workload, self.planner.catalog)
         st = JobState(job.name, job.spec, t, out.deadline_h, total, total, plan_changed_h=t)
         self.states[i] = st
         self.draws[i] = Draws(self.seed, f"{i}|{job.name}")
@@ -284,6 +290,7 @@ class _Run:
             return
         st.current = decision
         out.plan_label = decision.candidate.label
+        out.throughput_source = decision.candidate.throughput_source
         out.predicted_hours = decision.candidate.outlook.base_hours
         out.predicted_cost_usd = out.predicted_hours * decision.candidate.usd_per_hour
         self.request(t, i)
@@ -322,7 +329,9 @@ class _Run:
             self.push(t + wait_h, REQUEST, i)
             return
         self.started[i] = True
-        truth = self.truth.factor(inst.gpu_id, cand.precision.value, self.family[i], cand.gpus, nodes)
+        workload = self.workload[i]
+        family = workload.family if workload is not None else ""
+        truth = self.truth.factor(inst.gpu_id, cand.precision.value, family, cand.gpus, nodes)
         rate = cand.estimate.throughput / d.efficiency * truth
         work_s = st.remaining_samples / rate
         wall_s, writes = run_wall_s(work_s, d.interval_s, cand.checkpoint_write_s)
@@ -380,6 +389,14 @@ class _Run:
                    samples=st.remaining_samples)
         st.remaining_samples = 0.0
         out.status, out.finish_h = "finished", t
+        store, workload, draws = self.strategy.profiles, self.workload[i], self.draws[i]
+        if store is not None and workload is not None and draws is not None:
+            since_s = a.start_h * 3600.0 + a.provisioning_s
+            points = progress_points(a.rate, a.samples0, since_s, t * 3600.0, self.rules.tick_s,
+                                     lambda: draws.noise(self.model.measurement_noise))
+            at = self.trace.start + timedelta(hours=t)
+            out.profiled = record_profile(store, st.spec, workload, a.decision, points, since_s, t * 3600.0,
+                                          st.total_samples, at, st.name, self.rules) is not None
 
     # ------------------------------------------------------------------- looking and moving
 

@@ -17,6 +17,12 @@ correction of :mod:`gpuscaler.planner.correction`, the functions the operator's 
    cheaper by more than the margin); no move within ``min_interval_s`` of a plan change; a move
    happens at the next periodic checkpoint.
 
+When a job finishes, :func:`record_profile` does what the operator's profile recorder does: it
+measures the last gang's readings with :func:`gpuscaler.planner.profiles.measure_run` (enough
+readings, a believable factor, the rate the job achieved by its completion) and folds the run into
+the strategy's :class:`~gpuscaler.planner.profiles.ProfileStore` under the job's workload signature
+and configuration; the next plans of that workload plan with it.
+
 The settings are the operator's shipped defaults (:class:`gpuscaler.settings.Settings`). The engine
 (:mod:`gpuscaler.simulator.engine`) decides when to look: once the window is covered, and again
 when the minimum interval allows a move; it applies the answers.
@@ -26,8 +32,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
-from gpuscaler.catalog import CapacityType
+from gpuscaler.api import TrainingJobSpec
+from gpuscaler.catalog import CapacityType, Workload
 from gpuscaler.planner.correction import (
     Correction,
     CorrectionConfig,
@@ -39,6 +47,7 @@ from gpuscaler.planner.correction import (
     remaining_miss_probability,
     should_replan,
 )
+from gpuscaler.planner.profiles import ProfileKey, ProfileStore, RunMeasurement, measure_run, signature_of
 from gpuscaler.planner.risk import hourly_rate
 from gpuscaler.settings import Settings
 from gpuscaler.simulator.strategies import Decision
@@ -130,3 +139,34 @@ def decide_move(miss: float, max_risk: float, current: PlanOption | None, best: 
     """The operator's :func:`~gpuscaler.planner.correction.should_replan` on the simulator's plans
     (both plan the rest only, so the share left is 1)."""
     return should_replan(miss, max_risk, current, None if best is None else plan_option(best.candidate), rules.correction)
+
+
+def record_profile(store: ProfileStore, spec: TrainingJobSpec, workload: Workload, d: Decision,
+                   points: list[ProgressPoint], since_s: float, completed_s: float, total_samples: float,
+                   at: datetime, job: str, rules: ObserveRules) -> RunMeasurement | None:
+    """Record a finished run as the operator's profile recorder does; the measurement, or None when none.
+
+    Args:
+        store: the profiles (the strategy's, as the operator's namespace store).
+        spec: the job's spec (its declared workload is the signature).
+        workload: the resolved workload (its id).
+        d: the decision of the last gang (its configuration is the profile's key).
+        points: the last gang's progress readings, as the operator kept them.
+        since_s: when the last gang started training.
+        completed_s: when the job finished.
+        total_samples: the job's samples.
+        at: the finish as a date (the profile's last seen).
+        job: the job's name (a run is counted once).
+        rules: the operator's correction settings (warm-up, window, readings).
+    """
+    cand = d.candidate
+    got = measure_run(points, since=since_s, completed=completed_s, total_samples=total_samples,
+                      model_throughput=cand.estimate.throughput / d.efficiency, at=at, job=job, config=rules.correction)
+    if not isinstance(got, RunMeasurement):
+        return None
+    sig = signature_of(spec.workload, workload.id)
+    key = ProfileKey(sig.id, cand.instance.gpu_id, cand.gpus, cand.nodes, cand.micro_batch, cand.accumulation,
+                     cand.precision.value)
+    store.record(key, got, workload=sig.workload, shape=sig.shape, instance_type=cand.instance.name,
+                 unit=workload.unit)
+    return got

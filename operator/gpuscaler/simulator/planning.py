@@ -28,6 +28,7 @@ from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
 from gpuscaler.perfmodel.uncertainty import Z90
 from gpuscaler.planner import Candidate, JobError, PlanResult, plan
 from gpuscaler.planner.correction import PlanOption, plan_option
+from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy import Policy
 
 PlanKey = tuple[str, int, str, str]
@@ -125,6 +126,7 @@ class CachedPlanner:
         rule: Rule = "planner",
         capacity: CapacityType | None = None,
         fit: Fit | None = None,
+        profiles: ProfileStore | None = None,
     ) -> Choice:
         """Plan ``spec`` with ``deadline_h`` hours left (the spec's own deadline fields are ignored).
 
@@ -139,6 +141,9 @@ class CachedPlanner:
             rule: ``planner`` (the planner's choice) or ``uninterrupted`` (module docstring).
             capacity: with ``uninterrupted``, choose among this capacity type only.
             fit: with ``uninterrupted``, what fits the hours left (default: the uninterrupted time).
+            profiles: performance profiles to plan with (``plan(..., profiles=...)``), as the operator
+                passes its namespace's; the cache keys on the store's fingerprint (it grows with
+                every run recorded).
 
         Returns:
             The chosen candidate (None when infeasible or unplannable, with ``error``) and the front.
@@ -147,14 +152,14 @@ class CachedPlanner:
         self.calls += 1
         eff = tuple(sorted((g, round(f, 6)) for g, f in (efficiency or {}).items()))
         key = (spec.model_dump_json(), None if deadline_h is None else round(deadline_h, 6), unavailable, eff,
-               current, rule, capacity, fit)
+               current, rule, capacity, fit, profiles.fingerprint() if profiles else None)
         if self.cache_enabled and key in self._cache:
             return self._cache[key]
         self.misses += 1
         factors = dict(eff) or None
         try:
             result = plan(spec, self.catalog, self.policy, name=name, unavailable=unavailable, efficiency=factors,
-                          deadline_h=deadline_h if rule == "planner" else None)
+                          deadline_h=deadline_h if rule == "planner" else None, profiles=profiles or None)
         except (JobError, UnknownIdError, ValueError) as err:
             choice = Choice(None, (), str(err))
         else:

@@ -9,7 +9,8 @@ Default, in table order (the first is the baseline of the savings column):
   correction loop (what gpuscaler adds beyond it is the planner's risk model and the handshake);
 * ``gpuscaler``.
 
-Optional (``--strategies``): ``cheapest-fits`` (no performance model) and the naive spot
+Optional (``--strategies``): ``gpuscaler-no-profiles`` (gpuscaler without performance profiles: what
+they buy), ``cheapest-fits`` (no performance model) and the naive spot
 strategies that plan with the deadline removed, ``deadline-blind-spot-restart`` and
 ``deadline-blind-spot-checkpoint`` (:mod:`gpuscaler.simulator.strategies`).
 """
@@ -38,7 +39,7 @@ from gpuscaler.simulator.strategies import (
 STRATEGIES = ("ondemand-best", "managed-spot", "managed-spot-padded", "uniform-progress", "ondemand-8xa100",
               "managed-spot-padded+correction", "gpuscaler")
 """The default comparison."""
-OPTIONAL = ("cheapest-fits", "deadline-blind-spot-restart", "deadline-blind-spot-checkpoint")
+OPTIONAL = ("gpuscaler-no-profiles", "cheapest-fits", "deadline-blind-spot-restart", "deadline-blind-spot-checkpoint")
 ALL_STRATEGIES = STRATEGIES + OPTIONAL
 BASELINES = ("ondemand-best", "managed-spot", "managed-spot-padded", "uniform-progress")
 """The careful baselines gpuscaler's targets are measured against."""
@@ -68,6 +69,7 @@ def make_strategies(catalog: Catalog, names: Sequence[str] = STRATEGIES,
         "uniform-progress": UniformProgress,
         "ondemand-8xa100": OnDemandFixed,
         "gpuscaler": Gpuscaler,
+        "gpuscaler-no-profiles": lambda: Gpuscaler(profiles=False),
         "cheapest-fits": lambda: CheapestFits(catalog),
         "deadline-blind-spot-restart": SpotRestart,
         "deadline-blind-spot-checkpoint": lambda: SpotCheckpoint(checkpoint_interval_s),

@@ -15,6 +15,10 @@
   would miss the deadline; on a capacity shortage it re-plans without the short offering instead
   of waiting for it. It learns the true throughput as the operator does, through the operator's
   early-correction code (:mod:`gpuscaler.simulator.observing`), and plans with what it learnt.
+  When a job finishes, the simulated operator records its measured throughput as a performance
+  profile (:func:`gpuscaler.simulator.observing.record_profile`, the operator's
+  :func:`~gpuscaler.planner.profiles.measure_run` and :class:`~gpuscaler.planner.profiles.ProfileStore`),
+  and every later plan of the same workload plans with it (``gpuscaler-no-profiles``: without).
 
 The baselines a careful team would run (``ondemand-best``, ``managed-spot``, ``uniform-progress``)
 are in :mod:`gpuscaler.simulator.baselines`; the registry of names in
@@ -32,6 +36,7 @@ from gpuscaler.api import PrecisionName, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog
 from gpuscaler.planner import Candidate, Interrupted, Situation, recover, resolve_workload
 from gpuscaler.planner.correction import PlanOption
+from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.simulator.planning import CachedPlanner, PlanKey, plan_key, with_remaining
 
 if TYPE_CHECKING:
@@ -51,8 +56,9 @@ class Decision:
     handshake: bool
     """Checkpoint within the interruption notice."""
     efficiency: float = 1.0
-    """The efficiency factor the candidate's throughput was planned with (observed / model on its
-    GPU type; 1 = the model's prediction). The engine divides it out to find the model's figure."""
+    """The factor the candidate's throughput carries over the model's prediction (the observed
+    correction of its GPU type, or a performance profile's measured ratio; 1 = the model's). The
+    engine and the correction divide it out to find the model's figure."""
 
 
 @dataclass
@@ -100,6 +106,8 @@ class Strategy:
     """After a failed capacity request, avoid that offering for ``SHORTAGE_HOLD_H``."""
     corrects = False
     """Observes running allocations and corrects the model as the operator does (gpuscaler only)."""
+    profiles: ProfileStore | None = None
+    """Performance profiles it records finished runs into and plans with, as the operator does (gpuscaler)."""
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         """The first decision for a job arriving at ``now_h``; None when it cannot be planned."""
@@ -234,6 +242,12 @@ class Gpuscaler(Strategy):
     replans_on_shortage = True
     corrects = True
 
+    def __init__(self, profiles: bool = True) -> None:
+        """A fresh strategy; ``profiles`` False: without performance profiles (``gpuscaler-no-profiles``)."""
+        self.profiles = ProfileStore() if profiles else None
+        if not profiles:
+            self.name, self.label = "gpuscaler-no-profiles", "gpuscaler without performance profiles"
+
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         return self._decide(st, planner, now_h)[0]
 
@@ -266,11 +280,14 @@ class Gpuscaler(Strategy):
         )
         eff = st.efficiency  # the operator plans with status.observed.efficiencyByGpu
         rec = recover(situation, lambda spec, dl, un: planner.choose(spec, dl, un, st.name, efficiency=eff,
-                                                                     current=current))
+                                                                     current=current, profiles=self.profiles))
         found = rec.result.current if rec.result is not None else None
         cand = rec.chosen
         if cand is None:
             return None, found
-        return Decision(cand, cand.outlook.interval_s, handshake=True, efficiency=eff.get(cand.instance.gpu_id, 1.0)), found
+        # A correction replaces a profile's prior in the planner; either way the candidate's figure is
+        # the model's x this factor, which the engine and the correction divide out.
+        factor = eff.get(cand.instance.gpu_id, cand.prior.factor if cand.prior is not None else 1.0)
+        return Decision(cand, cand.outlook.interval_s, handshake=True, efficiency=factor), found
 
 
