@@ -1008,6 +1008,7 @@ def build_parser() -> argparse.ArgumentParser:
         if what == "instances":
             pc.add_prices_option(sw)
         sw.set_defaults(func=cmd_catalog)
+    pc.register_refresh(cs)
 
     for register in _extensions():
         register(sub)

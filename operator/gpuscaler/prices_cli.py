@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, load_catalog
 from gpuscaler.catalog.prices import age_days, price_note, priced_catalog
+from gpuscaler.inputs import output_file
 
 __all__ = [
     "add_prices_option",
@@ -18,6 +19,7 @@ __all__ = [
     "estimate_prices",
     "instance_price_fields",
     "price_note",
+    "register_refresh",
     "render_estimate_prices",
     "source_label",
 ]
@@ -104,3 +106,31 @@ def render_estimate_prices(rows: list[dict[str, Any]], unit: str) -> str:
             f"price {price_note(best['priceSource'], best['priceDate'])}"
         )
     return "\n".join(lines)
+
+
+def register_refresh(catalog_commands: Any) -> None:
+    """Add ``gpuscaler catalog refresh`` under ``gpuscaler catalog``."""
+    from gpuscaler.cloud.pricing.refresh import PROVIDERS
+
+    sr = catalog_commands.add_parser(
+        "refresh",
+        help="read today's prices from a cloud's price API into a price file (see docs/prices.md)",
+        description="Read today's on-demand and spot prices of the catalog's instance types from a cloud's "
+        "price API (aws: Pricing API + EC2 spot price history, needs IAM pricing:GetProducts and "
+        "ec2:DescribeSpotPriceHistory; azure: the public Retail Prices API; gcp: the Cloud Billing Catalog "
+        "API, needs GPUSCALER_GCP_API_KEY or GPUSCALER_GCP_ACCESS_TOKEN) and write them atomically to a "
+        "price file for --prices. Nothing is written on failure.",
+    )
+    sr.add_argument("--provider", required=True, choices=PROVIDERS, help="the cloud whose prices to read")
+    sr.add_argument(
+        "--regions", metavar="R1,R2", help="regions to price (default: the catalog's regions of that cloud)"
+    )
+    sr.add_argument("--out", required=True, metavar="FILE", type=output_file, help="price file to write")
+    sr.add_argument("--json", action="store_true", help="print a JSON summary")
+    sr.set_defaults(func=_cmd_refresh)
+
+
+def _cmd_refresh(args: argparse.Namespace) -> int:
+    from gpuscaler.cloud.pricing.refresh import cmd_refresh
+
+    return cmd_refresh(args)

@@ -287,7 +287,8 @@ def _row_order(
 
 
 def _fmt(x: float | None) -> str:
-    return "" if x is None else f"{x:.6g}"
+    """A price to 10 significant digits (more than any price API quotes)."""
+    return "" if x is None else f"{x:.10g}"
 
 
 def _facts(catalog: Catalog | None, name: str, region: str) -> list[str]:
