@@ -152,7 +152,7 @@ def test_memoised_terms_never_answer_for_another_configuration() -> None:
     answer), and the same as with the memos off."""
     from gpuscaler.perfmodel import memory, model
 
-    memos = (memory._memory_form, model._rates, model._allreduce_cached)
+    memos = (memory._memory_form, memory._headroom, model._rates, model._allreduce_cached)
     grid = _grid()
     cold = []
     for wid, gid, cfg in grid:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpuscaler.catalog.memory_runs import MemoryRun
 from gpuscaler.catalog.models import GPU, Precision, Workload
@@ -60,9 +60,12 @@ CACHE_SIZE = 8192
 """Entries of the memo of the micro-batch-independent part (per workload, precision, GPUs and savers)."""
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryBreakdown:
-    """Bytes per GPU at the peak of a training step, by role, and the bytes the step may use."""
+class MemoryBreakdown(NamedTuple):
+    """Bytes per GPU at the peak of a training step, by role, and the bytes the step may use.
+
+    A named tuple, not a frozen dataclass: the planner builds one per configuration it bisects
+    (thousands per plan), and a frozen dataclass's field-by-field ``__init__`` costs ~0.4 us a field.
+    """
 
     weights: float
     gradients: float
@@ -100,9 +103,7 @@ class MemoryBreakdown:
 def visible_bytes(gpu: GPU) -> float:
     """What the driver gives a process on ``gpu``: ``memory_gb`` GiB x the visible fraction
     (``memory.visible_fraction``: GDDR cards with ECC on lose a sixteenth more)."""
-    c = constants()["memory"]
-    kind = "gddr_ecc" if gpu.id in c["gddr_ecc_gpus"] else "default"
-    return float(gpu.memory_gb * GIB * c["visible_fraction"][kind])
+    return _headroom(gpu.id, gpu.memory_gb, False, "")[0]
 
 
 def reserved_bytes(gpus: int) -> float:
@@ -158,19 +159,28 @@ def _memory_form(
     return weights, grads, optimizer, gathered, buckets, per_item, act_scale
 
 
+@lru_cache(maxsize=CACHE_SIZE)
+def _headroom(gpu_id: str, memory_gb: float, several: bool, family: str) -> tuple[float, float, float, float]:
+    """The micro-batch-independent bytes of the rule for a GPU: visible, reserved (context, and NCCL
+    with ``several`` GPUs), the workspace for ``family`` and the fragmentation rate. Keyed by the
+    GPU's id and memory, not the row, which is slower to hash."""
+    c = constants()["memory"]
+    workspace = c["cublas_workspace_gib"] * GIB
+    if family in c["cudnn_families"]:
+        workspace += c["cudnn_workspace_gib"] * GIB
+    kind = "gddr_ecc" if gpu_id in c["gddr_ecc_gpus"] else "default"
+    visible = memory_gb * GIB * c["visible_fraction"][kind]
+    return visible, reserved_bytes(2 if several else 1), workspace, float(c["fragmentation"])
+
+
 def memory_per_gpu(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> MemoryBreakdown:
     """Bytes per GPU at the peak of a step, by role, and the usable bytes (module docstring)."""
     weights, grads, optimizer, gathered, buckets, per_item, act_scale = _memory_form(
         workload, cfg.precision, cfg.gpus, cfg.zero_stage, cfg.activation_checkpointing
     )
-    c = constants()["memory"]
+    visible, reserved, workspace, frag = _headroom(gpu.id, gpu.memory_gb, cfg.gpus > 1, workload.family)
     activations = cfg.micro_batch * per_item * act_scale
-    workspace = c["cublas_workspace_gib"] * GIB
-    if workload.family in c["cudnn_families"]:
-        workspace += c["cudnn_workspace_gib"] * GIB
-    fragmentation = c["fragmentation"] * (activations + gathered)
-    visible = visible_bytes(gpu)
-    reserved = reserved_bytes(cfg.gpus)
+    fragmentation = frag * (activations + gathered)
     return MemoryBreakdown(
         weights=weights,
         gradients=grads,
