@@ -17,7 +17,7 @@ code, as a kubelet would.
 
 With ``torchrun=True`` each pod's process is a real ``torchrun`` launcher (one worker) around the
 same training: torchrun exits 1 when its worker exits 75, so the operator must know the
-preemption from the runtime's ``gpuscaler.io/runtime-phase`` annotation, not the exit code.
+preemption from its own evidence (the pod's ``DisruptionTarget`` condition), not the exit code.
 
 The batch of step ``s`` comes from ``numpy.random.default_rng([seed, s])`` and the update does
 not depend on the plan (micro-batch, accumulation, nodes), so an interrupted, re-planned run must
@@ -200,7 +200,13 @@ class Harness:
                     os.kill(int(e["pid"]), signal.SIGKILL)
 
     def terminate(self, played: Played) -> None:
-        """SIGTERM a process whose pod is not deleted (graceful node shutdown, an eviction)."""
+        """SIGTERM a process whose pod is not deleted, as a kubelet's graceful node shutdown does:
+        the pod first gets the ``DisruptionTarget`` condition (reason ``TerminationByKubelet``,
+        Kubernetes >= 1.26), the cluster's evidence that the stop is no failure of the worker."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        cond = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                "message": "Pod was terminated in response to imminent node shutdown.", "lastTransitionTime": stamp}
+        self.core.patch_namespaced_pod_status(played.name, self.namespace, {"status": {"conditions": [cond]}})
         played.signalled = "TERM"
         played.proc.send_signal(signal.SIGTERM)
 

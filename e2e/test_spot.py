@@ -270,9 +270,11 @@ def test_spot_torchrun_launcher_exiting_1_on_a_preemption_is_recovered_as_preemp
 ) -> None:
     """The node shuts down gracefully (SIGTERM, no taint, the pod not deleted) under a real torchrun.
 
-    The worker checkpoints, reports ``gpuscaler.io/runtime-phase=preempted`` and exits 75; torchrun
-    exits 1 and the pod turns Failed with exit code 1. The operator must count an interruption, not
-    a failure against ``backoffLimit``, and resume from that checkpoint.
+    The kubelet marks the pod ``DisruptionTarget`` (TerminationByKubelet); the worker checkpoints,
+    reports ``gpuscaler.io/runtime-phase=preempted`` and exits 75; torchrun exits 1 and the pod
+    turns Failed with exit code 1. The operator must count an interruption (from the cluster's
+    condition, not the worker's word), not a failure against ``backoffLimit``, and resume from that
+    checkpoint.
     """
     if importlib.util.find_spec("torch") is None:
         why = "torch is not installed (pip install -e '.[dev,train]'; scripts/test.sh uses scripts/ci-torch-venv.sh)"
@@ -300,4 +302,4 @@ def test_spot_torchrun_launcher_exiting_1_on_a_preemption_is_recovered_as_preemp
     reasons = event_reasons(core, namespace, "tj")
     assert "WorkerFailed" not in reasons and "Interrupted" in reasons, reasons
     pod_msgs = [e.message for e in core.list_namespaced_event(namespace).items if e.reason == "Interrupted"]
-    assert any("was preempted (the runtime reported preempted (exit code 1))" in m for m in pod_msgs), pod_msgs
+    assert any("was preempted (DisruptionTarget: TerminationByKubelet, exit code 1, runtime preempted)" in m for m in pod_msgs), pod_msgs

@@ -4,6 +4,8 @@ checkpoint at or after it, and a forged ack cannot make the operator stop the ga
 
 from __future__ import annotations
 
+import math
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -85,7 +87,7 @@ def test_a_pod_without_a_rank_label_is_no_rank() -> None:
 
 
 def status(**changes: Any) -> TrainingJobStatus:
-    st = TrainingJobStatus(plan=first_plan(spec(SPOT_SPEC)), attempt=1, **changes)  # 400 steps of 256
+    st = TrainingJobStatus(**{"plan": first_plan(spec(SPOT_SPEC)), "attempt": 1, **changes})  # 400 steps of 256
     assert st.plan is not None and st.plan.total_samples == 400 * 256
     return st
 
@@ -105,15 +107,16 @@ def test_values_beyond_the_plan_are_rejected() -> None:
     rep = reports.trusted_report(st, [pod({STEP: "401", SAMPLES: str(401 * 256 + 1), CKPT: "10"})])
     assert rep.step is None and rep.samples is None and rep.checkpoint_step is None
     whys = {r.annotation: r.why for r in rep.rejected}
-    assert "400 steps" in whys[STEP] and "samples" in whys[SAMPLES] and "rejected step" in whys[CKPT]
+    assert "400 steps" in whys[STEP] and "samples" in whys[SAMPLES] and "rejected value" in whys[CKPT]
     ok = reports.trusted_report(st, [pod({STEP: "400", SAMPLES: str(400 * 256), CKPT: "400"})])
     assert (ok.step, ok.samples, ok.checkpoint_step, ok.rejected) == (400, 400 * 256, 400, ())
 
 
 def test_a_checkpoint_ahead_of_its_progress_is_rejected() -> None:
     rep = reports.trusted_report(status(), [pod({STEP: "100", CKPT: "120"})])
-    assert rep.step == 100 and rep.checkpoint_step is None
-    assert "beyond the step reported with it (100)" in rep.rejected[0].why
+    assert rep.step is None and rep.checkpoint_step is None, "a report that fails is dropped whole"
+    whys = {r.annotation: r.why for r in rep.rejected}
+    assert "beyond the step reported with it (100)" in whys[CKPT] and "rejected value" in whys[STEP]
 
 
 def notice(rid: str = "20260101T000010-000-a1", step: int = 150) -> NoticeStatus:
@@ -242,3 +245,130 @@ def test_loss_refinement_uses_the_writers_checked_checkpoint() -> None:
     assert rec.checkpoint_step == 100 and rec.lost_steps == 30
     spot.refine_loss(st, [pod({CKPT: "120", STEP: "120"}, attempt="2")], T0 + timedelta(seconds=6))
     assert rec.checkpoint_step == 120 and rec.lost_steps == 10
+
+
+# ------------------------------------------------------------------------------ history and time
+
+
+def test_the_docs_list_exactly_the_worker_writable_annotations_the_code_reads() -> None:
+    from pathlib import Path
+
+    text = Path(__file__).resolve().parents[1].joinpath("docs", "security.md").read_text()
+    block = text.split("<!-- worker-writable annotations -->", 1)[1].split("<!-- end -->", 1)[0]
+    listed = set(re.findall(r"`(gpuscaler\.io/[a-z-]+)`", block))
+    assert listed == set(reports.ACCEPTED_ANNOTATIONS) == set(rc.REPORTED_ANNOTATIONS)
+    # and the code reads every one of them: each changes what pod_state/parse returns
+    seen = pod({STEP: "1", SAMPLES: "2", CKPT: "1", ACK: "a", rc.ANNOTATION_CHECKPOINT_TIME: "2026-01-01T00:00:00Z",
+                rc.ANNOTATION_RUNTIME_PHASE: rc.RUNTIME_PHASE_PREEMPTED})
+    assert (seen.step, seen.samples, seen.checkpoint_step, seen.checkpoint_ack, seen.runtime_phase) == (
+        1, 2.0, 1, "a", rc.RUNTIME_PHASE_PREEMPTED)
+    assert seen.timing.committed_at == T0
+
+
+@pytest.mark.parametrize("value", ["2026-01-01T00:00:00", "1767225600", "yesterday", "2026-13-01T00:00:00Z"])
+def test_a_checkpoint_time_without_a_zone_or_not_a_time_is_rejected(value: str) -> None:
+    state = pod({rc.ANNOTATION_CHECKPOINT_TIME: value, STEP: "5"})
+    assert state.timing.committed_at is None and state.rejected[0].annotation == rc.ANNOTATION_CHECKPOINT_TIME
+    rep = reports.trusted_report(status(), [state])
+    assert rep.step is None, "a report that fails is dropped whole"
+
+
+def test_progress_faster_than_the_throughput_band_allows_is_not_believed() -> None:
+    st = status(start_time=T0)
+    plan = st.plan
+    assert plan is not None and plan.throughput_p90 is not None
+    now = T0 + timedelta(seconds=10)
+    limits = reports.rate_limits(st, now)
+    assert limits is not None
+    # (10 s + 60 s of grace) at 3x the band's fast end, in steps of 256 samples
+    assert limits.max_step == math.ceil(reports.RATE_MARGIN * plan.throughput_p90 * 70 / 256) + 1 < 400
+    ok = reports.trusted_report(st, [pod({STEP: str(limits.max_step), SAMPLES: "1"})], now)
+    assert ok.step == limits.max_step and not ok.rejected
+    fast = reports.trusted_report(st, [pod({STEP: str(limits.max_step + 1), SAMPLES: "1", CKPT: "1"})], now)
+    assert fast.step is None and fast.samples is None and fast.checkpoint_step is None
+    assert "throughput band" in {r.annotation: r.why for r in fast.rejected}[STEP]
+    # the same report is believed once enough time has passed
+    later = reports.trusted_report(st, [pod({STEP: str(limits.max_step + 1)})], now + timedelta(seconds=10))
+    assert later.step == limits.max_step + 1
+
+
+def test_a_checkpoint_time_in_the_future_drops_the_report() -> None:
+    st = status(start_time=T0)
+    rep = reports.trusted_report(st, [pod({STEP: "5", CKPT: "5", rc.ANNOTATION_CHECKPOINT_TIME: "2026-01-01T01:00:00Z"})],
+                                 T0 + timedelta(seconds=30))
+    assert rep.step is None and rep.checkpoint_step is None
+    assert "in the future" in {r.annotation: r.why for r in rep.rejected}[rc.ANNOTATION_CHECKPOINT_TIME]
+
+
+def test_one_false_in_range_report_does_not_make_the_real_ack_rejected() -> None:
+    w = spot_world()
+    job = running(w)
+    w.annotate(**{STEP: "60", SAMPLES: str(60 * 256), CKPT: "50"})
+    w.step(job, seconds=60)
+    w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "150"})  # false: the job is at 70
+    w.step(job, seconds=10)
+    assert w.status.progress.step == 150, "in range and within the rate: believed"
+    w.annotate(**{STEP: "75", SAMPLES: str(75 * 256), CKPT: "50"})  # the real runtime's next report
+    w.step(job, seconds=10)
+    assert w.status.progress.checkpoint_step == 150, "checkpoint steps never go backwards in the status"
+    node = next(iter(w.nodes))
+    w.nodes[node]["spec"]["taints"] = SPOT_ITN
+    w.step(job)
+    assert w.status.phase is Phase.CHECKPOINTING and w.status.notice is not None
+    assert w.status.notice.progress_step == 75, "asked at this attempt's last believed step"
+    rid = w.status.notice.request_id
+    w.annotate(**{STEP: "80", SAMPLES: str(80 * 256), CKPT: "80", ACK: rid})
+    assert "Checkpointed" in w.step(job, seconds=5)
+    assert w.status.interruption_history[-1].checkpoint_acked
+
+
+def test_a_false_report_just_before_the_request_does_not_reject_the_real_answer() -> None:
+    w = spot_world()
+    job = running(w)
+    w.annotate(**{STEP: "60", SAMPLES: str(60 * 256), CKPT: "50"})
+    w.step(job, seconds=60)
+    w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "150"})  # false, and the last report before the notice
+    w.step(job, seconds=10)
+    node = next(iter(w.nodes))
+    w.nodes[node]["spec"]["taints"] = SPOT_ITN
+    w.step(job)
+    rid = w.status.notice.request_id if w.status.notice else ""
+    assert w.status.notice is not None and w.status.notice.progress_step == 150
+    # the real answer: a checkpoint at its real step 80, completed after the request
+    done = (w.now + timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    w.annotate(**{STEP: "80", SAMPLES: str(80 * 256), CKPT: "80", ACK: rid, rc.ANNOTATION_CHECKPOINT_TIME: done})
+    assert "Checkpointed" in w.step(job, seconds=5)
+    # an old checkpoint with the request's id is still no answer
+    assert w.status.interruption_history[-1].checkpoint_acked
+
+
+def test_after_a_node_loss_a_notice_before_catching_up_takes_the_real_checkpoint() -> None:
+    w = spot_world()
+    job = running(w)
+    w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "100"})
+    w.step(job, seconds=120)
+    assert w.status.progress.step == 150
+    for name in list(w.nodes):  # lost without a notice
+        for b in w.workers.pods():
+            b.setdefault("spec", {})["nodeName"] = name
+        del w.nodes[name]
+    w.run_to(job, Phase.RUNNING, limit=40)
+    assert w.status.attempt == 2 and w.status.interruption_history[-1].checkpoint_step == 100
+    w.annotate(**{STEP: "130", SAMPLES: str(130 * 256), CKPT: "100"})  # resumed at 100, not caught up
+    w.step(job, seconds=30)
+    node = next(iter(w.nodes))
+    w.nodes[node]["spec"]["taints"] = SPOT_ITN
+    w.step(job)
+    assert w.status.notice is not None and w.status.notice.progress_step == 130
+    rid = w.status.notice.request_id
+    w.annotate(**{STEP: "131", SAMPLES: str(131 * 256), CKPT: "131", ACK: rid})  # no checkpoint-time: the step decides
+    reasons = w.step(job, seconds=5)
+    assert "Checkpointed" in reasons and "CheckpointMissed" not in reasons
+    assert w.status.progress.checkpoint_step == 131
+
+
+def test_before_the_new_gang_reports_the_request_asks_at_the_last_committed_checkpoint() -> None:
+    st = status(progress=Progress(step=150, checkpoint_step=100), attempt=2)
+    assert reports.asked_step(st, [pod({}, attempt="2")], T0) == 100
+    assert reports.asked_step(st, [pod({STEP: "120"}, attempt="2")], T0) == 120
+    assert reports.asked_step(st, [pod({STEP: "140"}, attempt="1")], T0) == 100, "an old attempt's pod is not asked"

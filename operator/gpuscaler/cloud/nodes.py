@@ -60,10 +60,11 @@ NOTICE_SOURCES: tuple[NoticeSource, ...] = (
     # it, as the job's nodes in deletion are already out of the gang): resume from the last
     # periodic checkpoint.
     NoticeSource(NODE_DELETED, "gone", "", 0.0, "node deleted without notice"),
-    # A worker was preempted (it checkpointed on SIGTERM and exited 75 or reported the preempted
-    # phase, or its pod has DisruptionTarget: evicted, or its node drained) and no notice was
-    # seen: resume from that checkpoint (gpuscaler.controller.reconcile.preemption).
-    NoticeSource(WORKER_PREEMPTED, "exit", "", 0.0, "worker preempted (exit 75, runtime phase preempted, or DisruptionTarget)"),
+    # A worker was preempted by what the operator itself sees (its pod has DisruptionTarget:
+    # evicted, or its node drained; the pod deleted; its node going; the operator's own checkpoint
+    # request), never by the worker's word alone (exit 75, runtime phase preempted): resume from
+    # the last checkpoint (gpuscaler.controller.reconcile.preemption).
+    NoticeSource(WORKER_PREEMPTED, "exit", "", 0.0, "worker preempted (DisruptionTarget, pod or node deleted, or the operator's request)"),
 )
 """Every interruption signal gpuscaler understands. When several apply to one node, the earliest
 deadline wins (a soft notice has none); on a tie the earlier entry."""

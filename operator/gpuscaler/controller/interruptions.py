@@ -44,7 +44,7 @@ from gpuscaler.api.status import (
 from gpuscaler.catalog import CapacityType
 from gpuscaler.cloud.nodes import NOTICE_SOURCES, SOURCES, NodeState, NoticeSource, Signal, parse_time
 from gpuscaler.controller.policy import Governance
-from gpuscaler.kube.reports import trusted_report
+from gpuscaler.kube.reports import asked_step, trusted_report
 from gpuscaler.kube.workers import PodState
 from gpuscaler.planner import Interrupted, PlanResult, Situation, recover
 from gpuscaler.policy.models import SpotRules
@@ -185,6 +185,7 @@ def begin_handshake(
         The Interrupted event.
     """
     rid = request_id(now, st.attempt)
+    asked = asked_step(st, pods, now)  # this attempt's step, not the highest ever (after a node loss it is lower)
     st.notice = NoticeStatus(
         node=notice.node,
         signal=notice.source.signal,
@@ -192,7 +193,7 @@ def begin_handshake(
         noticed_at=now,
         deadline=notice.deadline,
         request_id="" if notice.hard else rid,
-        progress_step=st.progress.step,
+        progress_step=asked,
     )
     when = (
         "no notice: resuming from the last periodic checkpoint"
@@ -218,7 +219,8 @@ def handshake_done(
     """Whether to stop waiting for the checkpoint, and whether it was acknowledged.
 
     Done when the writer rank (it answers for the job) acknowledged the request with a checkpoint
-    at or after it (:func:`gpuscaler.kube.reports.trusted_report`: a forged or early ack does not
+    that answers it: at or after the step it asked at, or completed after the request
+    (:func:`gpuscaler.kube.reports.trusted_report`: an ack with no checkpoint since does not
     count), when every worker has exited, or when the notice's deadline (a soft notice:
     ``soft_notice_wait_s``) passed.
     """
@@ -226,7 +228,7 @@ def handshake_done(
     if n is None or not n.request_id:
         return True, False
     live = [p for p in pods if not p.deleting and not p.succeeded]
-    acked = trusted_report(st, pods).acked
+    acked = trusted_report(st, pods, now).acked
     exited = all(p.failed for p in live)
     limit = n.deadline or n.noticed_at + timedelta(seconds=cfg.soft_notice_wait_s)
     return acked or exited or now >= limit, acked
@@ -321,7 +323,7 @@ def refine_loss(st: TrainingJobStatus, pods: list[PodState], now: datetime) -> N
         )
         if now > settled:
             return
-    resumed = trusted_report(st, pods).checkpoint_step  # the writer's, of this attempt, within the plan
+    resumed = trusted_report(st, pods, now).checkpoint_step  # the writer's, of this attempt, within the plan
     if resumed is None or (rec.checkpoint_step is not None and resumed <= rec.checkpoint_step):
         return
     before = rec.lost_steps

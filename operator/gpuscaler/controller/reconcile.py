@@ -13,7 +13,7 @@ Phases (``status.phase``) and what moves them::
     Provisioning/Starting --gang timeout--> release, back off the offering, re-plan -> Provisioning
     Running --node notice--> Checkpointing --ack or exit--> Recovering --gang gone--> Provisioning
     Running --worker failed--> Recovering (within backoffLimit) | Failed
-    Running --worker preempted (see preemption())--> Recovering (an interruption, not a failure)
+    Running --worker preempted (the operator's evidence, see preemption())--> Recovering (an interruption, not a failure)
     Running --all workers Succeeded--> Succeeded; nodes released
 """
 
@@ -485,7 +485,7 @@ class Reconciler:
         job, st, now = ctx.job, ctx.status, ctx.now
         assert self.observer is not None and st.plan is not None
         unavailable = frozenset(u.key for u in st.unavailable)
-        report = trusted_report(st, pods)
+        report = trusted_report(st, pods, now)
         ckpt = report.checkpoint_step
         hours_left = self._deadline_hours(job, now)
         total = st.plan.total_samples
@@ -832,9 +832,9 @@ class Reconciler:
             took = format_duration((now - (st.start_time or now)).total_seconds())
             ctx.event("Normal", "Succeeded", f"training done in {took}; nodes released")
             return
-        if self._lost(ctx, nodes):
+        if queueing.evicted(self.gangs, ctx):  # first: the workers Kueue stops fail, and that is no failure
             return
-        if queueing.evicted(self.gangs, ctx):
+        if self._lost(ctx, nodes):
             return
         if len(live) < request.count:  # a worker pod was deleted under us
             st.interruptions += 1
@@ -988,7 +988,7 @@ class Reconciler:
         """status.progress from the writer's checked reports (gpuscaler.kube.reports); what was
         rejected goes to the WorkerReports condition and, when it changes, a Warning Event."""
         st = ctx.status
-        rep = trusted_report(st, ctx.pods)
+        rep = trusted_report(st, ctx.pods, ctx.now)
         self._rejected_reports(ctx, rep)
         prog = st.progress
         new_step = max(rep.step if rep.step is not None else prog.step, prog.step)
@@ -998,7 +998,7 @@ class Reconciler:
             prog.samples = new_samples
             prog.updated_at = ctx.now
             prog.reported_by = rep.writer
-        if rep.checkpoint_step is not None:
+        if rep.checkpoint_step is not None and rep.checkpoint_step > (prog.checkpoint_step or -1):  # never backwards
             prog.checkpoint_step = rep.checkpoint_step
             prog.reported_by = rep.writer
         if st.plan is not None and st.plan.total_samples > 0:
@@ -1045,11 +1045,17 @@ class Reconciler:
 def preemption(pod: PodState, *, node_going: bool = False) -> str | None:
     """Why a failed worker pod was preempted rather than failed, or None for a real failure.
 
-    The exit code alone cannot tell: a launcher such as torchrun exits 1 when its workers stopped
-    cleanly with 75. So, in this order: the runtime's exit 75; the runtime's ``preempted`` phase
-    annotation (it checkpointed and stopped on SIGTERM); the operator's own checkpoint request on
-    the pod (it sent the notice), answered or not; the pod's ``DisruptionTarget`` condition
-    (eviction, preemption, graceful node shutdown); its node under a notice or being deleted.
+    Only the operator's own evidence counts, never what the worker says of itself: its exit code
+    (75, or the launcher's 1 after its workers exited 75) and its ``runtime-phase=preempted``
+    annotation are the container's to choose, so a crashing worker could claim them and never
+    reach ``backoffLimit``. In this order: the operator's own checkpoint request on the pod (it
+    sent the notice; the workers may not write that annotation), answered or not; the pod's
+    ``DisruptionTarget`` condition (set by the API server's eviction, the scheduler's preemption,
+    the kubelet's graceful node shutdown: pod status the worker's Role cannot write); the pod
+    being deleted (``deletionTimestamp``: the worker's Role cannot delete); its node under a
+    notice, being deleted or gone. A Kueue eviction is handled before this is asked
+    (:func:`gpuscaler.controller.queueing.evicted`). What the worker reported is added to the
+    reason as a detail.
 
     Args:
         pod: A failed worker pod.
@@ -1058,17 +1064,18 @@ def preemption(pod: PodState, *, node_going: bool = False) -> str | None:
     Returns:
         The reason, for the status message and the Interrupted event.
     """
-    if pod.exit_code == rc.EXIT_PREEMPTED:
-        return f"exit code {rc.EXIT_PREEMPTED}"
-    if pod.runtime_phase == rc.RUNTIME_PHASE_PREEMPTED:
-        return f"the runtime reported {rc.RUNTIME_PHASE_PREEMPTED} (exit code {pod.exit_code})"
+    said = f", exit code {pod.exit_code}" + (
+        f", runtime {rc.RUNTIME_PHASE_PREEMPTED}" if pod.runtime_phase == rc.RUNTIME_PHASE_PREEMPTED else ""
+    )
     if pod.checkpoint_requested:
         acked = pod.checkpoint_ack == pod.checkpoint_requested
-        return f"after the operator's checkpoint request {pod.checkpoint_requested}" + (" (acknowledged)" if acked else "")
+        return f"after the operator's checkpoint request {pod.checkpoint_requested}" + (" (acknowledged)" if acked else "") + said
     if pod.disruption is not None:
-        return f"DisruptionTarget: {pod.disruption}"
+        return f"DisruptionTarget: {pod.disruption}{said}"
+    if pod.deleting:
+        return f"the pod was being deleted{said}"
     if node_going:
-        return f"its node {pod.node} is going"
+        return f"its node {pod.node} is going{said}"
     return None
 
 
