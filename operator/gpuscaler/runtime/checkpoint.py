@@ -53,10 +53,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from gpuscaler.errors import ErrorKind, TemporaryError
 from gpuscaler.runtime.agreement import Agreement
 from gpuscaler.runtime.atomic import atomic_write_text, fsync_dir, temp_name
+from gpuscaler.runtime.checkpoint_safety import (
+    DATA_GLOBALS,
+    HASH_ALGORITHM,
+    CheckpointError,
+    CorruptCheckpointError,
+    DataUnpickler,
+    UnsafeCheckpointError,
+    check_tree,
+    open_regular,
+    read_manifest,
+)
 from gpuscaler.runtime.constants import DEFAULT_CHECKPOINT_KEEP, DISK_FULL_FREE_BYTES
+
+__all__ = [  # the loader's safety checks and errors live in checkpoint_safety; imported from here as before
+    "DATA_GLOBALS",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "HASH_ALGORITHM",
+    "MANIFEST_NAME",
+    "PAYLOAD_NAME",
+    "SHARD_STAGING_TAG",
+    "STEP_DIGITS",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointStore",
+    "CorruptCheckpointError",
+    "FileDigest",
+    "LoadFn",
+    "SaveFn",
+    "UnsafeCheckpointError",
+    "bytes_callbacks",
+    "data_load",
+    "data_save",
+    "pickle_load",
+    "pickle_save",
+    "step_dir_name",
+    "storage_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +109,6 @@ MANIFEST_NAME: Final = "MANIFEST.json"
 PAYLOAD_NAME: Final = "payload"
 FORMAT: Final = "gpuscaler-checkpoint"
 FORMAT_VERSION: Final = 1
-HASH_ALGORITHM: Final = "sha256"
 STEP_DIGITS: Final = 12
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -83,25 +118,6 @@ SHARD_STAGING_TAG: Final = "staging-sharded"
 """Suffix of the shared staging directory of a sharded checkpoint (one name all ranks derive)."""
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-class CheckpointError(TemporaryError):
-    """A checkpoint could not be written, or the store is misused (kind ``TEMPORARY``: storage that
-    was full or unreachable may recover; the subclasses below are ``INVALID_INPUT``)."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint directory failed verification: incomplete, truncated or altered (kind
-    ``INVALID_INPUT``: reading it again gives the same answer; an older checkpoint may do)."""
-
-    kind = ErrorKind.INVALID_INPUT
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """The data-only loader met a payload that would run code (or build an object it does not know);
-    kind ``INVALID_INPUT``."""
-
-    kind = ErrorKind.INVALID_INPUT
 
 
 def _errno_of(err: BaseException | None) -> int | None:
@@ -683,13 +699,8 @@ class CheckpointStore:
             raise CorruptCheckpointError(f"{ckpt}: malformed {MANIFEST_NAME}: {err!r}") from err
 
     def _verify(self, ckpt: Path, share: tuple[int, int] | None = None, hashes: bool = True) -> CheckpointInfo:
-        try:
-            body = json.loads((ckpt / MANIFEST_NAME).read_text(encoding="utf-8"))
-        except FileNotFoundError as err:
-            raise CorruptCheckpointError(f"{ckpt}: no {MANIFEST_NAME} (incomplete checkpoint)") from err
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CorruptCheckpointError(f"{ckpt}: unreadable {MANIFEST_NAME}: {err}") from err
-        if not isinstance(body, dict) or body.get("format") != FORMAT:
+        body = read_manifest(ckpt, MANIFEST_NAME)  # strict, bounded, sha256, lists files (checkpoint_safety)
+        if body.get("format") != FORMAT:
             raise CorruptCheckpointError(f"{ckpt}: {MANIFEST_NAME} is not a {FORMAT} manifest")
         if body.get("version") != FORMAT_VERSION:
             raise CorruptCheckpointError(
@@ -701,27 +712,22 @@ class CheckpointStore:
         match = _STEP_DIR.match(ckpt.name)
         if match and int(match.group(1)) != body["step"]:
             raise CorruptCheckpointError(f"{ckpt}: manifest says step {body['step']}")
-        files = []
-        for index, item in enumerate(body["files"]):
-            rel = str(item["path"])
-            if rel.startswith("/") or ".." in rel.split("/"):
-                raise CorruptCheckpointError(f"{ckpt}: manifest lists a path outside the checkpoint: {rel!r}")
-            digest = FileDigest(rel, int(item["size"]), str(item["sha256"]))
-            full = ckpt / rel
-            try:
-                with open(full, "rb") as f:
+        listed = [FileDigest(str(item["path"]), int(item["size"]), str(item["sha256"])) for item in body["files"]]
+        check_tree(ckpt, PAYLOAD_NAME, {d.path for d in listed})  # no symlink, no special file, nothing unlisted
+        for index, digest in enumerate(listed):
+            with open_regular(ckpt, digest.path) as f:  # O_NOFOLLOW on every component, regular files only
+                try:
                     size = os.fstat(f.fileno()).st_size
                     if size != digest.size:
                         raise CorruptCheckpointError(
-                            f"{ckpt}: {rel} has {size} bytes, the manifest says {digest.size} (truncated?)"
+                            f"{ckpt}: {digest.path} has {size} bytes, the manifest says {digest.size} (truncated?)"
                         )
                     mine = hashes and (share is None or index % share[1] == share[0])
-                    actual = hashlib.file_digest(f, str(body["hash"])).hexdigest() if mine else digest.sha256
-            except OSError as err:
-                raise CorruptCheckpointError(f"{ckpt}: cannot read {rel}: {err}") from err
+                    actual = hashlib.file_digest(f, HASH_ALGORITHM).hexdigest() if mine else digest.sha256
+                except OSError as err:
+                    raise CorruptCheckpointError(f"{ckpt}: cannot read {digest.path}: {err}") from err
             if actual != digest.sha256:
-                raise CorruptCheckpointError(f"{ckpt}: {rel} checksum mismatch")
-            files.append(digest)
+                raise CorruptCheckpointError(f"{ckpt}: {digest.path} checksum mismatch")
         return CheckpointInfo(
             step=int(body["step"]),
             path=ckpt,
@@ -729,10 +735,10 @@ class CheckpointStore:
             samples=int(body.get("samples", 0)),
             reason=str(body.get("reason", "manual")),
             request_id=body.get("request_id"),
-            payload_bytes=sum(d.size for d in files),
+            payload_bytes=sum(d.size for d in listed),
             write_seconds=float(body.get("write_seconds", 0.0)),
             extra=dict(body.get("extra") or {}),
-            files=tuple(files),
+            files=tuple(listed),
         )
 
     def latest(self) -> CheckpointInfo | None:
@@ -787,62 +793,6 @@ def _payload_files(staging: Path) -> list[str]:
 
 # --- ready-made callbacks ---------------------------------------------------------------------
 
-DATA_GLOBALS: Final = frozenset(
-    {
-        ("builtins", "set"),
-        ("builtins", "frozenset"),
-        ("builtins", "complex"),
-        ("builtins", "bytearray"),
-        ("builtins", "slice"),
-        ("builtins", "range"),
-        ("builtins", "list"),
-        ("builtins", "dict"),
-        ("builtins", "tuple"),
-        ("builtins", "int"),
-        ("builtins", "float"),
-        ("builtins", "str"),
-        ("builtins", "bytes"),
-        ("builtins", "bool"),
-        ("collections", "OrderedDict"),
-        ("collections", "deque"),
-        ("collections", "defaultdict"),
-        ("datetime", "datetime"),
-        ("datetime", "date"),
-        ("datetime", "time"),
-        ("datetime", "timedelta"),
-        ("datetime", "timezone"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "scalar"),
-        ("numpy.core.numeric", "_frombuffer"),
-        ("numpy._core.numeric", "_frombuffer"),
-    }
-)
-"""What :func:`data_load` lets a pickle name: value types and containers whose construction runs
-no code of the payload's choosing (the "restricting globals" recipe of the :mod:`pickle` docs, as
-``torch.load(weights_only=True)`` does). numpy arrays are data here: an object array's elements
-are unpickled under the same restriction. ``numpy.dtypes.*`` classes (numpy 2) are allowed by the
-name pattern in :meth:`_DataUnpickler.find_class`."""
-
-
-class _DataUnpickler(pickle.Unpickler):
-    """An unpickler that builds only :data:`DATA_GLOBALS` (and numpy dtype classes)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in DATA_GLOBALS or (module == "numpy.dtypes" and name.endswith("DType")):
-            return super().find_class(module, name)
-        raise UnsafeCheckpointError(
-            f"the checkpoint refers to {module}.{name}, which the data-only loader does not build "
-            "(a pickle can run any code through such a reference); save plain data (dict, list, "
-            "numbers, str, bytes, numpy arrays), use torch.load(weights_only=True) through "
-            "gpuscaler.runtime.distributed.torch_load, or, only if nobody else can write the "
-            "checkpoint directory, pass load=gpuscaler.runtime.pickle_load"
-        )
-
-
 def data_save(state: object, path: Path) -> None:
     """Default save callback: ``state`` as a pickle that :func:`data_load` can read back.
 
@@ -856,7 +806,7 @@ def data_save(state: object, path: Path) -> None:
     """
     blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     try:
-        _DataUnpickler(io.BytesIO(blob)).load()
+        DataUnpickler(io.BytesIO(blob), len(blob)).load()
     except UnsafeCheckpointError as err:
         raise UnsafeCheckpointError(f"refusing to save a state the default loader could not load back: {err}") from err
     path.write_bytes(blob)
@@ -873,10 +823,14 @@ def data_load(path: Path) -> Any:
 
     Raises:
         UnsafeCheckpointError: The payload names anything outside :data:`DATA_GLOBALS` (e.g.
-            ``os.system``, or a class of your own).
+            ``os.system``, or a class of your own), or asks to build far more than it holds (a
+            memory bomb: :class:`~gpuscaler.runtime.checkpoint_safety.DataUnpickler`).
+        CorruptCheckpointError: The payload is a symlink or a special file, or larger than this
+            machine's memory (refused before a byte is read).
     """
-    with open(path, "rb") as f:
-        return _DataUnpickler(f).load()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with open_regular(path.parent, path.name, max_bytes=memory) as f:
+        return DataUnpickler(f, os.fstat(f.fileno()).st_size).load()
 
 
 

@@ -49,7 +49,6 @@ from typing import Any, Generic, TypeVar
 from gpuscaler.errors import InvalidInputError
 from gpuscaler.runtime.agreement import Agreement
 from gpuscaler.runtime.checkpoint import (
-    CheckpointError,
     CheckpointInfo,
     CheckpointStore,
     CorruptCheckpointError,
@@ -59,6 +58,7 @@ from gpuscaler.runtime.checkpoint import (
     data_save,
     step_dir_name,
 )
+from gpuscaler.runtime.checkpoint_safety import load_agreed
 from gpuscaler.runtime.config import GuardConfig
 from gpuscaler.runtime.constants import (
     DEFAULT_CHECKPOINT_INTERVAL_S,
@@ -415,20 +415,26 @@ class TrainingGuard(Generic[S]):
         Raises:
             CheckpointError: Loading a verified checkpoint failed in the load callback (a code or
                 format problem, not corruption: falling back would hide it), or the default loader
-                refused a payload that would run code.
+                refused a payload (one that would run code or build far more than it holds) and
+                there is no older checkpoint to fall back on; with one, the refused checkpoint is
+                set aside and the older one loaded, with a warning.
         """
         self.start()
         state = initial_state
         info = self._agreed_checkpoint() if self.agree is not None else self._newest_checkpoint()
+        while info is not None:
+            loaded, refused = load_agreed(self._load, info.path, info.payload_path, self.agree)
+            if refused is None:
+                state = loaded
+                break
+            older = self._agreed_checkpoint(info.step) if self.agree is not None else self._newest_checkpoint(info.step)
+            if older is None:  # nothing to fall back on: say so rather than start again from step 0
+                raise refused
+            log.warning("checkpoint at step %d refused (%s); falling back to step %d", info.step, refused, older.step)
+            self.metrics.corrupt_checkpoints += 1
+            self.store.quarantine(info.path)
+            info = older
         if info is not None:
-            try:
-                state = self._load(info.payload_path)
-            except CheckpointError as err:  # e.g. UnsafeCheckpointError: keep the type
-                raise type(err)(f"loading verified checkpoint {info.path}: {err}") from err
-            except Exception as err:
-                raise CheckpointError(
-                    f"loading verified checkpoint {info.path}: load callback failed: {err}"
-                ) from err
             self._step, self._samples, self._last = info.step, info.samples, info
             if info.request_id is not None:
                 self._ack = info.request_id
@@ -447,8 +453,10 @@ class TrainingGuard(Generic[S]):
         self._report(force=True)
         return state, self._step
 
-    def _newest_checkpoint(self) -> CheckpointInfo | None:
+    def _newest_checkpoint(self, below: int | None = None) -> CheckpointInfo | None:
         for step, path in self.store.list_steps():
+            if below is not None and step >= below:
+                continue
             try:
                 return self.store.verify(path)
             except CorruptCheckpointError as err:
@@ -457,7 +465,7 @@ class TrainingGuard(Generic[S]):
                 self.store.quarantine(path)
         return None
 
-    def _agreed_checkpoint(self) -> CheckpointInfo | None:
+    def _agreed_checkpoint(self, below: int | None = None) -> CheckpointInfo | None:
         """The newest checkpoint every rank has and verifies (its share of the files), agreed on.
 
         Each round agrees on the lowest of the ranks' newest candidate steps (MAX of negated
@@ -467,7 +475,6 @@ class TrainingGuard(Generic[S]):
         """
         assert self.agree is not None
         rank, world = self.agree.rank, self.agree.world_size
-        below: int | None = None
         while True:
             mine = [(s, p) for s, p in self.store.list_steps() if below is None or s < below]
             candidate = mine[0][0] if mine else -1
