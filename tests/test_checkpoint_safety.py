@@ -23,7 +23,14 @@ import numpy as np
 import pytest
 
 from gpuscaler.runtime import TrainingGuard
-from gpuscaler.runtime.checkpoint import MANIFEST_NAME, PAYLOAD_NAME, CheckpointStore, UnsafeCheckpointError, data_load, data_save
+from gpuscaler.runtime.checkpoint import (
+    MANIFEST_NAME,
+    PAYLOAD_NAME,
+    CheckpointStore,
+    UnsafeCheckpointError,
+    data_load,
+    data_save,
+)
 from gpuscaler.runtime.checkpoint_safety import MAX_MANIFEST_DEPTH, DataUnpickler
 
 RECONSTRUCT = (getattr(np, "_core", None) or np.core).multiarray._reconstruct
