@@ -54,7 +54,16 @@ a larger, faster micro-batch; llama-7b-spot with the production policy 8 -> 32 A
 $150) and with the research policy 8 -> 16 ($156 -> $159): one p4d's 40 GiB now fits ZeRO-1 with
 checkpointing at micro-batch 2, which configure prefers to ZeRO-2 at micro-batch 8 (its order of
 memory savers), and that slower configuration loses to more nodes.
-Each time as
+A ninth time for deadline risk with recourse (:mod:`gpuscaler.planner.contingency`: every plan with
+a deadline carries its contingency, its P(miss) is the one with the move, its expected cost includes
+the move's expected extra cost): 6 of the 47 chosen plans changed. Four plans near their risk limit
+now pay for their likely move and lose to a safer one: custom-params 8 -> 16 H100s spot ($625 ->
+$649), resnet-deadline-override a p4de -> 2 p4d spot ($23.94 -> $24.97), resnet-efficiency 2 A10G
+g5 spot (a measured band, so a move to 8 H100s is likely) -> a p4d spot ($17.69 -> $20.79),
+resnet-fp8-only 4 -> 8 L4s spot ($24.46 -> $26.26); two plans over the static limit meet it with
+their contingency and are cheaper: resnet-azure 2 A100-80GB -> 8 T4s on-demand ($66.59 -> $65.43,
+P(miss) 5.5% static, 0.06% with the move), resnet-risk-strict a p4d -> 2 p3.8xlarge spot ($20.79 ->
+$20.36). Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
 

@@ -359,6 +359,8 @@ def render_plan(result: PlanResult) -> str:
             )
         if risk:
             out.append("  " + "; ".join(risk))
+        if c.contingency is not None:
+            out.append(f"  contingency: {c.contingency.sentence(e.unit)}")
         for caveat in result.caveats:
             out.append(f"  caveat: {caveat}")
     else:

@@ -32,7 +32,7 @@ in ``status.observed.message``, never fails the job, and the progress annotation
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
@@ -414,8 +414,13 @@ class Observer:
         key = (p.instance_type, p.nodes, p.capacity_type, p.precision)
         current = next((plan_option(c) for c in result.feasible if plan_option(c).key == key), None)
         best = plan_option(result.chosen) if result.chosen is not None else None
+        fallback = plan_option(result.fallback) if result.fallback is not None else None
+        if fallback is not None and fallback.key == key:
+            fallback = None  # already on it
         # plan_with plans the rest only: the options' costs are the rest's
-        decision = should_replan(miss, max_risk, current, best, self.config.correction())
+        decision = should_replan(miss, max_risk, current, best, self.config.correction(), fallback=fallback)
+        if decision.replan and decision.fallback and result.fallback is not None:
+            result = replace(result, chosen=result.fallback, why=decision.reason)
         return decision, result
 
     def _consider_replan(

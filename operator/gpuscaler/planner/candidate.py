@@ -16,6 +16,7 @@ from typing import NamedTuple
 from gpuscaler.catalog import CapacityType, InstanceType, Precision
 from gpuscaler.perfmodel import Estimate
 from gpuscaler.perfmodel.uncertainty import Band
+from gpuscaler.planner.contingency import Contingency
 from gpuscaler.planner.profiles import MeasuredPrior
 from gpuscaler.planner.risk import RunOutlook
 
@@ -89,6 +90,18 @@ class Candidate(NamedTuple):
     prior: MeasuredPrior | None = None
     """The performance profile its throughput and band come from (None: the model's, or the job's
     own observed correction)."""
+    contingency: Contingency | None = None
+    """What the operator does if it measures slow (:mod:`gpuscaler.planner.contingency`); when set,
+    ``outlook.deadline_miss_probability`` is the risk with that recourse and the expected cost
+    includes the move's expected extra cost. None without a deadline."""
+
+    def with_contingency(self, k: Contingency) -> Candidate:
+        """This candidate with its contingency, its risk the one with recourse (built directly: a
+        named tuple's ``_replace`` takes 4x as long, and the planner does this for every candidate)."""
+        o = self.outlook
+        if k.miss_probability != o.deadline_miss_probability:
+            o = RunOutlook._make((*o[:_RISK], k.miss_probability, *o[_RISK + 1 :]))
+        return Candidate._make((*self[:_OUTLOOK], o, *self[_OUTLOOK + 1 : _CONTINGENCY], k))
 
     @property
     def throughput_source(self) -> str:
@@ -105,7 +118,9 @@ class Candidate(NamedTuple):
 
     @property
     def expected_cost_usd(self) -> float:
-        return self.outlook.expected_hours * self.usd_per_hour
+        """Expected hours x price, plus the contingency's expected extra cost."""
+        extra = self.contingency.extra_cost_usd if self.contingency is not None else 0.0
+        return self.outlook.expected_hours * self.usd_per_hour + extra
 
     @property
     def p90_hours(self) -> float:
@@ -167,11 +182,18 @@ class Candidate(NamedTuple):
             "expectedInterruptions": round(self.outlook.interruptions, 3),
             "deadlineMissProbability": round(self.outlook.deadline_miss_probability, 4),
             "priceCaveat": self.price_caveat,
+            "contingency": self.contingency.to_dict() if self.contingency is not None else None,
         }
         if source:
             out["throughputSource"] = self.throughput_source
         return out
 
+
+
+_RISK = RunOutlook._fields.index("deadline_miss_probability")
+_OUTLOOK = Candidate._fields.index("outlook")
+_CONTINGENCY = Candidate._fields.index("contingency")
+assert len(Candidate._fields) - 1 == _CONTINGENCY, "with_contingency() rebuilds the tuple up to its last field"
 
 
 @dataclass(frozen=True)

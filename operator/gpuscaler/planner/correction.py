@@ -293,6 +293,9 @@ class ReplanDecision:
     replan: bool
     reason: str
     saving_usd: float = 0.0
+    fallback: bool = False
+    """The move is the contingency's: to the fallback (:func:`gpuscaler.planner.contingency.fallback`)
+    because no plan meets the risk under the corrected model."""
 
 
 def decide_replan(
@@ -348,6 +351,7 @@ def should_replan(
     best: PlanOption | None,
     config: CorrectionConfig | None = None,
     remaining_fraction: float = 1.0,
+    fallback: PlanOption | None = None,
 ) -> ReplanDecision:
     """The early-correction verdict: re-plan at the next checkpoint, or keep running.
 
@@ -359,6 +363,10 @@ def should_replan(
         best: The corrected planner's choice (None: nothing is feasible).
         config: The move's cost (``restart_s``) and the saving a move for cost needs (``margin``).
         remaining_fraction: Share of the options' cost still ahead (1 when they plan the rest only).
+        fallback: The contingency's target in the corrected planner's result (its ``fallback``),
+            None when there is none or it is the running plan: when the running plan is behind and no
+            plan meets the risk, the job moves there, as the plan's contingency said it would
+            (:mod:`gpuscaler.planner.contingency`).
 
     Returns:
         The decision with its reason.
@@ -367,6 +375,13 @@ def should_replan(
     if miss_probability > max_deadline_risk:
         risk = f"corrected P(miss deadline) {miss_probability:.1%} > maxDeadlineRisk {max_deadline_risk:.1%}"
         if best is None:
+            if fallback is not None and (current is None or fallback.key != current.key):
+                return ReplanDecision(
+                    True,
+                    f"{risk}, and no plan meets it under the corrected model: the contingency moves to the fastest "
+                    f"sensible plan, {fallback.label} ({fallback.expected_hours:.2f} h expected)",
+                    fallback=True,
+                )
             return ReplanDecision(False, f"{risk}, and no plan meets the deadline under the corrected model")
         if current is not None and best.key == current.key:
             return ReplanDecision(False, f"{risk}, but the corrected planner still finds {current.label} best")

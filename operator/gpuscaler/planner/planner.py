@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuscaler.api import Objective, TrainingJobSpec
-from gpuscaler.catalog import Catalog
+from gpuscaler.catalog import CapacityType, Catalog
+from gpuscaler.planner import contingency as recourse
 from gpuscaler.planner.candidate import Candidate, Reason, Refusal, Rejection
 from gpuscaler.planner.configure import configure
 from gpuscaler.planner.evaluate import STARTUP_S, Performance, evaluate
@@ -99,6 +100,9 @@ class PlanResult:
     profiles: bool = False
     """Performance profiles of the job's workload were consulted (each candidate's
     ``throughput_source`` then says whether one was used)."""
+    fallback: Candidate | None = None
+    """Where a job behind schedule moves (:func:`gpuscaler.planner.contingency.fallback` over the
+    on-demand plans that fit and keep the policy's caps): every plan's contingency target."""
 
     @property
     def ok(self) -> bool:
@@ -162,6 +166,7 @@ def plan(
     wanted = precisions(spec, pol)
     performance = Performance(job, spec, pol, efficiency, efficiency_sigma, profiles, now)
     outcomes = Outcomes(cap, cap_source)
+    evaluated: list[Candidate] = []
     for offer in offers:
         inst, offering = offer.instance, offer.key
         if offering in unavailable or (*offering, offer.zone) in unavailable:
@@ -178,7 +183,15 @@ def plan(
                     outcomes.refuse(offering, run)
                     continue
                 # 3. evaluate
-                outcomes.add(evaluate(job, spec, pol, offer, run, caveat), job, spec, pol)
+                evaluated.append(evaluate(job, spec, pol, offer, run, caveat))
+    # 3b. the contingency: the fallback of the plans that fit, each plan's risk and cost with it
+    target = fallback_of(evaluated, cap, pol)
+    if job.deadline_h is not None:
+        at = next(i for i, c in enumerate(evaluated) if c is target) if target is not None else -1
+        evaluated = with_recourse(evaluated, target, job.deadline_h, spec)
+        target = evaluated[at] if target is not None else None  # with its own (empty) contingency
+    for c in evaluated:
+        outcomes.add(c, job, spec, pol)
     # 4. solve
     chosen, why = solve(outcomes.feasible, spec, job)
     caveats = [chosen.price_caveat] if chosen is not None and chosen.price_caveat else []
@@ -199,4 +212,24 @@ def plan(
         planning_seconds=time.perf_counter() - t0,
         caveats=caveats,
         profiles=performance.profiled,
+        fallback=target,
     )
+
+
+def fallback_of(cands: list[Candidate], cap: int, policy: Policy) -> Candidate | None:
+    """The contingency target: :func:`~gpuscaler.planner.contingency.fallback` over the on-demand
+    plans within the GPU cap and the policy's price cap (any capacity type when none is on-demand)."""
+    within = [
+        c for c in cands if c.gpus <= cap and (policy.max_usd_per_hour is None or c.usd_per_hour <= policy.max_usd_per_hour)
+    ]
+    on_demand = [c for c in within if c.capacity is CapacityType.ON_DEMAND]
+    return recourse.fallback(on_demand or within)
+
+
+def with_recourse(
+    cands: list[Candidate], target: Candidate | None, deadline_h: float, spec: TrainingJobSpec
+) -> list[Candidate]:
+    """Every candidate with its contingency: its risk with recourse, its cost with the move's expected cost."""
+    of = recourse.Recourse(target, deadline_h=deadline_h, max_risk=spec.constraints.max_deadline_risk,
+                           restart_s=spec.checkpoint.restart_seconds, startup_s=STARTUP_S).of  # fmt: skip
+    return [c.with_contingency(of(c)) for c in cands]

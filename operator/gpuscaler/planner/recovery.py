@@ -26,7 +26,9 @@ The rule, in order:
 6. **No plan meets the deadline** (or it is within ``LATE_H``): the rest runs at the fastest
    sensible on-demand plan, the fastest costing at most ``FALLBACK_COST_FACTOR`` x the cheapest,
    without deadline or budget (finish as early as is sensible rather than at any price); without
-   capacity in back-off first, then with it.
+   capacity in back-off first, then with it. That is the contingency's fallback
+   (:func:`gpuscaler.planner.contingency.fallback`): where the planner's P(miss) with recourse
+   assumes a late job goes, it goes.
 7. Nothing at all: no plan (the caller waits for the back-off to end).
 
 Walk-through: a 3-node spot job, 40% done, 10 h to its deadline, $100 of its $300 budget spent,
@@ -45,10 +47,11 @@ from typing import Generic, Protocol, TypeVar
 from gpuscaler.api import Objective, SpotPolicy, TrainingJobSpec
 from gpuscaler.api.trainingjob import TrainingAmount
 from gpuscaler.catalog import CapacityType
+from gpuscaler.planner import contingency
 from gpuscaler.planner.planner import STARTUP_S, Candidate
 from gpuscaler.policy.models import SpotRules
 
-FALLBACK_COST_FACTOR = 2.0
+FALLBACK_COST_FACTOR = contingency.FALLBACK_COST_FACTOR
 """When no plan meets the deadline, the rest runs at the fastest on-demand plan costing at most
 this multiple of the cheapest one (finish as early as is sensible rather than at any price)."""
 LATE_H = 0.05
@@ -244,13 +247,9 @@ def choose_recovery(
     return RecoveryChoice(better, ("continue on the survivors: " if better else "replace: ") + text)
 
 
-def fastest_sensible(pareto: Sequence[Candidate]) -> Candidate | None:
-    """The fastest plan of a front costing at most :data:`FALLBACK_COST_FACTOR` x its cheapest."""
-    if not pareto:
-        return None
-    cheapest = min(c.expected_cost_usd for c in pareto)
-    ok = [c for c in pareto if c.expected_cost_usd <= FALLBACK_COST_FACTOR * cheapest]
-    return min(ok, key=lambda c: (c.expected_hours, c.expected_cost_usd))
+fastest_sensible = contingency.fallback
+"""The fastest plan of a front costing at most :data:`FALLBACK_COST_FACTOR` x its cheapest: the
+contingency's own rule (:func:`gpuscaler.planner.contingency.fallback`), the same function object."""
 
 
 def recover(s: Situation, planner: PlanFn[R]) -> Recovery[R]:
@@ -334,7 +333,7 @@ def recover(s: Situation, planner: PlanFn[R]) -> Recovery[R]:
         fallback = rest(od=True, budget=None)
         for avoid in (s.unavailable, frozenset()):
             res = planner(fallback, None, avoid)
-            fast = fastest_sensible(res.pareto) if res.chosen is not None else None
+            fast = contingency.fallback(res.pareto) if res.chosen is not None else None
             if fast is not None:
                 reasons.append(
                     f"{why}: the fastest on-demand plan costing at most {FALLBACK_COST_FACTOR:g}x the cheapest"

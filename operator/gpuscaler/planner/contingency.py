@@ -1,0 +1,365 @@
+"""Deadline risk with recourse: what the operator does when a plan turns out slow, and what that is worth.
+
+A plan's static P(miss) (:mod:`gpuscaler.planner.risk`) counts the model's error band as if the job
+could never learn its real speed. It can: the operator measures the running gang's throughput
+(:mod:`gpuscaler.planner.correction`), and a job found behind moves, at its next checkpoint, to the
+*fallback* (:func:`fallback`: the fastest on-demand plan costing at most
+:data:`FALLBACK_COST_FACTOR` x the cheapest; the rule the operator's recovery already used when a
+deadline cannot be met). This module prices that contingency for one plan (:func:`contingency`);
+the planner attaches it to every plan it evaluates, so a plan's P(miss) and cost include it.
+
+Timeline of plan ``c`` (hours from the plan's start; defaults from :class:`RecourseTiming`, the
+operator's shipped settings):
+
+```
+t_dec = max(startup + warmup + window, min_interval)     the correction is known and a move may come
+t_move = t_dec + interval(c) + write(c)                  at the latest: the next periodic checkpoint
+overhead = write(c) + restart + startup                  checkpoint, restart, provisioning of the move
+```
+
+The true speed is ``f`` times the prediction, ``ln f ~ N(0, s^2)`` (``s``: the plan's band); the
+operator measures ``f_hat = f e^eps``, ``eps ~ N(0, s_obs^2)`` (``s_obs``:
+:data:`~gpuscaler.planner.correction.MEASURED_LOG_SIGMA_FLOOR`), and its correction is the posterior
+of :func:`gpuscaler.planner.correction.posterior` (prior: the plan's band):
+``ln f_post = w ln f_hat``, ``s_post = sqrt(w) s_obs``, ``w = s^2 / (s^2 + s_obs^2)``. It moves when its
+corrected P(miss) exceeds ``r`` (``maxDeadlineRisk``). With ``E`` the plan's expected training hours
+at the predicted speed (interruptions at their expectation) and ``D`` the deadline:
+
+```
+f0  = E / (D - startup)                      the speed at which the plan finishes exactly at D
+cut = (ln f0 + s_post z_{1-r}) / w           the operator moves when ln f_hat < cut
+X*  = X exp(cut)                             the threshold, items/s (X: the predicted throughput)
+P_move = Phi(cut / sqrt(s^2 + s_obs^2))
+P_slow = Phi(ln f0 / s)                      the static risk from the speed alone
+P_stay = P(ln f < ln f0, ln f + eps >= cut)  slow, yet measured fast enough to stay (slow_and_stays)
+P_int  = max(0, P_static - P_slow)           the static risk from interruptions (recourse not counted on)
+P_F    = P(the fallback, started at t_move with the whole job and the overhead, misses D)
+P(miss with recourse) = min(P_static, P_stay + P_int + min(P_move, P_F))
+```
+
+Each term bounds its part from above: a move misses only when the run was judged slow *and* the
+fallback misses, at most the smaller of the two (Frechet: the fallback's error may be correlated
+with the plan's, both come from one model); the fallback redoes the whole job (the first segment's
+progress is not counted). So recourse never raises P(miss) above the static figure.
+
+Recourse applies only to a plan the model expects to finish (``f0 < 1``: a plan is not chosen in
+order to be moved off it), and only when a move can finish at all: the **slack**, the latest hour a move can
+start and still finish at the fallback's predicted speed, is ``D - overhead - W_F`` (``W_F``: the
+fallback's interruption-free training hours). A plan whose correction window ``t_move`` is longer
+than its slack, or that is the fallback itself, gains nothing (``P = P_static``).
+
+Expected extra cost of the contingency (added to the plan's expected cost):
+
+```
+rho = 1 - clamp((t_move - startup) min(f*, 1) / W, 0, 1)       share of the job left at the move
+extra = P_move max(0, rho cost(F) + overhead price(F) - rho cost(c))
+```
+
+Callers: :func:`gpuscaler.planner.plan` (every plan, the fallback of the plan's own candidates);
+:func:`fallback` is also what the operator's recovery (:func:`gpuscaler.planner.recovery.recover`:
+the simulator's gpuscaler strategy and the operator after an interruption or a correction) moves
+to when no plan meets the deadline, and what :func:`gpuscaler.planner.correction.should_replan`
+moves to when the running plan is behind and nothing meets the risk (the operator's observer and
+the simulator's simulated operator): one rule decides where a late job goes, when it is planned
+and when it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from gpuscaler.planner.correction import MEASURED_LOG_SIGMA_FLOOR, CorrectionConfig
+from gpuscaler.planner.risk import deadline_miss_probability
+
+if TYPE_CHECKING:  # the candidate module imports this one for the Contingency type
+    from gpuscaler.planner.candidate import Candidate
+
+FALLBACK_COST_FACTOR = 2.0
+"""The fallback is the fastest plan costing at most this multiple of the cheapest one (finish as
+early as is sensible rather than at any price)."""
+NEGLIGIBLE_RISK = 1e-6
+"""A static risk below this is kept as it is: recourse could lower it in no printed digit (figures are
+printed to 0.01%; a ``maxDeadlineRisk`` below it is met only by plans whose static figure meets it),
+and working it out for the hundreds of comfortable plans of a call would double the planning time."""
+NEGLIGIBLE_Z = -9.0
+"""``Phi(z)`` is below 1e-19 under this: a plan this far from its trigger never moves."""
+EXPECTED_MISS = "it is expected to miss the deadline (a plan is not chosen in order to be moved off it)"
+ITSELF = "it is the fastest sensible plan itself"
+NO_TARGET = "no plan to move to"
+EXACT = "its throughput is taken as exact (no band): there is nothing to learn"
+PASSED = "the deadline has passed"
+SQRT2 = math.sqrt(2.0)
+MIN_RISK = 1e-6
+"""``maxDeadlineRisk`` is read as at least this when the trigger ``z_{1-r}`` is computed (r = 0
+would ask the operator to move on any measurement)."""
+
+
+@dataclass(frozen=True)
+class RecourseTiming:
+    """When the operator can know a plan's speed and move (its shipped settings, see :mod:`gpuscaler.settings`)."""
+
+    warmup_s: float = CorrectionConfig.warmup_s
+    """Seconds after the gang starts before its progress counts (``GPUSCALER_OBSERVE_WARMUP_S``)."""
+    window_s: float = CorrectionConfig.min_window_s
+    """Seconds of progress a correction needs (``GPUSCALER_CORRECTION_MIN_WINDOW_S``)."""
+    min_interval_s: float = 1800.0
+    """No move within this many seconds of a plan change (``GPUSCALER_REPLAN_MIN_INTERVAL_S``)."""
+    measured_log_sigma: float = MEASURED_LOG_SIGMA_FLOOR
+    """How sure a correction is, log-space sigma (the floor: a window of minutes early in a run)."""
+
+
+TIMING = RecourseTiming()
+
+
+class Contingency(NamedTuple):
+    """What the operator does if plan ``c`` measures slow, and what that does to its risk and cost.
+
+    A named tuple, as :class:`~gpuscaler.planner.candidate.Candidate`: the planner makes one per candidate.
+    """
+
+    target: Candidate | None
+    """The plan the job moves to (the fallback); None when there is none to move to."""
+    decide_h: float
+    """Hours from the plan's start when the correction is known and a move may be decided."""
+    move_h: float
+    """Hours from the plan's start by which the move is made (the next checkpoint, at the latest)."""
+    slack_h: float
+    """The latest hour a move can start and still finish at the fallback's predicted speed."""
+    threshold: float
+    """Items/s: below this measured throughput the operator moves (``X*``)."""
+    move_probability: float
+    miss_probability: float
+    """P(miss deadline) with the recourse."""
+    static_miss_probability: float
+    """P(miss deadline) if the job could never move (:mod:`gpuscaler.planner.risk`)."""
+    extra_cost_usd: float
+    """Expected extra cost of the move (included in the plan's expected cost)."""
+    reason: str = ""
+    """Why the recourse does not help (empty when it applies)."""
+
+    @property
+    def applies(self) -> bool:
+        return not self.reason
+
+    def to_dict(self) -> dict[str, object]:
+        t = self.target
+        return {
+            "applies": self.applies,
+            "reason": self.reason,
+            "decideHours": round(self.decide_h, 3),
+            "moveByHours": round(self.move_h, 3),
+            "slackHours": round(self.slack_h, 3),
+            "thresholdThroughput": round(self.threshold, 3),
+            "moveTo": None if t is None else {
+                "instanceType": t.instance.name, "nodes": t.nodes, "gpus": t.gpus,
+                "capacityType": t.capacity.value, "precision": t.precision.value, "label": t.label,
+            },
+            "moveProbability": round(self.move_probability, 4),
+            "deadlineMissProbability": round(self.miss_probability, 4),
+            "staticDeadlineMissProbability": round(self.static_miss_probability, 4),
+            "expectedExtraCostUsd": round(self.extra_cost_usd, 2),
+        }  # fmt: skip
+
+    def sentence(self, unit: str) -> str:
+        """One line for people: ``if the first 30 min measure below X items/s, move to ...``."""
+        if not self.applies or self.target is None:
+            return f"no contingency: {self.reason}"
+        return (
+            f"if the first {self.decide_h * 60:.0f} min measure below {self.threshold:,.1f} {unit}/s, move to "
+            f"{self.target.label} (by {self.move_h:.1f} h, at the next checkpoint): P(miss) "
+            f"{self.miss_probability:.1%} ({self.static_miss_probability:.1%} if it could not move), expected "
+            f"extra cost ${self.extra_cost_usd:,.2f} (moves with P {self.move_probability:.0%})"
+        )
+
+
+def fallback(cands: Sequence[Candidate]) -> Candidate | None:
+    """Where a job that is behind goes: the fastest plan costing at most :data:`FALLBACK_COST_FACTOR` x the cheapest.
+
+    The one rule for it: the planner's contingencies (over the on-demand plans that fit and keep the
+    policy's caps), the operator's recovery when no plan meets the deadline
+    (:func:`gpuscaler.planner.recovery.recover`, over a deadline-free on-demand plan's front) and
+    the correction's re-plan (:func:`gpuscaler.planner.correction.should_replan`).
+
+    Args:
+        cands: the plans to choose from (any order; a Pareto front gives the same answer as all plans).
+
+    Returns:
+        The plan, or None when ``cands`` is empty.
+    """
+    if not cands:
+        return None
+    cheapest = min(c.expected_cost_usd for c in cands)
+    ok = [c for c in cands if c.expected_cost_usd <= FALLBACK_COST_FACTOR * cheapest]
+    return min(ok, key=lambda c: (c.expected_hours, c.expected_cost_usd))
+
+
+def trigger_risk(max_risk: float) -> float:
+    """``r`` as the trigger reads it: ``maxDeadlineRisk`` clamped to ``[MIN_RISK, 0.5]``."""
+    return min(max(max_risk, MIN_RISK), 0.5)
+
+
+@lru_cache(maxsize=64)
+def trigger_z(max_risk: float) -> float:
+    """``z_{1-r}``: how many measurement sigmas above the exact-finish speed the operator's trigger sits."""
+    return NormalDist().inv_cdf(1.0 - trigger_risk(max_risk))
+
+
+_NODES, _WEIGHTS = ([float(x) for x in a] for a in np.polynomial.legendre.leggauss(20))
+SLOW_SPAN = 9.0
+"""The integral of :func:`slow_and_stays` runs over this many sigmas of ``ln f`` below ``ln f0``
+(the mass further down is below ``Phi(-9)``, 1e-19)."""
+
+
+def slow_and_stays(a: float, cut: float, s: float, s_obs: float) -> float:
+    """``P(ln f < a, ln f + eps >= cut)``, ``ln f ~ N(0, s^2)``, ``eps ~ N(0, s_obs^2)``: the run is too
+    slow and its measurement reads fast enough to stay.
+
+    ``= int_{-inf}^{a/s} phi(x) Phi((s x - cut) / s_obs) dx``, by 20-point Gauss-Legendre (relative error under 1e-4 where it matters) over the
+    last :data:`SLOW_SPAN` sigmas below ``a / s``.
+    """
+    hi = a / s
+    half = SLOW_SPAN / 2.0
+    mid = hi - half
+    total = 0.0
+    for x, wt in zip(_NODES, _WEIGHTS, strict=True):
+        u = mid + half * x
+        total += wt * math.exp(-0.5 * u * u) * math.erfc((cut - s * u) / (s_obs * SQRT2))
+    return total * half * 0.5 / math.sqrt(2.0 * math.pi)
+
+
+class Recourse:
+    """The contingencies of one planner call: one fallback, one deadline, one job (:meth:`of` per plan).
+
+    What does not depend on the plan is worked out once here (the planner prices hundreds of plans
+    per call), and the fallback's P(miss) is kept by (overhead, move hour): most plans of a job share
+    their checkpoint interval and write time, so they share that figure.
+    """
+
+    __slots__ = ("_decide_h", "_memo", "_room", "_s_obs", "_startup_h", "_z", "deadline_h", "max_risk",
+                 "restart_s", "startup_s", "target")  # fmt: skip
+
+    def __init__(
+        self,
+        target: Candidate | None,
+        *,
+        deadline_h: float,
+        max_risk: float,
+        restart_s: float,
+        startup_s: float,
+        timing: RecourseTiming = TIMING,
+    ) -> None:
+        self.target = target
+        self.deadline_h = deadline_h
+        self.max_risk = max_risk
+        self.restart_s = restart_s
+        self.startup_s = startup_s
+        self._startup_h = startup_s / 3600.0
+        self._decide_h = max(self._startup_h + (timing.warmup_s + timing.window_s) / 3600.0,
+                             timing.min_interval_s / 3600.0)  # fmt: skip
+        self._room = deadline_h - self._startup_h
+        self._z = trigger_z(max_risk)
+        self._s_obs = timing.measured_log_sigma
+        self._memo: dict[tuple[float, float], float] = {}
+
+    def of(self, c: Candidate) -> Contingency:
+        """The contingency of plan ``c`` (the maths is in the module docstring)."""
+        o = c.outlook
+        static = o.deadline_miss_probability
+        target = self.target
+        decide_h = self._decide_h
+        move_h = decide_h + (o.interval_s + c.checkpoint_write_s) / 3600.0
+        run_h = o.expected_hours - self._startup_h
+        if self._room <= 0 or run_h <= 0:
+            return Contingency(target, decide_h, move_h, 0.0, 0.0, 0.0, static, static, 0.0, PASSED)
+        f0 = run_h / self._room
+        s, s_obs = o.log_sigma, self._s_obs
+        if f0 >= 1.0 or s <= 0:
+            why = EXPECTED_MISS if f0 >= 1.0 else EXACT
+            return Contingency(target, decide_h, move_h, 0.0, 0.0, float(f0 >= 1.0), static, static, 0.0, why)
+        # the operator's posterior (correction.posterior): ln f_post = w ln f_hat, sigma_post = sqrt(w) s_obs
+        w = s * s / (s * s + s_obs * s_obs)
+        cut = (math.log(f0) + math.sqrt(w) * s_obs * self._z) / w  # it moves when ln f_hat < cut
+        f_star = math.exp(cut)
+        threshold = f_star * c.estimate.throughput
+        z_move = cut / math.sqrt(s * s + s_obs * s_obs)
+        if target is None:
+            return Contingency(None, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0, NO_TARGET)
+        if target.instance is c.instance and target.nodes == c.nodes and target.capacity is c.capacity and (
+            target.precision is c.precision
+        ):
+            return Contingency(target, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0, ITSELF)
+        if z_move < NEGLIGIBLE_Z and static <= NEGLIGIBLE_RISK:  # nothing to hedge, nothing to pay
+            return Contingency(target, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0)
+        p_move = 0.5 * math.erfc(-z_move / SQRT2)
+        t = target.outlook
+        startup_h = self._startup_h
+        overhead_h = (c.checkpoint_write_s + self.restart_s + self.startup_s) / 3600.0
+        target_work = t.base_hours - startup_h
+        slack = self.deadline_h - overhead_h - target_work
+        if move_h > slack:
+            return Contingency(
+                target, decide_h, move_h, slack, threshold, p_move, static, static, 0.0,
+                f"the correction window ({move_h:.2f} h to a move) is longer than the slack ({max(slack, 0.0):.2f} h: "
+                f"the latest a move to {target.label} can start)",
+            )  # fmt: skip
+        work_h = o.base_hours - startup_h
+        rho = 1.0 - min(max((move_h - startup_h) * min(f_star, 1.0) / work_h, 0.0), 1.0) if work_h > 0 else 1.0
+        own = o.expected_hours * c.usd_per_hour
+        theirs = t.expected_hours * target.usd_per_hour
+        extra = p_move * max(0.0, rho * theirs + overhead_h * target.usd_per_hour - rho * own)
+        miss = static
+        if static > NEGLIGIBLE_RISK:
+            key = (overhead_h, move_h)
+            p_target = self._memo.get(key)
+            if p_target is None:
+                rate = t.interruptions / t.expected_hours if t.expected_hours > 0 else 0.0
+                p_target = self._memo[key] = deadline_miss_probability(
+                    target_work, overhead_h, rate, target_work + overhead_h,
+                    (self.restart_s + t.interval_s) / 3600.0, self.deadline_h - move_h, t.log_sigma,
+                )  # fmt: skip
+            p_slow = 0.5 * math.erfc(-math.log(f0) / (s * SQRT2))
+            if min(p_move, p_target) < p_slow:  # else P_stay >= 0 leaves nothing to gain
+                held = slow_and_stays(math.log(f0), cut, s, s_obs) + max(0.0, static - p_slow)
+                miss = min(static, held + min(p_move, p_target))
+        return Contingency(target, decide_h, move_h, slack, threshold, p_move, miss, static, extra)
+
+
+def contingency(
+    c: Candidate,
+    target: Candidate | None,
+    *,
+    deadline_h: float,
+    max_risk: float,
+    restart_s: float,
+    startup_s: float,
+    timing: RecourseTiming = TIMING,
+) -> Contingency:
+    """The contingency of plan ``c``: move to ``target`` if the first measurement is below the threshold.
+
+    The one computation of a contingency (:meth:`Recourse.of`; the planner makes one
+    :class:`Recourse` per call and asks it for every plan): the operator's re-plans after a
+    correction or an interruption and the simulator's gpuscaler strategy plan through it, and the
+    move it names is the one :func:`fallback` makes at run time.
+
+    Args:
+        c: the plan, with its static outlook (risk without recourse).
+        target: the fallback (:func:`fallback`), None when there is none.
+        deadline_h: hours to the deadline.
+        max_risk: the job's ``maxDeadlineRisk`` (sets the operator's trigger).
+        restart_s: seconds to restart from a checkpoint (the job's ``checkpoint.restartSeconds``).
+        startup_s: seconds of provisioning and start before the first step (the planner's).
+        timing: when the correction is known and a move may come.
+
+    Returns:
+        The contingency; ``reason`` says why it does not help.
+    """
+    return Recourse(
+        target, deadline_h=deadline_h, max_risk=max_risk, restart_s=restart_s, startup_s=startup_s, timing=timing
+    ).of(c)

@@ -1,0 +1,230 @@
+"""Deadline risk with recourse: the bound holds, it never raises the risk, and one rule moves a late job.
+
+The figures of :mod:`gpuscaler.planner.contingency` are upper bounds on the miss probability of the
+world they describe (a true speed ``f`` around the prediction, a noisy measurement, a move to the
+fallback at the next checkpoint); a Monte Carlo of that world, with the fallback's error
+independent of the plan's or the same draw, must land under them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuscaler.api import TrainingJobSpec
+from gpuscaler.catalog import CapacityType, load_catalog
+from gpuscaler.cli import plan_to_dict, render_plan
+from gpuscaler.planner import contingency, plan, recover, recovery
+from gpuscaler.planner.contingency import Recourse, RecourseTiming, fallback
+from gpuscaler.planner.correction import PlanOption, should_replan
+from gpuscaler.planner.evaluate import STARTUP_S
+from gpuscaler.planner.planner import Candidate, PlanResult
+
+CAT = load_catalog()
+ON_DEMAND_RESNET: dict[str, Any] = {
+    "workload": {"model": "resnet50"}, "globalBatch": 1024, "training": {"epochs": 10}, "constraints": {"spot": "never"},
+}  # fmt: skip
+
+
+def spec(**kw: Any) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({**ON_DEMAND_RESNET, **kw})
+
+
+RESTART_S = 300.0
+"""The spec's default ``checkpoint.restartSeconds``, which the planner passes."""
+
+
+def static_of(c: Candidate) -> Candidate:
+    """The plan as it was before its contingency (the risk without recourse)."""
+    assert c.contingency is not None
+    o = c.outlook._replace(deadline_miss_probability=c.contingency.static_miss_probability)
+    return c._replace(outlook=o, contingency=None)
+
+
+def all_plans(result: PlanResult) -> list[Candidate]:
+    seen = {id(c): c for c in [*result.feasible, *result.pareto]}
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("deadline_h", [0.6, 1.5, 3.0, 4.0, 6.0, 8.0, 12.0, 30.0])
+@pytest.mark.parametrize("spot", ["never", "allowed"])
+def test_recourse_never_raises_the_risk_above_the_static_figure(deadline_h: float, spot: str) -> None:
+    result = plan(spec(constraints={"spot": spot}), CAT, deadline_h=deadline_h)
+    plans = all_plans(result)
+    assert plans
+    for c in plans:
+        k = c.contingency
+        assert k is not None
+        assert k.miss_probability <= k.static_miss_probability + 1e-15, c.label
+        assert c.outlook.deadline_miss_probability == k.miss_probability
+        assert k.extra_cost_usd >= 0.0
+        assert c.expected_cost_usd == pytest.approx(c.outlook.expected_hours * c.usd_per_hour + k.extra_cost_usd)
+
+
+def test_a_risky_plan_with_a_safe_fallback_becomes_feasible() -> None:
+    """8 h for ten ResNet-50 epochs on-demand: the single A10G's static P(miss) is about 10% (over the 5%
+    limit); the 8 x A100 fallback finishes in under half an hour, so measuring and moving makes it safe."""
+    result = plan(spec(), CAT, deadline_h=8.0)
+    rescued = [c for c in result.feasible if c.contingency and c.contingency.static_miss_probability > 0.05]
+    assert rescued, "no plan over the static limit was made feasible by its contingency"
+    for c in rescued:
+        k = c.contingency
+        assert k is not None and k.applies and k.target is not None and result.fallback is not None
+        assert k.target.label == result.fallback.label
+        assert k.miss_probability <= 0.05 < k.static_miss_probability
+        assert 0.0 < k.move_probability < 1.0
+        assert k.move_h < k.slack_h
+
+
+def test_a_window_longer_than_the_slack_gains_nothing() -> None:
+    """The same risky plans with a correction that comes only after the slack: no recourse, the static risk."""
+    result = plan(spec(), CAT, deadline_h=8.0)
+    risky = [c for c in result.feasible if c.contingency and c.contingency.static_miss_probability > 0.05]
+    assert risky
+    for c in risky:
+        k = c.contingency
+        assert k is not None
+        slow = RecourseTiming(min_interval_s=(k.slack_h + 0.5) * 3600.0)
+        late = contingency.contingency(static_of(c), result.fallback, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S,
+                                       startup_s=STARTUP_S, timing=slow)  # fmt: skip
+        assert late.move_h > late.slack_h
+        assert not late.applies and "longer than the slack" in late.reason
+        assert late.miss_probability == late.static_miss_probability == k.static_miss_probability
+        assert late.extra_cost_usd == 0.0
+
+
+def test_the_fallback_itself_and_a_plan_expected_to_miss_gain_nothing() -> None:
+    result = plan(spec(), CAT, deadline_h=3.0)
+    fb = result.fallback
+    assert fb is not None and fb.contingency is not None
+    assert not fb.contingency.applies and fb.contingency.reason == contingency.ITSELF
+    hopeless = plan(spec(), CAT, deadline_h=0.2).pareto
+    assert hopeless
+    for c in hopeless:
+        if c.contingency is not None and c.expected_hours > 0.2:
+            assert c.contingency.miss_probability == c.contingency.static_miss_probability
+
+
+def monte_carlo(c: Candidate, target: Candidate, k: contingency.Contingency, deadline_h: float, max_risk: float,
+                restart_s: float, correlated: bool, n: int = 400_000) -> float:
+    """P(miss) of the world the contingency describes (on-demand, no interruptions), by sampling."""
+    rng = np.random.default_rng(7)
+    s, s_obs = c.outlook.log_sigma, contingency.TIMING.measured_log_sigma
+    f = np.exp(rng.normal(0.0, s, n))
+    f_hat = f * np.exp(rng.normal(0.0, s_obs, n))
+    startup = STARTUP_S / 3600.0
+    run = c.outlook.expected_hours - startup
+    stays = f_hat >= k.threshold / c.estimate.throughput
+    stay_miss = startup + run / f > deadline_h
+    f_t = f ** (target.outlook.log_sigma / s) if correlated else np.exp(rng.normal(0.0, target.outlook.log_sigma, n))
+    overhead = (c.checkpoint_write_s + restart_s + STARTUP_S) / 3600.0
+    done = np.clip((k.move_h - startup) * f / (c.outlook.base_hours - startup), 0.0, 1.0)
+    move_finish = k.move_h + overhead + (1.0 - done) * (target.outlook.base_hours - startup) / f_t
+    miss = np.where(stays, stay_miss, move_finish > deadline_h)
+    return float(miss.mean())
+
+
+@pytest.mark.parametrize("correlated", [False, True])
+def test_the_figure_bounds_a_monte_carlo_of_the_same_world(correlated: bool) -> None:
+    deadline_h, risk, restart = 8.0, 0.05, RESTART_S
+    result = plan(spec(), CAT, deadline_h=deadline_h)
+    target = result.fallback
+    assert target is not None
+    checked = 0
+    for c in result.feasible:
+        k = c.contingency
+        if k is None or not k.applies or k.static_miss_probability < 0.02:
+            continue
+        mc = monte_carlo(c, target, k, deadline_h, risk, restart, correlated)
+        se = math.sqrt(max(mc * (1 - mc), 1e-6) / 400_000)
+        assert mc <= k.miss_probability + 4 * se, (c.label, mc, k.miss_probability)
+        checked += 1
+    assert checked >= 3
+
+
+def test_the_plan_shows_its_contingency_in_text_and_json() -> None:
+    result = plan(spec(), CAT, deadline_h=8.0)
+    c = result.chosen
+    assert c is not None and c.contingency is not None
+    text = render_plan(result)
+    assert "contingency: if the first 30 min measure below" in text
+    assert f"move to {result.fallback.label}" in text if result.fallback is not None else False
+    data = plan_to_dict(result)["chosen"]["contingency"]
+    assert data["moveTo"]["instanceType"] == c.contingency.target.instance.name  # type: ignore[union-attr]
+    assert data["deadlineMissProbability"] == round(c.outlook.deadline_miss_probability, 4)
+    assert data["expectedExtraCostUsd"] == round(c.contingency.extra_cost_usd, 2)
+    assert plan_to_dict(result)["chosen"]["expectedCostUsd"] == round(c.expected_cost_usd, 2)
+
+
+def test_one_rule_moves_a_late_job_in_the_planner_the_recovery_and_the_correction() -> None:
+    """The planner's contingency target, the recovery's fastest-sensible plan and the operator's
+    correction move are the one function :func:`gpuscaler.planner.contingency.fallback`."""
+    assert recovery.fastest_sensible is contingency.fallback
+    calls: list[int] = []
+    real = contingency.fallback
+
+    def spy(cands: Any) -> Any:
+        calls.append(len(cands))
+        return real(cands)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(contingency, "fallback", spy)
+    try:
+        result = plan(spec(), CAT, deadline_h=8.0)
+        assert calls, "the planner did not ask the contingency's fallback"
+        assert result.fallback is not None and result.fallback.capacity is CapacityType.ON_DEMAND
+        calls.clear()
+        from gpuscaler.planner import Situation
+
+        s = Situation(spec=spec(), total_samples=1e7, done_samples=0.0, interrupted=None, interruptions=0,
+                      deadline_h=0.01)  # fmt: skip
+        rec = recover(s, lambda sp, dl, un: plan(sp, CAT, deadline_h=dl, unavailable=un))
+        assert rec.kind == "fastest" and calls, "the recovery's late-job fallback is not the contingency's"
+    finally:
+        mp.undo()
+    from pathlib import Path
+
+    from gpuscaler.observe import controller as observer
+    from gpuscaler.simulator import strategies
+
+    assert "result.fallback" in Path(observer.__file__).read_text()
+    assert strategies.recover is recovery.recover
+
+
+def test_should_replan_moves_to_the_fallback_when_nothing_meets_the_risk() -> None:
+    cur = PlanOption(("g5.xlarge", 1, "on-demand", "amp"), "1 x g5.xlarge", 1.0, 8.0, 8.0)
+    fb = PlanOption(("p4de.24xlarge", 1, "on-demand", "amp"), "1 x p4de.24xlarge", 40.0, 16.0, 0.4)
+    d = should_replan(0.3, 0.05, None, None, fallback=fb)
+    assert d.replan and d.fallback and "p4de.24xlarge" in d.reason
+    assert not should_replan(0.3, 0.05, None, None).replan
+    assert not should_replan(0.3, 0.05, fb, None, fallback=fb).replan  # already on it
+    assert not should_replan(0.01, 0.05, cur, cur, fallback=fb).replan  # not behind
+
+
+def test_fallback_is_the_fastest_within_twice_the_cheapest() -> None:
+    result = plan(spec(), CAT, deadline_h=None)
+    front = list(result.pareto)
+    fb = fallback(front)
+    assert fb is not None
+    cheapest = min(c.expected_cost_usd for c in front)
+    assert fb.expected_cost_usd <= contingency.FALLBACK_COST_FACTOR * cheapest
+    assert all(c.expected_hours >= fb.expected_hours for c in front
+               if c.expected_cost_usd <= contingency.FALLBACK_COST_FACTOR * cheapest)  # fmt: skip
+    assert fallback([]) is None
+
+
+def test_one_recourse_per_plan_call_gives_the_function_s_answer() -> None:
+    result = plan(spec(), CAT, deadline_h=8.0)
+    first = result.feasible[0].contingency
+    assert first is not None
+    target = first.target  # the fallback as the planner priced it (before its own contingency)
+    assert target is not None and result.fallback is not None and target.label == result.fallback.label
+    r = Recourse(target, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S, startup_s=STARTUP_S)
+    for c in result.feasible[:40]:
+        static = static_of(c)
+        one = contingency.contingency(static, target, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S,
+                                      startup_s=STARTUP_S)  # fmt: skip
+        assert r.of(static) == one == c.contingency
