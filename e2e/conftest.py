@@ -163,12 +163,12 @@ def batch(dev_cluster: E2ECluster) -> Any:
 
 @pytest.fixture(scope="session")
 def crd(dev_cluster: E2ECluster) -> None:
-    """gpuscaler's generated CRDs (TrainingJob, GPUScalingPolicy), installed and Established."""
+    """gpuscaler's generated CRDs (TrainingJob, GPUScalingPolicy, PerformanceProfile), installed and Established."""
     root = Path(__file__).resolve().parents[1] / "crds"
-    names = ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"]
+    names = ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io", "performanceprofiles.gpuscaler.io"]
     # on an existing cluster: applied like an upgrade; deleted at the end only if this session created them
     any_cluster.track_new_crds(dev_cluster, names)
-    apply_crds(dev_cluster.env, [root / "trainingjob.yaml", root / "gpuscalingpolicy.yaml"], names)
+    apply_crds(dev_cluster.env, [root / "trainingjob.yaml", root / "gpuscalingpolicy.yaml", root / "performanceprofile.yaml"], names)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from one another. It is not named ``conftest``: ``pytest tests e2e`` puts both f
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +28,7 @@ from gpuscaler.cloud.nodes import node_state
 from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance
 from gpuscaler.controller.reconcile import Job, LoopConfig, Reconciler, plan_status
+from gpuscaler.kube.client import KubeError
 from gpuscaler.kube.workers import pod_state
 from gpuscaler.names import CAPACITY_TYPE_LABEL, EKS_NODEGROUP_LABEL, INSTANCE_TYPE_LABEL, PRICE_ANNOTATION
 from gpuscaler.planner import PlanResult, plan
@@ -320,3 +322,38 @@ class FakeCore:
             else:
                 node.metadata.annotations[k] = v
         node.metadata.resource_version = str(int(node.metadata.resource_version) + 1)
+
+
+class FakeProfileApi:
+    """PerformanceProfiles in memory, with resourceVersions, the calls recorded, errors injectable."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.calls: list[str] = []
+        self.fail: KubeError | None = None
+        self._rv = 0
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"get {name}")
+        got = self.objects.get((namespace, name))
+        return copy.deepcopy(got) if got else None
+
+    def put(self, namespace: str, body: dict[str, Any], resource_version: str | None = None) -> dict[str, Any]:
+        self.calls.append(f"put {body['metadata']['name']} {resource_version}")
+        if self.fail is not None:
+            raise self.fail
+        key = (namespace, body["metadata"]["name"])
+        have = self.objects.get(key)
+        if (have is None) != (resource_version is None) or (have and have["metadata"]["resourceVersion"] != resource_version):
+            raise KubeError("conflict", 409, retry=True)
+        self._rv += 1
+        self.objects[key] = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self._rv)}}
+        return self.objects[key]
+
+    def delete(self, namespace: str, name: str) -> bool:
+        self.calls.append(f"delete {name}")
+        return self.objects.pop((namespace, name), None) is not None
+
+    def list(self, namespace: str | None) -> list[dict[str, Any]]:
+        self.calls.append(f"list {namespace}")
+        return [copy.deepcopy(b) for (ns, _), b in sorted(self.objects.items()) if namespace in (None, ns)]

@@ -360,6 +360,8 @@ def test_cluster_rbac_is_least_privilege() -> None:
     assert ("gpuscaler.io", "trainingjobs/status", "patch") in got
     assert ("gpuscaler.io", "trainingjobs/finalizers", "update") in got
     assert ("gpuscaler.io", "gpuscalingpolicies", "watch") in got
+    for verb in ("get", "list", "watch", "create", "update", "delete"):  # performance profiles: the operator only
+        assert ("gpuscaler.io", "performanceprofiles", verb) in got
     for verb in ("create", "delete", "patch", "watch"):
         assert ("", "pods", verb) in got
     assert ("", "services", "create") in got
@@ -400,7 +402,7 @@ def test_worker_identity_is_create_only_and_within_the_operators_own_rules(
     on_identity = {t for t in got if t[1] in ("serviceaccounts", "roles", "rolebindings")}
     assert on_identity == WORKER_IDENTITY
     granted = {(g, r, v) for rule in WORKER_RULES for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    assert granted == {("", "pods", "get"), ("", "pods", "patch")}
+    assert granted == {("", "pods", "get"), ("", "pods", "patch")}  # nothing on PerformanceProfiles
     assert granted <= got, "the workers' Role grants what the operator does not hold"
     if namespaced:
         assert not {t for t in rules(one(docs, "ClusterRole")) if t[1] in ("serviceaccounts", "roles", "rolebindings")}

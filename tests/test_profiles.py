@@ -29,6 +29,7 @@ from gpuscaler.planner.profile_docs import (
 )
 from gpuscaler.planner.profiles import (
     RUN_LOG_SIGMA_FLOOR,
+    NotMeasured,
     Profile,
     ProfileKey,
     ProfileStore,
@@ -191,16 +192,16 @@ def test_an_inflated_report_is_not_what_the_job_achieved() -> None:
     total = 70.0 * 600
     pts = [p for p in points(140.0, until=300.0)]
     got = measure_run(pts, since=0.0, completed=600.0, total_samples=total, model_throughput=100.0, at=NOW, config=CFG)
-    assert isinstance(got, str) and "not what the job achieved" in got
+    assert isinstance(got, NotMeasured) and got.suspect and "not what the job achieved" in got.text
 
 
 def test_too_short_or_unbelievable_runs_are_not_measured() -> None:
     short = measure_run(points(70.0, until=40.0), since=0.0, completed=40.0, total_samples=2800,
                         model_throughput=100.0, at=NOW, config=CFG)
-    assert isinstance(short, str) and "not measured long enough" in short
+    assert isinstance(short, NotMeasured) and not short.suspect and "not measured long enough" in short.text
     wild = measure_run(points(700.0), since=0.0, completed=300.0, total_samples=700.0 * 300,
                        model_throughput=100.0, at=NOW, config=CFG)
-    assert isinstance(wild, str) and "outside" in wild
+    assert isinstance(wild, NotMeasured) and wild.suspect and "outside" in wild.text
 
 
 # ------------------------------------------------------------------------------------ the planner

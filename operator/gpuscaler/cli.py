@@ -57,6 +57,7 @@ EXTENSIONS = (
     "gpuscaler.policy.cli",  # policy check
     "gpuscaler.simulator.cli",  # simulate
     "gpuscaler.observe.cli",  # report
+    "gpuscaler.profiles_cli",  # profiles list|show|export|import|prune
 )
 """Modules that add subcommands through ``register(subparsers)``; skipped when not importable."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import kopf
 
+from gpuscaler.api.profile import PLURAL as PROFILE_PLURAL
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, PLURAL
 from gpuscaler.handlers import trainingjob as h
 from gpuscaler.names import JOB_LABEL
@@ -40,4 +41,6 @@ kopf.on.event("nodes", labels={JOB_LABEL: kopf.PRESENT})(h.node_event)
 kopf.on.event(API_GROUP, API_VERSION, PLURAL)(h.job_event)
 if _settings.watch_policies:
     kopf.on.event(API_GROUP, API_VERSION, POLICY_PLURAL)(h.policy_event)
+if _settings.profiles_enabled:
+    kopf.on.event(API_GROUP, API_VERSION, PROFILE_PLURAL)(h.profile_event)
 kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")(h.delete)  # type: ignore[arg-type]  # ditto

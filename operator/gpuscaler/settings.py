@@ -321,3 +321,45 @@ class Settings(BaseSettings):
         default="namespace",
         description="Label carrying the pod's namespace on DCGM series (exported_namespace when labels are not honored).",
     )
+
+    # --- Performance profiles (gpuscaler.planner.profiles, controller/profiles.py, docs/profiles.md)
+    profiles_enabled: bool = Field(
+        default=True,
+        description=(
+            "Record a PerformanceProfile when a job succeeds with a measured throughput, and plan with the "
+            "profiles of the job's namespace as measured priors."
+        ),
+    )
+    profiles_ttl_days: float = Field(
+        default=90.0,
+        gt=0,
+        description="Days a profile not measured again is still planned with; older ones are pruned (a framework or driver upgrade changes speed).",
+    )
+    profiles_per_workload: int = Field(
+        default=16,
+        ge=1,
+        le=1000,
+        description="Profiles kept per workload signature and namespace (configurations); the least recently seen goes first.",
+    )
+    profiles_memory_runs: int = Field(
+        default=20,
+        ge=1,
+        description="Runs after which a profile's mean becomes an exponential moving average of this many runs.",
+    )
+    profiles_achieved_tolerance: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description=(
+            "Most a run's measured rate may differ from the rate it achieved from its first report to its "
+            "completion (as the operator saw it) for the run to be recorded; a forged progress report fails this."
+        ),
+    )
+    profiles_shared_namespace: str = Field(
+        default="",
+        max_length=63,
+        description=(
+            "A namespace whose profiles every namespace's plans read after their own (a platform team's "
+            "curated profiles, gpuscaler profiles import); empty: none."
+        ),
+    )

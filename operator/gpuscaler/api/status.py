@@ -95,7 +95,7 @@ class PlanStatus(StatusModel):
     planned_at: datetime = Field(description="When it was planned.")
     generation: int = Field(default=0, ge=0, description="metadata.generation of the spec it was planned for.")
     efficiency_factor: float = Field(
-        default=1.0, gt=0, description="Observed/model efficiency factor of the GPU type that throughput includes (1 = the model as calibrated)."
+        default=1.0, gt=0, description="Observed/model efficiency factor of the GPU type that throughput includes (1 = the model as calibrated; a performance profile's measured/model ratio when the plan came from one)."
     )
     throughput_p10: float | None = Field(default=None, ge=0, description="Slow end of the throughput band (10th percentile of the model's error), samples/s.")
     throughput_p90: float | None = Field(default=None, ge=0, description="Fast end of the throughput band (90th percentile), samples/s.")
@@ -103,6 +103,11 @@ class PlanStatus(StatusModel):
     p90_hours: float | None = Field(default=None, ge=0, description="Expected hours at the band's slow end (P90 time).")
     p90_cost_usd: float | None = Field(default=None, ge=0, description="Expected cost at the band's slow end (P90 cost).")
     deadline_miss_probability: float | None = Field(default=None, ge=0, le=1, description="P(miss deadline) at planning, with interruptions and model error.")
+    throughput_source: str | None = Field(
+        default=None,
+        max_length=512,
+        description="What throughput comes from when the namespace has performance profiles of the workload: 'measured in N runs' (a PerformanceProfile of this very configuration), how a near profile moved the model, or 'model'.",
+    )
 
 
 class Progress(StatusModel):

@@ -47,6 +47,7 @@ from gpuscaler.controller.policy import Governance
 from gpuscaler.kube.reports import asked_step, trusted_report
 from gpuscaler.kube.workers import PodState
 from gpuscaler.planner import Interrupted, PlanResult, Situation, recover
+from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
 from gpuscaler.settings import Settings
@@ -65,12 +66,14 @@ class Planner(Protocol):
     ``status.observed``) is passed only when the job has one, so a four-argument planner still
     serves jobs that were never observed; ``governance`` (the policy in force and the namespace's
     usage, :class:`gpuscaler.controller.policy.Governance`) only when the handler passed one to
-    the step, so a planner that knows no policy serves an ungoverned loop.
+    the step, so a planner that knows no policy serves an ungoverned loop; ``profiles`` (the
+    performance profiles of the job's namespace, :mod:`gpuscaler.planner.profiles`) only when there are some.
     """
 
     def __call__(  # implemented by gpuscaler.controller.policy.gated_plan (with its catalog bound)
         self, spec: TrainingJobSpec, name: str, deadline_h: float | None, unavailable: frozenset[tuple[str, ...]], /,
         efficiency: Mapping[str, float] | None = None, governance: Governance | None = None,
+        profiles: ProfileStore | None = None,
     ) -> PlanResult: ...
 
 

@@ -6,7 +6,7 @@ plan, and planning one (tens of milliseconds of CPU, see README "Planning speed"
 is wasted work while the API server needs the CPU it shares with the operator. The key is every
 input of :func:`gpuscaler.planner.plan`: the spec, the policy in force (its price overrides
 included), the hours left to the deadline, the offerings short of capacity, the observed
-efficiency per GPU, and the catalog object (prices). The job's name only labels the result, so a
+efficiency per GPU, the catalog object (prices) and the performance profiles (their store's version). The job's name only labels the result, so a
 hit is the cached result under the asking job's name.
 
 The hours to the deadline move with the clock, so they are rounded down to
@@ -28,6 +28,7 @@ from typing import Protocol
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import Catalog
 from gpuscaler.planner import PlanResult, plan
+from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy import Policy
 
 DEADLINE_STEP_H = 1 / 60
@@ -49,6 +50,7 @@ class PlanFn(Protocol):
         deadline_h: float | None = ...,
         unavailable: frozenset[tuple[str, ...]] = ...,
         efficiency: Mapping[str, float] | None = ...,
+        profiles: ProfileStore | None = ...,
     ) -> PlanResult: ...
 
 
@@ -91,6 +93,7 @@ class PlanCache:
         deadline_h: float | None = None,
         unavailable: frozenset[tuple[str, ...]] = frozenset(),
         efficiency: Mapping[str, float] | None = None,
+        profiles: ProfileStore | None = None,
     ) -> PlanResult:
         """:func:`gpuscaler.planner.plan` of these inputs, from the cache when they were planned before.
 
@@ -108,6 +111,7 @@ class PlanCache:
             tuple(sorted(unavailable)),
             tuple(sorted((efficiency or {}).items())),
             id(catalog),
+            profiles.fingerprint() if profiles else None,
         )
         with self._lock:
             got = self._plans.get(key)
@@ -124,6 +128,7 @@ class PlanCache:
             deadline_h=deadline,
             unavailable=unavailable,
             efficiency=efficiency,
+            **({"profiles": profiles} if profiles else {}),
         )
         with self._lock:
             self.misses += 1

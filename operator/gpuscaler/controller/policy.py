@@ -44,6 +44,7 @@ from gpuscaler.controller.plan_cache import PlanFn
 from gpuscaler.errors import InfeasibleError, TemporaryError
 from gpuscaler.inputs import format_validation
 from gpuscaler.planner import PlanResult, plan
+from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy import (
     NamespaceUsage,
     Policy,
@@ -206,6 +207,7 @@ def gated_plan(
     /,
     efficiency: Mapping[str, float] | None = None,
     governance: Governance | None = None,
+    profiles: ProfileStore | None = None,
     *,
     catalog: Catalog,
     plan_fn: PlanFn = plan,
@@ -223,6 +225,7 @@ def gated_plan(
         efficiency: Observed/model efficiency per GPU id (None: the model as is).
         governance: The policy governing the job and its namespace's usage (the loop passes
             what the handler read for this step).
+        profiles: Performance profiles of the job's namespace (measured priors); None: none.
         catalog: The instance catalog.
         plan_fn: The planner (the operator passes its cache's, :mod:`gpuscaler.controller.plan_cache`).
 
@@ -239,14 +242,16 @@ def gated_plan(
     if before:
         raise PolicyViolationError(before)
     result = plan_fn(
-        spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
+        spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency,
+        profiles=profiles,
     )
     chosen = result.chosen
     if chosen is None:
         if gov is None:
             return result
         free = plan_fn(
-            spec, catalog, None, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency
+            spec, catalog, None, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency,
+            profiles=profiles,
         ).chosen
         if free is None:
             return result  # infeasible for reasons of its own: the loop reports Infeasible

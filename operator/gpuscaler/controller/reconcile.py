@@ -50,6 +50,7 @@ from gpuscaler.controller import preemption as preemption_cost
 from gpuscaler.controller import queueing
 from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
+from gpuscaler.controller.profiles import Recorder
 from gpuscaler.kube.jobset import jobset_name
 from gpuscaler.kube.reports import TrustedReport, trusted_report
 from gpuscaler.kube.reports import summary as report_summary
@@ -202,6 +203,8 @@ def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatu
         summary=c.label,
         planned_at=now,
         generation=generation,
+        efficiency_factor=round(c.prior.factor, 4) if c.prior else 1.0,
+        throughput_source=c.throughput_source if result.profiles else None,
     )
 
 
@@ -259,6 +262,8 @@ class Reconciler:
     (:meth:`gpuscaler.kube.admission.WorkerAdmission.refusal`); None: no check."""
     gangs: queueing.GangClient | None = None
     """Kueue Workloads and JobSets (:mod:`gpuscaler.controller.queueing`); None: neither is used."""
+    profiles: Recorder | None = None
+    """Performance profiles: planned with, and recorded when a job succeeds (:mod:`gpuscaler.controller.profiles`)."""
 
     # ------------------------------------------------------------------------------ entry point
 
@@ -446,7 +451,7 @@ class Reconciler:
             plan.total_samples = total_samples
         if why is not None:
             plan.why = why
-        plan.efficiency_factor = (st.observed.efficiency_by_gpu if st.observed else {}).get(plan.gpu_type, 1.0)
+        plan.efficiency_factor = (st.observed.efficiency_by_gpu if st.observed else {}).get(plan.gpu_type, plan.efficiency_factor)
         st.plan = plan
         st.gpus, st.instance_type, st.capacity_type = plan.gpus, plan.instance_type, plan.capacity_type
         ctx.condition(ConditionType.PLANNED, True, reason, plan.summary)
@@ -456,11 +461,11 @@ class Reconciler:
     def _planner(self, ctx: StepContext) -> Planner:
         """The loop's planner under the step's governance (passed only when there is one, so a
         planner that knows no policy still serves an ungoverned loop)."""
-        gov = ctx.governance
-        if gov is None:
-            return self.planner
-
-        return functools.partial(self.planner, governance=gov)
+        extra: dict[str, Any] = {} if ctx.governance is None else {"governance": ctx.governance}
+        store = self.profiles.book.store_for(ctx.job.namespace) if self.profiles is not None else None
+        if store:
+            extra["profiles"] = store
+        return functools.partial(self.planner, **extra) if extra else self.planner
 
     def _call_planner(
         self,
@@ -822,6 +827,8 @@ class Reconciler:
         st, pods, now = ctx.status, ctx.pods, ctx.now
         live = [p for p in pods if not p.deleting]
         if len(live) >= request.count and all(p.succeeded for p in live):
+            if self.profiles is not None:  # before Running turns False: the run is measured from it
+                ctx.out.events += self.profiles.finished(ctx.job.namespace, ctx.job.uid, ctx.job.spec, st, now)
             st.phase = Phase.SUCCEEDED
             st.completion_time = now
             st.message = "every worker finished"

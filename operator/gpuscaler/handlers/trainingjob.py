@@ -44,6 +44,7 @@ from gpuscaler.controller.policy import (
     gated_plan,
     namespace_usage,
 )
+from gpuscaler.controller.profiles import ProfileBook, ProfileConfig, Recorder
 from gpuscaler.controller.reconcile import (
     Job,
     LoopConfig,
@@ -57,6 +58,7 @@ from gpuscaler.handlers.errors import kopf_errors, retry_delay
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
 from gpuscaler.kube.client import TrainingJobs, Workers, load_config
 from gpuscaler.kube.gangs import Gangs
+from gpuscaler.kube.profiles import Profiles
 from gpuscaler.kube.workers import pod_state, service_name
 from gpuscaler.names import FINALIZER, JOB_LABEL
 from gpuscaler.observe.controller import from_settings as observer_from_settings
@@ -104,7 +106,7 @@ class Operator:
 _operator: Operator | None = None
 
 
-WATCH_HANDLERS = ("pod_event", "node_event", "job_event", "policy_event")
+WATCH_HANDLERS = ("pod_event", "node_event", "job_event", "policy_event", "profile_event")
 """The watch-event handlers: kopf logs a line for every call of each, i.e. for every watch event."""
 
 
@@ -160,15 +162,18 @@ def build(settings: Settings, api: Any) -> Operator:
     admission = WorkerAdmission(
         KubePolicyApi(api), settings.worker_admission_policy, settings.worker_admission_policy_name, settings.namespace
     )
+    observer = observer_from_settings(settings, catalog)
+    book = ProfileBook(ProfileConfig.from_settings(settings))
     reconciler = Reconciler(
         provider,
         workers,
         planner,
         catalog,
         config,
-        observer=observer_from_settings(settings, catalog),
+        observer=observer,
         admission=admission.refusal,
         gangs=Gangs(api),
+        profiles=Recorder(Profiles(api), book, catalog, observer.config.correction()) if settings.profiles_enabled else None,
     )
     wake = WakeConfig.from_settings(settings)
     return Operator(
@@ -456,6 +461,17 @@ async def job_event(
     if gone:
         _operator.blocked.pop(key, None)
         _operator.written.pop(key, None)
+
+
+async def profile_event(
+    type: str | None, body: kopf.Body, namespace: str | None, name: str | None, logger: Logger, **_: Any
+) -> None:
+    """A PerformanceProfile changed: the book the planner reads follows it (:class:`ProfileBook`)."""
+    if _operator is None or _operator.reconciler.profiles is None or not namespace or not name:
+        return
+    why = _operator.reconciler.profiles.book.observe(namespace, name, None if type == "DELETED" else dict(body))
+    if why:
+        logger.warning("PerformanceProfile ignored: %s", why)
 
 
 async def policy_event(type: str | None, name: str | None, spec: kopf.Spec, **_: Any) -> None:

@@ -185,6 +185,15 @@ class RunMeasurement:
     """Seconds measured."""
 
 
+@dataclass(frozen=True, slots=True)
+class NotMeasured:
+    """Why a finished run left no measurement."""
+
+    text: str
+    suspect: bool = False
+    """The reports contradict what the operator saw (out of bounds, or not what the job achieved)."""
+
+
 def measure_run(
     points: Iterable[ProgressPoint],
     *,
@@ -196,7 +205,7 @@ def measure_run(
     job: str = "",
     config: CorrectionConfig | None = None,
     achieved_tolerance: float = DEFAULT_ACHIEVED_TOLERANCE,
-) -> RunMeasurement | str:
+) -> RunMeasurement | NotMeasured:
     """A finished run's throughput from the progress readings the operator kept, or why there is none.
 
     Three checks on top of those every reading passed (:mod:`gpuscaler.kube.reports`: the writer
@@ -223,36 +232,38 @@ def measure_run(
         achieved_tolerance: See check 3.
 
     Returns:
-        The measurement, or a sentence saying which check failed.
+        The measurement, or which check failed.
     """
     cfg = config or CorrectionConfig()
     pts = sorted((p for p in points if p.t >= since), key=lambda p: p.t)
     m = measure(pts, since, cfg.warmup_s)
     if m is None or m.points < cfg.min_points or m.seconds < cfg.min_window_s:
         have = 0.0 if m is None else m.seconds
-        return (
+        return NotMeasured(
             f"not measured long enough: {have:.0f} s of progress after the {cfg.warmup_s:g} s warm-up, "
             f"{cfg.min_window_s:g} s needed"
         )
     if model_throughput <= 0 or m.rate <= 0:
-        return f"no throughput to compare: measured {m.rate:g}/s, model {model_throughput:g}/s"
+        return NotMeasured(f"no throughput to compare: measured {m.rate:g}/s, model {model_throughput:g}/s")
     factor = m.rate / model_throughput
     if not MIN_FACTOR <= factor <= MAX_FACTOR:
-        return (
+        return NotMeasured(
             f"measured {m.rate:,.1f}/s is {factor:.2f}x the model's {model_throughput:,.1f}/s, outside "
-            f"[{MIN_FACTOR:g}, {MAX_FACTOR:g}]: the progress count, not the model, is off"
+            f"[{MIN_FACTOR:g}, {MAX_FACTOR:g}]: the progress count, not the model, is off",
+            suspect=True,
         )
     first = pts[0]
     span = completed - first.t
     done = total_samples - first.samples
     if span <= 0 or done <= 0:
-        return "no time or samples between the first progress reading and the completion"
+        return NotMeasured("no time or samples between the first progress reading and the completion", suspect=True)
     achieved = done / span
     if abs(math.log(m.rate / achieved)) > math.log1p(achieved_tolerance):
-        return (
+        return NotMeasured(
             f"the reported rate {m.rate:,.1f}/s is not what the job achieved: {done:,.0f} samples in "
             f"{span:,.0f} s from its first report to its completion is {achieved:,.1f}/s (more than "
-            f"{achieved_tolerance:.0%} apart)"
+            f"{achieved_tolerance:.0%} apart)",
+            suspect=True,
         )
     return RunMeasurement(m.rate, max(m.rel_se, RUN_LOG_SIGMA_FLOOR), model_throughput, at, job, m.seconds)
 
