@@ -8,6 +8,7 @@ the documents (recipes that trained, out-of-memory reports), never the model's o
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -141,3 +142,21 @@ def test_malformed_rows_are_refused_with_what_to_change(change: dict[str, str], 
 def test_a_well_formed_row_parses_with_its_optimizer() -> None:
     (run,) = parse_memory_runs(_rows(optimizer="rmsprop"), load_catalog())
     assert run.workload.optimizer == "rmsprop" and run.gpus_per_node == 1 and run.nodes == 1
+
+
+def test_validate_prints_both_rates_in_its_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuscaler.cli import main
+
+    ran = sum(r.outcome == "ran" for r in RUNS)
+    oom = len(RUNS) - ran
+    assert main(["validate", "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert (memory["ran"], memory["ran_predicted_to_fit"], memory["oom"], memory["oom_predicted_not_to_fit"]) == (
+        ran, ran, oom, oom
+    )
+    assert main(["validate"]) == 0
+    text = capsys.readouterr().out
+    section = text[text.index("Memory against documented configurations"):]
+    rows = {line.split(" (")[0]: line.split()[-3:] for line in section.splitlines()[3:5]}
+    assert rows == {"trained": [str(ran), str(ran), "100.0%"], "out of memory": [str(oom), str(oom), "100.0%"]}
+    assert "MISS" not in section

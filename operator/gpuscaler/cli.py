@@ -688,10 +688,10 @@ def _default_batch(
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from gpuscaler.perfmodel import calibration, fitted
-    from gpuscaler.perfmodel.memory import agreement_json, agreement_lines, memory_agreement
+    from gpuscaler.perfmodel import memory as mem
 
     rep = calibration.report()
-    memory = memory_agreement()
+    memory = mem.memory_agreement()
     meta = fitted().meta
     cv = calibration.cross_validation()
     if args.json:
@@ -720,7 +720,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     },
                     "skipped": rep.skipped,
                     "calibration": meta,
-                    "memory": agreement_json(memory),
+                    "memory": mem.agreement_json(memory),
                 },
             )
         )
@@ -823,7 +823,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     if rep.skipped:
         print("\nSkipped rows: " + "; ".join(f"{n} {why}" for why, n in rep.skipped.items()))
-    print("\n" + "\n".join(agreement_lines(memory)))
+    print("\nMemory against documented configurations (catalog/data/memory_runs.csv; docs/memory-model.md):")
+    print("\n".join([_table(mem.MEMORY_TABLE_HEADERS, mem.agreement_rows(memory)), *mem.agreement_misses(memory)]))
     return 0
 
 

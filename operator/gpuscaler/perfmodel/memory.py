@@ -289,18 +289,27 @@ def agreement_json(a: MemoryAgreement) -> dict[str, object]:
     }
 
 
-def agreement_lines(a: MemoryAgreement) -> list[str]:
-    """``gpuscaler validate``'s memory section: both rates, then each disagreeing row."""
-    lines = [
-        "Memory against documented configurations (catalog/data/memory_runs.csv; docs/memory-model.md):",
-        f"  known to run, predicted to fit:          {a.ran_fit} of {a.ran}"
-        + (f" ({100.0 * a.ran_fit / a.ran:.1f}%)" if a.ran else ""),
-        f"  out of memory, predicted not to fit:     {a.oom_flagged} of {a.oom}"
-        + (f" ({100.0 * a.oom_flagged / a.oom:.1f}%)" if a.oom else ""),
+MEMORY_TABLE_HEADERS = ("documented outcome", "rows", "predicted as documented", "rate")
+"""The columns of :func:`agreement_rows` (``gpuscaler validate``'s memory table)."""
+
+
+def agreement_rows(a: MemoryAgreement) -> list[list[str]]:
+    """``gpuscaler validate``'s memory table: per documented outcome, the rows and how many the model
+    predicts as documented (ran: fits; out of memory: does not fit)."""
+
+    def rate(k: int, n: int) -> str:
+        return f"{100.0 * k / n:.1f}%" if n else "-"
+
+    return [
+        ["trained (predicted to fit)", str(a.ran), str(a.ran_fit), rate(a.ran_fit, a.ran)],
+        ["out of memory (predicted not to fit)", str(a.oom), str(a.oom_flagged), rate(a.oom_flagged, a.oom)],
     ]
-    for c in a.misses:
-        lines.append(
-            f"  MISS {c.run.id} ({c.run.outcome}): predicted {c.memory.total / 1e9:.1f} GB of "
-            f"{c.memory.capacity / 1e9:.1f} usable; {c.run.source}"
-        )
-    return lines
+
+
+def agreement_misses(a: MemoryAgreement) -> list[str]:
+    """One line per row the model predicts against its documented outcome."""
+    return [
+        f"MISS {c.run.id} ({c.run.outcome}): predicted {c.memory.total / 1e9:.1f} GB of "
+        f"{c.memory.capacity / 1e9:.1f} usable; {c.run.source}"
+        for c in a.misses
+    ]
