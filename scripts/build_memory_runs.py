@@ -159,6 +159,16 @@ HAND: list[tuple[str, str, str, Shape | None, str, int, str, int, int, bool, str
     ("ssd300-v100-16gb-64-amp", "ran", "ssd300", None, "V100-16GB", 8, "amp", 64, 0, False, "sgd",
      "Training accuracy, DGX-1 (8x V100 16GB): GPUs 8, Batch size / GPU 64, mixed precision (FP32 <N/A>)",
      "[DLE] PyTorch/Detection/SSD/README.md#L600-L612"),
+    ("ssd300-v100-16gb-64-fp32-1gpu", "oom", "ssd300", None, "V100-16GB", 1, "fp32", 64, 0, False, "sgd",
+     "Training accuracy, DGX-1 (8x V100 16GB): GPUs 1, Batch size / GPU 64, Accuracy - FP32 '<N/A>' (mixed "
+     "precision 0.272); 'mixed precision models can be trained with bigger batches. In such cases mixed precision "
+     "speedup is calculated versus FP32 training with maximum batch size for that precision' (FP32's maximum: 32)",
+     "[DLE] PyTorch/Detection/SSD/README.md#L611-L615"),
+    ("ssd300-v100-16gb-64-fp32-8gpu", "oom", "ssd300", None, "V100-16GB", 8, "fp32", 64, 0, False, "sgd",
+     "Training accuracy, DGX-1 (8x V100 16GB): GPUs 8, Batch size / GPU 64, Accuracy - FP32 '<N/A>' (mixed "
+     "precision 0.269); 'mixed precision models can be trained with bigger batches. In such cases mixed precision "
+     "speedup is calculated versus FP32 training with maximum batch size for that precision' (FP32's maximum: 32)",
+     "[DLE] PyTorch/Detection/SSD/README.md#L613-L615"),
     ("maskrcnn-v100-32gb-12-amp", "ran", "maskrcnn", None, "V100-32GB", 8, "amp", 12, 0, False, "sgd",
      "'We have tested batch sizes upto 12 on a 32GB V100 and 80GB A100 with mixed precision'; Training "
      "accuracy DGX-1 (8x V100 32GB): Batch size / GPU 12, FP32 and FP16",
