@@ -164,6 +164,14 @@ ROW = "p4d.24xlarge,aws,us-east-1,,,,,,,{od},{spot},,,{day},aws-pricing-api\n"
             HEADER + ROW.format(od="21", spot="", day="2026-12-05").replace("pricing-api", "a,b"),
             r"more fields",
         ),
+        (
+            HEADER + ROW.format(od="21", spot="", day="2026-12-05").replace("us-east-1", "us east"),
+            r"region 'us east' is not a region name of aws",
+        ),
+        (
+            HEADER + ROW.format(od="", spot="7", day="2026-12-05").replace("us-east-1,,", "us-east-1,eu-west-1a,"),
+            r"zone 'eu-west-1a' is not in region us-east-1",
+        ),
     ],
 )
 def test_what_is_not_a_price_file_is_refused(text: str, message: str) -> None:
@@ -321,3 +329,15 @@ def test_a_bad_price_file_exits_2_with_its_reason(
     assert error["kind"] == "invalid-input" and "first line must be '# schema: 1'" in error["message"]
     assert main([*command, "--prices", str(tmp_path / "missing.csv")]) == 2
     assert "cannot read the price file" in capsys.readouterr().err
+
+
+def test_a_policy_may_name_a_region_the_price_file_adds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, policy = tmp_path / "prices.csv", tmp_path / "policy.yaml"
+    LIVE.write_atomic(str(path), CATALOG)
+    policy.write_text("name: eu-only\nregions: [eu-west-1]\n")
+    assert main(["plan", str(EXAMPLE), "--json", "--policy", str(policy)]) == 2  # the shipped table has no eu-west-1
+    assert "eu-west-1" in capsys.readouterr().err
+    assert main(["plan", str(EXAMPLE), "--json", "--policy", str(policy), "--prices", str(path)]) == 0
+    chosen = json.loads(capsys.readouterr().out)["chosen"]
+    assert (chosen["instanceType"], chosen["region"]) == ("p4d.24xlarge", "eu-west-1")
+    assert chosen["priceDate"] == "2026-12-05" and chosen["priceSource"].startswith("aws-")

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from gpuscaler import __version__
 from gpuscaler import prices_cli as pc
 from gpuscaler.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_NODES, TrainingJob
-from gpuscaler.catalog import CatalogError, Precision, UnknownIdError, Workload, load_catalog
+from gpuscaler.catalog import Catalog, CatalogError, Precision, UnknownIdError, Workload, load_catalog
 from gpuscaler.errors import ErrorKind, GpuscalerError
 from gpuscaler.inputs import (
     InputError,
@@ -244,7 +244,7 @@ def load_job(path: str) -> TrainingJob:
         raise validation_error(err, path) from None
 
 
-def _load_policy(path: str | None, namespace: str | None) -> Policy | None:
+def _load_policy(path: str | None, namespace: str | None, catalog: Catalog | None = None) -> Policy | None:
     """The policy in force for ``namespace`` from a (possibly multi-document) policy file.
 
     Raises:
@@ -259,7 +259,7 @@ def _load_policy(path: str | None, namespace: str | None) -> Policy | None:
         policies = load_policies(path)
     except ValidationError as err:
         raise validation_error(err, f"policy {path}") from None
-    catalog = load_catalog()
+    catalog = catalog or load_catalog()
     errors = [f"policy {p.name}: {e}" for p in policies for e in unknown_ids(p, catalog)]
     if errors:
         raise UsageError(f"policy {path} is invalid:\n  " + "\n  ".join(errors))
@@ -504,10 +504,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot:
         import matplotlib  # noqa: F401  (missing: say so before planning, not after printing the plan)
     doc = load_job(args.file)
-    policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default")
+    catalog = pc.catalog_for(args)
+    policy = _load_policy(args.policy, args.namespace or doc.metadata.namespace or "default", catalog)
     profiles = ProfileStore.of(load_profiles(args.profiles)) if args.profiles else None
     result = plan(
-        doc.spec, pc.catalog_for(args), policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices,
+        doc.spec, catalog, policy, name=doc.metadata.name, allow_flagged_prices=args.allow_flagged_prices,
         profiles=profiles,
     )
     if args.json:

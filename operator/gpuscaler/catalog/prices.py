@@ -26,6 +26,7 @@ import csv
 import io
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,12 @@ REQUIRED_COLUMNS = (
 )
 """Columns a price file must have (the others are informative and may be empty)."""
 PROVIDERS = ("aws", "azure", "gcp")
+REGION_SHAPE = {
+    "aws": re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+$"),
+    "azure": re.compile(r"^[a-z][a-z0-9]+$"),
+    "gcp": re.compile(r"^[a-z]+-[a-z]+\d+$"),
+}
+"""What a region name of each cloud looks like (us-east-1, eastus, us-central1)."""
 POLICY_SOURCE = "policy-override"
 """The ``source`` id of a price a policy's ``priceOverrides`` set."""
 USD_PER_GPU_HOUR = (0.05, 100.0)
@@ -315,6 +322,10 @@ def _parse_row(r: dict[str, str], where: str, today: date | None) -> list[Price]
         raise PriceFileError(f"{where}: name and region must not be empty")
     if provider not in PROVIDERS:
         raise PriceFileError(f"{where}: provider {shown(r['provider'])} is not one of {', '.join(PROVIDERS)}")
+    if not REGION_SHAPE[provider].match(region):
+        raise PriceFileError(f"{where}: region {shown(region)} is not a region name of {provider}")
+    if zone and provider != "azure" and not zone.startswith(region):
+        raise PriceFileError(f"{where}: zone {shown(zone)} is not in region {region}")
     if not r["source"]:
         raise PriceFileError(f"{where}: source must name where the price came from (e.g. aws-pricing-api)")
     if r["source"] != SHIPPED_SOURCE:  # the shipped table's days may be labels (undated-skypilot-v6)

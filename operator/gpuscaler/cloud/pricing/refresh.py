@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,18 +23,19 @@ from typing import Any
 
 from gpuscaler.catalog import CapacityType, Catalog, load_catalog
 from gpuscaler.catalog.models import MIN_SPOT_SHARE
-from gpuscaler.catalog.prices import Price, PriceFileError, PriceTable, apply_prices, check_ondemand
+from gpuscaler.catalog.prices import (
+    REGION_SHAPE,
+    Price,
+    PriceFileError,
+    PriceTable,
+    apply_prices,
+    check_ondemand,
+)
 from gpuscaler.cloud.pricing import Pacing, PriceSource, PriceSourceError, Progress, unknown_regions_error
 from gpuscaler.errors import ErrorKind
 from gpuscaler.inputs import InputError, shown, to_json
 
 PROVIDERS = ("aws", "azure", "gcp")
-REGION_SHAPE = {
-    "aws": re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+$"),
-    "azure": re.compile(r"^[a-z][a-z0-9]+$"),
-    "gcp": re.compile(r"^[a-z]+-[a-z]+\d+$"),
-}
-"""What a region name of each cloud looks like (us-east-1, eastus, us-central1)."""
 
 
 @dataclass
