@@ -796,3 +796,19 @@ def test_kueue_and_jobset_toggles_add_exactly_their_rules(namespaced: bool, kueu
     assert (cluster >= KUEUE_CLUSTER_RULES) is kueue  # cluster-scoped objects: always the ClusterRole
     # the operator never writes Kueue's objects: Kueue owns admission
     assert not any(g == "kueue.x-k8s.io" and v not in ("get", "list", "watch") for g, _, v in batch)
+
+
+def test_live_prices_get_their_configmap_role_in_the_release_namespace(tmp_path: Path) -> None:
+    assert not any(d["metadata"]["name"].endswith("-prices") for d in render() if d["kind"] in ("Role", "RoleBinding"))
+    docs = render("-f", values_file(tmp_path, {"settings": {"pricesProviders": ["azure"]}}))
+    env = env_of(docs)
+    assert env["GPUSCALER_PRICES_PROVIDERS"] == '["azure"]'
+    assert env["GPUSCALER_PRICES_NAMESPACE"] == "gpuscaler-system"
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-prices"))
+    assert role["metadata"]["namespace"] == "gpuscaler-system"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["gpuscaler-prices"], "verbs": ["get", "update"]},
+    ]
+    binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-prices"))
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -149,3 +149,6 @@ class ConditionType(StrEnum):
     """False while workers wait for the admission policy that confines their account."""
     WORKER_REPORTS = "WorkerReports"
     """False while a worker's annotation values are being ignored (gpuscaler.kube.reports)."""
+    PRICES_STALE = "PricesStale"
+    """Set when a job is planned with live prices configured: True (NoLivePrices, PricesOld) when the
+    prices in force are older than the settings allow, False (LivePrices) when they are fresh."""

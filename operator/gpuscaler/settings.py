@@ -363,3 +363,37 @@ class Settings(BaseSettings):
             "curated profiles, gpuscaler profiles import); empty: none."
         ),
     )
+
+    # --- Live prices (docs/prices.md): the operator's price refresher
+    prices_providers: list[Literal["aws", "azure", "gcp"]] = Field(
+        default_factory=list,
+        description=(
+            "Clouds whose live prices the operator refreshes (aws, azure, gcp); empty = plan on the shipped "
+            "table (and a policy's priceOverrides) only."
+        ),
+    )
+    prices_regions: list[str] = Field(
+        default_factory=list, description="Regions to price; empty = the catalog's regions of each provider."
+    )
+    prices_ondemand_interval_s: float = Field(
+        default=43200.0, ge=1, description="Seconds between refreshes of on-demand prices (12 h, as Karpenter)."
+    )
+    prices_spot_interval_s: float = Field(
+        default=3600.0, ge=1, description="Seconds between refreshes of spot prices (1 h)."
+    )
+    prices_ondemand_max_age_s: float = Field(
+        default=129600.0, ge=1, description="On-demand prices older than this (36 h) are stale: PricesStale on the jobs planned."
+    )
+    prices_spot_max_age_s: float = Field(
+        default=10800.0, ge=1, description="Spot prices older than this (3 h) are stale: PricesStale on the jobs planned."
+    )
+    prices_retry_s: float = Field(
+        default=300.0, ge=1, description="Seconds before a failed refresh is tried again (the last good copy is kept)."
+    )
+    prices_configmap: str = Field(
+        default="gpuscaler-prices", description="ConfigMap that keeps the last good copy of the live prices."
+    )
+    prices_namespace: str | None = Field(
+        default=None,
+        description="Namespace of that ConfigMap (the operator's; the chart sets it); unset = the watched namespace, else default.",
+    )

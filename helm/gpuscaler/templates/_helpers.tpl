@@ -110,6 +110,9 @@ Rendered as JSON, read back with fromJson.
 {{- $_ := set $s "namespace" $ns }}
 {{- end }}
 {{- $_ := set $s "workerAdmissionPolicyName" (include "gpuscaler.workerPolicy" .) }}
+{{- if and .Values.settings.pricesProviders (not .Values.settings.pricesNamespace) }}
+{{- $_ := set $s "pricesNamespace" .Release.Namespace }}
+{{- end }}
 {{- toJson $s }}
 {{- end }}
 

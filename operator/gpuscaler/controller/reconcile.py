@@ -50,6 +50,7 @@ from gpuscaler.controller import preemption as preemption_cost
 from gpuscaler.controller import queueing
 from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
+from gpuscaler.controller.prices import Staleness
 from gpuscaler.controller.profiles import Recorder
 from gpuscaler.kube.jobset import jobset_name
 from gpuscaler.kube.reports import TrustedReport, trusted_report
@@ -264,6 +265,9 @@ class Reconciler:
     """Kueue Workloads and JobSets (:mod:`gpuscaler.controller.queueing`); None: neither is used."""
     profiles: Recorder | None = None
     """Performance profiles: planned with, and recorded when a job succeeds (:mod:`gpuscaler.controller.profiles`)."""
+    prices: Callable[[datetime], Staleness] | None = None
+    """How fresh the live prices are (:meth:`gpuscaler.controller.prices.PriceRefresher.staleness`);
+    None: no live prices configured, no PricesStale condition."""
 
     # ------------------------------------------------------------------------------ entry point
 
@@ -456,6 +460,12 @@ class Reconciler:
         st.gpus, st.instance_type, st.capacity_type = plan.gpus, plan.instance_type, plan.capacity_type
         ctx.condition(ConditionType.PLANNED, True, reason, plan.summary)
         ctx.out.planned = True
+        if self.prices is not None:
+            fresh = self.prices(ctx.now)
+            was = any(c.type == ConditionType.PRICES_STALE and c.status == "True" for c in st.conditions)
+            ctx.condition(ConditionType.PRICES_STALE, fresh.stale, fresh.reason, fresh.message)
+            if fresh.stale and not was:
+                ctx.event("Warning", "PricesStale", f"{plan.summary} planned on stale prices: {fresh.message}"[:1000])
         return plan
 
     def _planner(self, ctx: StepContext) -> Planner:

@@ -74,6 +74,19 @@ LOST_STEPS = Counter(
     "operator adds them to status.lostSteps; a later downward refinement is not subtracted.",
     ["namespace", "job"],
 )
+PRICES_AGE = Gauge(
+    "gpuscaler_prices_age_seconds",
+    "Seconds since the live prices in force were read, by kind (on-demand, spot); absent before the first "
+    "live copy (docs/prices.md).",
+    ["kind"],
+)
+PRICES_STALE = Gauge(
+    "gpuscaler_prices_stale",
+    "1 while the prices in force are older than GPUSCALER_PRICES_*_MAX_AGE_S allows (or none is live), else 0.",
+)
+PRICE_REFRESHES = Counter(
+    "gpuscaler_price_refreshes_total", "Price refreshes by outcome (ok, failed).", ["outcome"]
+)
 UNRECORDED_SIGNAL = "worker-deleted"
 """Signal label of an interruption counted in status.interruptions without a history record."""
 

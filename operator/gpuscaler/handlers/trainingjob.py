@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -44,6 +43,7 @@ from gpuscaler.controller.policy import (
     gated_plan,
     namespace_usage,
 )
+from gpuscaler.controller.prices import PriceRefresher
 from gpuscaler.controller.profiles import ProfileBook, ProfileConfig, Recorder
 from gpuscaler.controller.reconcile import (
     Job,
@@ -55,6 +55,8 @@ from gpuscaler.controller.reconcile import (
 from gpuscaler.controller.wakeups import Lanes, Seen, StepGate, WakeConfig, Wakeups, drive, lane, next_wake
 from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors, retry_delay
+from gpuscaler.handlers.prices import make_refresher
+from gpuscaler.handlers.prices import start as start_prices
 from gpuscaler.kube.admission import KubePolicyApi, WorkerAdmission
 from gpuscaler.kube.client import TrainingJobs, Workers, load_config
 from gpuscaler.kube.gangs import Gangs
@@ -101,6 +103,8 @@ class Operator:
     blocked: dict[str, str] = field(default_factory=dict)
     """Job key -> namespace of the jobs a policy stops (PolicyViolation): woken when a job of their
     namespace finishes."""
+    prices: PriceRefresher | None = None
+    """Live prices (docs/prices.md); None: the shipped table."""
 
 
 _operator: Operator | None = None
@@ -136,7 +140,8 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 def build(settings: Settings, api: Any) -> Operator:
     """The operator's collaborators from settings and an ``ApiClient``."""
-    catalog = load_catalog()
+    live = make_refresher(settings, api, load_catalog())
+    catalog = live.catalog if live else load_catalog()
     policies = PolicySource(settings.policy_file)
     try:
         policies.file_policies()
@@ -157,7 +162,9 @@ def build(settings: Settings, api: Any) -> Operator:
         metrics.PLAN_CACHE_HITS.inc(plans.hits - hits)
         return out
 
-    planner = functools.partial(gated_plan, catalog=catalog, plan_fn=cached_plan)
+    def planner(*args: Any, **kwargs: Any) -> PlanResult:  # on the catalog in force (live prices)
+        return gated_plan(*args, catalog=live.catalog if live else catalog, plan_fn=cached_plan, **kwargs)
+
     config = LoopConfig.from_settings(settings)
     admission = WorkerAdmission(
         KubePolicyApi(api), settings.worker_admission_policy, settings.worker_admission_policy_name, settings.namespace
@@ -174,6 +181,7 @@ def build(settings: Settings, api: Any) -> Operator:
         admission=admission.refusal,
         gangs=Gangs(api),
         profiles=Recorder(Profiles(api), book, catalog, observer.config.correction()) if settings.profiles_enabled else None,
+        prices=live.staleness if live else None,
     )
     wake = WakeConfig.from_settings(settings)
     return Operator(
@@ -190,6 +198,7 @@ def build(settings: Settings, api: Any) -> Operator:
         wake,
         Lanes(settings.reconcile_workers),
         StepGate(settings.reconcile_workers, settings.reconcile_slow_step_s),
+        prices=live,
     )
 
 
@@ -228,6 +237,14 @@ def startup(settings: kopf.OperatorSettings, logger: Logger, **_: Any) -> None:
         api = load_config()
         api.user_agent = USER_AGENT
         _operator = build(ours, api)
+    if (live := _operator.prices) is not None:
+        op = _operator
+
+        def installed(catalog: Catalog) -> None:
+            op.catalog = op.reconciler.catalog = catalog
+
+        live.on_change.append(installed)
+        start_prices(live)
     admitted = _operator.admission.ensure()
     (logger.info if admitted.enforced else logger.warning)("worker admission policy: %s", admitted.detail)
     metrics.serve(ours.metrics_port)
