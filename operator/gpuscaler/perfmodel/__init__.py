@@ -3,11 +3,11 @@
 Pure: imports no Kubernetes or cloud code. See :mod:`gpuscaler.perfmodel.model` for the maths.
 """
 
+from gpuscaler.perfmodel.config import ParallelConfig
 from gpuscaler.perfmodel.memory import MemoryBreakdown, memory_per_gpu
 from gpuscaler.perfmodel.model import (
     DATA_LOADERS,
     Estimate,
-    ParallelConfig,
     PrecisionUnsupportedError,
     allreduce_seconds,
     estimate,

@@ -25,7 +25,8 @@ from typing import Any
 
 from gpuscaler.catalog import Catalog, Precision, Workload, load_catalog
 from gpuscaler.catalog.models import GPU
-from gpuscaler.perfmodel.model import ParallelConfig, StepTerms, combine, step_terms
+from gpuscaler.perfmodel.config import ParallelConfig
+from gpuscaler.perfmodel.model import StepTerms, combine, step_terms
 from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 
 # Source row name -> catalog workload; first match wins; None = not modelled (speech, recsys, sparsity).

@@ -46,14 +46,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from gpuscaler.catalog.memory_runs import MemoryRun
 from gpuscaler.catalog.models import GPU, Precision, Workload
+from gpuscaler.perfmodel.config import ParallelConfig
 from gpuscaler.perfmodel.parameters import constants
-
-if TYPE_CHECKING:
-    from gpuscaler.perfmodel.model import ParallelConfig
 
 GIB = 1024.0**3
 CACHE_SIZE = 8192
@@ -244,8 +242,6 @@ class MemoryAgreement:
 
 def check_run(run: MemoryRun) -> RunCheck:
     """The memory model's prediction for one documented configuration."""
-    from gpuscaler.perfmodel.model import ParallelConfig
-
     cfg = ParallelConfig(
         micro_batch=run.micro_batch,
         precision=run.precision,

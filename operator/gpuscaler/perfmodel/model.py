@@ -90,6 +90,7 @@ from functools import lru_cache
 
 from gpuscaler.catalog.models import GPU, Precision, Workload
 from gpuscaler.errors import InvalidInputError
+from gpuscaler.perfmodel.config import ParallelConfig
 from gpuscaler.perfmodel.memory import MemoryBreakdown, memory_per_gpu
 from gpuscaler.perfmodel.parameters import FittedParams, constants, fitted
 
@@ -105,41 +106,6 @@ few, so the memos hold a whole plan's working set."""
 
 class PrecisionUnsupportedError(InvalidInputError, ValueError):
     """The GPU cannot run the requested precision (e.g. bf16 on a V100, fp8 before Hopper/Ada)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ParallelConfig:
-    """How a workload is run: GPUs, precision, micro-batch and accumulation, memory savers."""
-
-    micro_batch: int
-    """Batch items per GPU per micro-batch (images, sequences, sentence pairs)."""
-    precision: Precision = Precision.AMP
-    gpus_per_node: int = 1
-    nodes: int = 1
-    accumulation: int = 1
-    zero_stage: int = 0
-    """ZeRO/FSDP sharding: 0 none, 1 optimizer state, 2 + gradients, 3 + weights."""
-    activation_checkpointing: bool = False
-    intra_link_gbs: float | None = None
-    """Override of the GPU's intra-node link (e.g. an instance without NVLink)."""
-    intra_link: str | None = None
-    network_gbps: float | None = None
-    """Inter-node network bandwidth of the instance; required when nodes > 1."""
-    vcpus_per_node: int | None = None
-    """Enables the input-pipeline bound."""
-    framework: str = "pytorch"
-    channels_last: bool = False
-    """Convolutions in channels-last (NHWC) memory format; PyTorch's default is NCHW (False)."""
-    data_loader: str = "pytorch"
-    """Input pipeline: ``pytorch`` (DataLoader workers on the CPU) or ``dali`` (NVIDIA DALI)."""
-
-    @property
-    def gpus(self) -> int:
-        return self.gpus_per_node * self.nodes
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.accumulation * self.gpus
 
 
 @dataclass(frozen=True, slots=True)
