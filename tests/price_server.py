@@ -55,7 +55,7 @@ def serve(handler: Handler) -> Iterator[Server]:
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handle)
     server_box.append(Server(f"http://127.0.0.1:{httpd.server_address[1]}"))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield server_box[0]

@@ -315,6 +315,10 @@ def test_estimate_prices_its_configuration(tmp_path: Path, capsys: pytest.Captur
         "spot on p4d.24xlarge (eu-west-1): $14.00/h" in out
         and "aws-spot-price-history, read 2026-12-05" in out
     )
+    assert ("prices are stale" in out) is (date.today() > date(2026, 12, 12))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "price shipped-table, dated 2026-07-20" in out and "prices are stale" in out
 
 
 @pytest.mark.parametrize("command", [["plan", str(EXAMPLE)], ["catalog", "instances"]])

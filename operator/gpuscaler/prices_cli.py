@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, load_catalog
-from gpuscaler.catalog.prices import age_days, price_note, priced_catalog
+from gpuscaler.catalog.prices import age_days, is_stale, price_note, priced_catalog
 from gpuscaler.inputs import output_file
 
 __all__ = [
@@ -93,6 +93,7 @@ def estimate_prices(
 def render_estimate_prices(rows: list[dict[str, Any]], unit: str) -> str:
     """The text lines of :func:`estimate_prices`: the cheapest on-demand and unflagged spot offer."""
     lines = []
+    stale = False
     for cap in CapacityType:
         offers = [r for r in rows if r["capacityType"] == cap.value and not r["priceFlagged"]]
         if not offers:
@@ -103,8 +104,11 @@ def render_estimate_prices(rows: list[dict[str, Any]], unit: str) -> str:
         )
         lines.append(
             f"  {cap.value} on {best['instanceType']} ({best['region']}): ${best['usdPerHour']:,.2f}/h{per}; "
-            f"price {price_note(best['priceSource'], best['priceDate'])}"
+            f"price {price_note(best['priceSource'], best['priceDate'], hint=False)}"
         )
+        stale = stale or is_stale(best["priceDate"])
+    if stale:
+        lines.append("  prices are stale: `gpuscaler catalog refresh` reads today's; estimate with --prices FILE")
     return "\n".join(lines)
 
 

@@ -480,7 +480,13 @@ STALE_AFTER_DAYS = 7
 reads today's."""
 
 
-def price_note(source: str, price_date: str, today: date | None = None) -> str:
+def is_stale(price_date: str, today: date | None = None) -> bool:
+    """Older than :data:`STALE_AFTER_DAYS`, or undated."""
+    days = age_days(price_date, today)
+    return days is None or days > STALE_AFTER_DAYS
+
+
+def price_note(source: str, price_date: str, today: date | None = None, hint: bool = True) -> str:
     """One line on where a price came from and how old it is, e.g. ``aws-pricing-api, read
     2026-12-05, 1 day old`` or ``shipped-table, dated 2026-07-20, 139 days old: stale, ...``."""
     if source == POLICY_SOURCE:
@@ -490,7 +496,7 @@ def price_note(source: str, price_date: str, today: date | None = None) -> str:
     note = f"{source}, {verb} {price_date}, " + (
         "age unknown" if days is None else f"{days} day{'' if days == 1 else 's'} old"
     )
-    if days is None or days > STALE_AFTER_DAYS:
+    if hint and is_stale(price_date, today):
         note += ": stale (`gpuscaler catalog refresh` reads today's prices; plan with --prices FILE)"
     return note
 
