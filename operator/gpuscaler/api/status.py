@@ -67,6 +67,20 @@ class Condition(StatusModel):
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation it was set for.")
 
 
+class PlanSegment(StatusModel):
+    """One stretch of a segmented plan (a capacity block's window, then what follows; docs/capacity.md)."""
+
+    offering: str = Field(description="Nodes x instance type, capacity type and held pool.")
+    capacity_type: str = Field(description="on-demand, spot, reserved, capacity-block or flex-start.")
+    held_capacity: str = Field(default="", description="The policy's held capacity pool it runs on; empty for capacity bought by the hour.")
+    start: datetime = Field(description="When it starts (planned).")
+    checkpoint_at: datetime | None = Field(
+        default=None, description="When the operator asks for the checkpoint before the window closes (a planned move, not a failure).",
+    )
+    samples: float = Field(ge=0, description="Samples trained in it.")
+    cost_usd: float = Field(ge=0, description="What the team pays for it at the margin.")
+
+
 class PlanStatus(StatusModel):
     """The plan the operator runs (the same numbers ``gpuscaler plan`` prints)."""
 
@@ -78,7 +92,14 @@ class PlanStatus(StatusModel):
     gpus_per_node: int = Field(ge=0, description="GPUs on one node.")
     nodes: int = Field(ge=1, description="Nodes (= worker pods).")
     gpus: int = Field(ge=0, description="GPUs in total.")
-    capacity_type: Literal["on-demand", "spot"] = Field(description="on-demand or spot.")
+    capacity_type: Literal["on-demand", "spot", "reserved", "capacity-block", "flex-start"] = Field(
+        description="on-demand, spot, or held capacity: reserved, capacity-block, flex-start (docs/capacity.md)."
+    )
+    held_capacity: str = Field(default="", description="The policy's held capacity pool the plan runs on; empty for capacity bought by the hour.")
+    segments: list[PlanSegment] = Field(
+        default_factory=list, max_length=16,
+        description="A segmented plan's stretches in order (runs in a window, checkpoints before it closes, continues); empty for one piece.",
+    )  # fmt: skip
     precision: str = Field(description="Numeric precision the workers train in.")
     micro_batch: int = Field(ge=1, description="Micro-batch per GPU.")
     accumulation: int = Field(ge=1, description="Gradient-accumulation steps.")

@@ -23,10 +23,26 @@ SHIPPED_SOURCE = "shipped-table"
 
 
 class CapacityType(StrEnum):
-    """How an instance is bought; the values are Karpenter's ``karpenter.sh/capacity-type``."""
+    """How an instance is bought; the values are Karpenter's ``karpenter.sh/capacity-type`` where it
+    has one (``reserved`` is Karpenter's own value for capacity reservations).
+
+    On-demand and spot are priced by the catalog; the held types (:data:`HELD_CAPACITY`) are
+    declared by the platform team (a policy's ``capacity``, docs/capacity.md) with the price the
+    team pays for them at the margin: the catalog prices none of them.
+    """
 
     ON_DEMAND = "on-demand"
     SPOT = "spot"
+    RESERVED = "reserved"
+    """Capacity the team holds for a period (ODCR, GCP or Azure reservation): no interruptions."""
+    CAPACITY_BLOCK = "capacity-block"
+    """A prepaid window (start, end) of N instances (AWS Capacity Blocks for ML, GKE DWS calendar mode)."""
+    FLEX_START = "flex-start"
+    """Queued capacity that starts after a delay and runs for a bounded time (GKE DWS flex-start)."""
+
+
+HELD_CAPACITY = frozenset({CapacityType.RESERVED, CapacityType.CAPACITY_BLOCK, CapacityType.FLEX_START})
+"""The capacity types a policy declares (priced by the declaration, never by the catalog)."""
 
 
 class Precision(StrEnum):
@@ -124,18 +140,26 @@ class InstanceType:
         return self.spot_usd_hr is not None and self.spot_usd_hr < MIN_SPOT_SHARE * self.ondemand_usd_hr
 
     def price(self, capacity: CapacityType) -> float | None:
-        """Hourly price for a capacity type, or None when that capacity does not exist."""
-        return self.ondemand_usd_hr if capacity is CapacityType.ON_DEMAND else self.spot_usd_hr
+        """Hourly price for a capacity type, or None when that capacity does not exist (held
+        capacity: the catalog prices none; its declaration does)."""
+        if capacity is CapacityType.ON_DEMAND:
+            return self.ondemand_usd_hr
+        if capacity is CapacityType.SPOT:
+            return self.spot_usd_hr
+        return None
 
     def price_source(self, capacity: CapacityType) -> str:
-        """Where the price of a capacity type came from (a short id)."""
-        return self.ondemand_source if capacity is CapacityType.ON_DEMAND else self.spot_source
+        """Where the price of a capacity type came from (a short id; '' for held capacity)."""
+        if capacity is CapacityType.ON_DEMAND:
+            return self.ondemand_source
+        return self.spot_source if capacity is CapacityType.SPOT else ""
 
     def price_date_of(self, capacity: CapacityType) -> str:
-        """The day the price of a capacity type was read (ISO date, or the shipped table's label)."""
+        """The day the price of a capacity type was read (ISO date, or the shipped table's label;
+        '' for held capacity)."""
         if capacity is CapacityType.ON_DEMAND:
             return self.price_date
-        return self.spot_price_date or self.price_date
+        return (self.spot_price_date or self.price_date) if capacity is CapacityType.SPOT else ""
 
 
 @dataclass(frozen=True, slots=True)

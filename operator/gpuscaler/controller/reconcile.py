@@ -68,6 +68,7 @@ from gpuscaler.names import DO_NOT_DISRUPT_ANNOTATION, ConditionType
 from gpuscaler.observe.controller import JobContext, Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult, remaining_spec
+from gpuscaler.planner.held import plan_segments
 from gpuscaler.runtime import constants as rc
 from gpuscaler.settings import Settings
 
@@ -183,6 +184,8 @@ def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatu
         nodes=c.nodes,
         gpus=c.gpus,
         capacity_type=c.capacity.value,
+        held_capacity=c.pool,
+        segments=plan_segments(c, now),
         precision=c.precision.value,
         micro_batch=c.micro_batch,
         accumulation=c.accumulation,

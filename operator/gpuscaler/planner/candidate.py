@@ -44,9 +44,13 @@ class Reason(StrEnum):
     """Its plans cost more than the job's budget."""
 
 
-REPORT_ORDER = (Reason.DEADLINE, Reason.BUDGET, Reason.POLICY, Reason.MEMORY, Reason.BATCH, Reason.PRECISION)
+REPORT_ORDER = (
+    Reason.DEADLINE, Reason.BUDGET, Reason.POLICY, Reason.MEMORY, Reason.BATCH, Reason.PRECISION, Reason.CAPACITY,
+)  # fmt: skip
 """When an offering's configurations failed for several reasons, the one it is reported under: the
-first in this order (a plan that runs but is too slow says more than one that does not fit)."""
+first in this order (a plan that runs but is too slow says more than one that does not fit). A
+held pool's configuration can fail for its capacity (a window too short, a flex-start run past
+its limit): last."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,47 @@ class Refusal:
 
     reason: Reason
     text: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of a segmented plan: a capacity block's window, then what continues after it.
+
+    A plan that starts in a window shorter than the job (a capacity block, a reservation that
+    expires) runs in it, checkpoints ``margin_s`` before the window closes and continues on the
+    next cheapest capacity (:mod:`gpuscaler.planner.held`): one segment per stretch, in order.
+    """
+
+    label: str
+    """The segment's offering (nodes x instance, capacity, pool)."""
+    capacity: CapacityType
+    pool: str
+    """The held pool it runs on ('' for capacity bought by the hour)."""
+    start_h: float
+    """Hours from now the segment starts."""
+    hours: float
+    """Its expected hours (start-up and checkpoint writes included)."""
+    samples: float
+    """Samples trained in it."""
+    cost_usd: float
+    """What the team pays for it at the margin."""
+    checkpoint_at_h: float | None = None
+    """Hours from now of the planned checkpoint before the window closes (None: the segment runs to the end)."""
+    margin_s: float = 0.0
+    """Seconds before the window closes the checkpoint is asked for (from the checkpoint's write time)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "offering": self.label,
+            "capacityType": self.capacity.value,
+            "heldCapacity": self.pool,
+            "startHours": round(self.start_h, 3),
+            "hours": round(self.hours, 3),
+            "samples": round(self.samples),
+            "costUsd": round(self.cost_usd, 2),
+            "checkpointAtHours": None if self.checkpoint_at_h is None else round(self.checkpoint_at_h, 3),
+            "marginSeconds": round(self.margin_s),
+        }
 
 
 class Candidate(NamedTuple):
@@ -87,6 +132,10 @@ class Candidate(NamedTuple):
     """Where its price comes from (see :class:`~gpuscaler.planner.offerings.Offering`)."""
     price_date: str = ""
     """The ISO day its price was read."""
+    pool: str = ""
+    """The held capacity pool it runs on (a policy's ``capacity``), '' for capacity bought by the hour."""
+    segments: tuple[Segment, ...] = ()
+    """A segmented plan's stretches (:class:`Segment`), in order; empty for a plan in one piece."""
     prior: MeasuredPrior | None = None
     """The performance profile its throughput and band come from (None: the model's, or the job's
     own observed correction)."""
@@ -118,7 +167,10 @@ class Candidate(NamedTuple):
 
     @property
     def expected_cost_usd(self) -> float:
-        """Expected hours x price, plus the contingency's expected extra cost."""
+        """Expected hours x price, plus the contingency's expected extra cost (a segmented plan: the
+        sum of its segments', each carrying its own)."""
+        if self.segments:
+            return sum(seg.cost_usd for seg in self.segments)
         extra = self.contingency.extra_cost_usd if self.contingency is not None else 0.0
         return self.outlook.expected_hours * self.usd_per_hour + extra
 
@@ -129,13 +181,16 @@ class Candidate(NamedTuple):
 
     @property
     def p90_cost_usd(self) -> float:
+        if self.segments:  # the slow end stretches the segments alike (the last one pays for it)
+            return self.expected_cost_usd * self.p90_hours / max(self.expected_hours, 1e-9)
         return self.p90_hours * self.usd_per_hour
 
     @property
     def label(self) -> str:
         return (
             f"{self.nodes} x {self.instance.name} ({self.gpus} x {self.instance.gpu_id}) "
-            f"{self.capacity.value}{f' in {self.zone}' if self.zone else ''} {self.precision.value}"
+            f"{self.capacity.value}{f' {self.pool}' if self.pool else ''}"
+            f"{f' in {self.zone}' if self.zone else ''} {self.precision.value}"
         )
 
     def to_dict(self, source: bool = False) -> dict[str, object]:
@@ -183,6 +238,8 @@ class Candidate(NamedTuple):
             "deadlineMissProbability": round(self.outlook.deadline_miss_probability, 4),
             "priceCaveat": self.price_caveat,
             "contingency": self.contingency.to_dict() if self.contingency is not None else None,
+            "heldCapacity": self.pool,
+            "segments": [seg.to_dict() for seg in self.segments],
         }
         if source:
             out["throughputSource"] = self.throughput_source

@@ -41,16 +41,25 @@ policy overrides that price (the platform team vouches for it) or the caller all
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gpuscaler.api import Objective, TrainingJobSpec
-from gpuscaler.catalog import CapacityType, Catalog
+from gpuscaler.catalog import CapacityType, Catalog, Precision
 from gpuscaler.planner import contingency as recourse
 from gpuscaler.planner.candidate import Candidate, Reason, Refusal, Rejection
 from gpuscaler.planner.configure import configure
-from gpuscaler.planner.evaluate import STARTUP_S, Performance, evaluate
+from gpuscaler.planner.evaluate import STARTUP_S, Performance, Run, evaluate
+from gpuscaler.planner.held import (
+    HeldOffer,
+    RestPlanner,
+    flex_delay_reason,
+    held_candidate,
+    held_note,
+    held_offers,
+    segmented,
+)
 from gpuscaler.planner.job import ResolvedJob, check_constraints, resolve
 from gpuscaler.planner.offerings import (
     NODE_COUNTS,
@@ -123,6 +132,7 @@ def plan(
     efficiency_sigma: Mapping[str, float] | None = None,
     allow_flagged_prices: bool = False,
     profiles: ProfileStore | None = None,
+    held_in_use: Mapping[str, int] | None = None,
 ) -> PlanResult:
     """Plan a training job.
 
@@ -147,6 +157,8 @@ def plan(
         profiles: performance profiles the cluster measured (:mod:`gpuscaler.planner.profiles`):
             a configuration measured before plans with the measured band, one near it with the
             model moved by the measured ratio; a GPU in ``efficiency`` keeps this job's own correction.
+        held_in_use: nodes of each held pool (the policy's ``capacity``) other jobs hold: pool
+            name -> nodes (:mod:`gpuscaler.planner.held`; none when absent).
 
     Returns:
         The plan result; ``chosen`` is None when no plan is feasible, with ``hints``.
@@ -192,8 +204,30 @@ def plan(
         target = evaluated[at] if target is not None else None  # with its own (empty) contingency
     for c in evaluated:
         outcomes.add(c, job, spec, pol)
+    # held capacity (the policy's reservations, blocks, flex-start: gpuscaler.planner.held)
+    when = now or datetime.now(UTC)
+    held, held_rejected = held_offers(spec, catalog, pol, {o.instance.name for o in offers}, when, held_in_use)
+    rejected += held_rejected
+    pools: dict[str, HeldOffer] = {}
+    for h in held:
+        if h.offer.key in unavailable or (*h.offer.key, h.offer.zone) in unavailable:
+            rejected.append(
+                Rejection(*h.offer.key, Reason.CAPACITY, "no capacity right now (recent shortage)", h.offer.zone)
+            )
+            continue
+        pools[h.pool.name] = h
+
+        def rest(s: TrainingJobSpec, dl: float | None, p: Policy) -> tuple[Candidate | None, str]:
+            r = plan(s, catalog, p, name=name, now=when, deadline_h=dl, unavailable=unavailable, efficiency=efficiency,
+                     efficiency_sigma=efficiency_sigma, allow_flagged_prices=allow_flagged_prices, profiles=profiles,
+                     held_in_use=held_in_use)  # fmt: skip
+            return r.chosen, r.why
+
+        _plan_held(h, job, spec, pol, performance, outcomes, node_counts(h.offer.instance, spec, job, cap), wanted, rest)
     # 4. solve
     chosen, why = solve(outcomes.feasible, spec, job)
+    if chosen is not None and chosen.pool in pools:
+        why += "; " + held_note(chosen, pools[chosen.pool])
     caveats = [chosen.price_caveat] if chosen is not None and chosen.price_caveat else []
     if caveats:
         why += f"; caveat: {caveats[0]}"
@@ -233,3 +267,45 @@ def with_recourse(
     of = recourse.Recourse(target, deadline_h=deadline_h, max_risk=spec.constraints.max_deadline_risk,
                            restart_s=spec.checkpoint.restart_seconds, startup_s=STARTUP_S).of  # fmt: skip
     return [c.with_contingency(of(c)) for c in cands]
+def _plan_held(
+    h: HeldOffer,
+    job: ResolvedJob,
+    spec: TrainingJobSpec,
+    pol: Policy,
+    performance: Performance,
+    outcomes: Outcomes,
+    counts: Iterable[int],
+    wanted: list[Precision],
+    rest: RestPlanner,
+) -> None:
+    """Every configuration of one held pool (at most its free nodes) into ``outcomes``; a window
+    shorter than the job: one segmented plan with the pool's fastest configuration."""
+    key = h.offer.key
+    fastest: Run | None = None
+    for nodes in counts:
+        if nodes > h.free:
+            break
+        for precision in wanted:
+            run = performance.run(h.offer.instance, nodes, precision)
+            if isinstance(run, Refusal):
+                outcomes.refuse(key, run)
+                continue
+            c = held_candidate(job, spec, pol, h, run)
+            if c is None:
+                if fastest is None or run.est.throughput > fastest.est.throughput:
+                    fastest = run
+            elif isinstance(c, Refusal):
+                outcomes.refuse(key, c)
+            else:
+                if h.pool.type == "flexStart" and job.deadline_h is not None:
+                    undelayed = evaluate(job, spec, pol, h.offer, run, "").outlook.deadline_miss_probability
+                    why = flex_delay_reason(c, h, spec.constraints.max_deadline_risk, undelayed)
+                    if why is not None:
+                        outcomes.refuse(key, Refusal(Reason.DEADLINE, why))
+                outcomes.add(c, job, spec, pol)
+    if fastest is not None:
+        seg = segmented(job, spec, pol, h, fastest, rest)
+        if isinstance(seg, Refusal):
+            outcomes.refuse(key, seg)
+        else:
+            outcomes.add(seg, job, spec, pol)

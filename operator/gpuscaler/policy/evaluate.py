@@ -133,6 +133,16 @@ def _strictest(policies: Sequence[Policy]) -> tuple[dict[str, Any], set[str], se
             out[f] = max(p.min_checkpoint_interval_s for p in ps)
         elif f == "price_overrides":
             out[f] = [o for p in ps for o in p.price_overrides]
+        elif f == "capacity":  # held capacity adds up: every pool declared at this level (names unique)
+            pools = [c for p in ps for c in p.capacity]
+            seen = [c.name for c in pools]
+            twice = sorted({n for n in seen if seen.count(n) > 1})
+            if twice:
+                raise PolicyConflictError(
+                    f"capacity {', '.join(twice)} is declared by several policies "
+                    f"({', '.join(p.name for p in ps)}): give each pool one name"
+                )
+            out[f] = pools
         elif f == "spot":
             spot_setters = [p.spot for p in ps]
             out[f] = {

@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuscaler.catalog.models import CapacityType, InstanceType, Precision
 from gpuscaler.inputs import InputError, StrictModel, load_yaml_all, shown
+from gpuscaler.policy.capacity import HeldCapacity
 
 KIND = "GPUScalingPolicy"
 """Kind of the policy resource (group gpuscaler.io, version v1alpha1, cluster-scoped)."""
@@ -108,6 +109,14 @@ class Policy(PolicyModel):
         gt=0,
         description="Per-node write bandwidth to checkpoint storage, Gbit/s (assumption: EFS/Filestore class).",
     )
+    capacity: list[HeldCapacity] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Capacity the team holds or can queue for (reserved, capacityBlock, flexStart): the planner "
+            "plans into it at what the team pays at the margin (docs/capacity.md)."
+        ),
+    )
 
     @field_validator("allowed_precisions", "default_precisions")
     @classmethod
@@ -124,6 +133,9 @@ class Policy(PolicyModel):
                 f"minCheckpointIntervalS {self.min_checkpoint_interval_s} > maxCheckpointIntervalS "
                 f"{self.max_checkpoint_interval_s}"
             )
+        names = [c.name for c in self.capacity]
+        if len(set(names)) != len(names):
+            raise ValueError(f"capacity names must be unique: {', '.join(sorted(n for n in set(names) if names.count(n) > 1))}")
         if self.allowed_precisions and self.default_precisions:
             outside = [p for p in self.default_precisions if p not in self.allowed_precisions]
             if outside:
@@ -147,8 +159,9 @@ class Policy(PolicyModel):
                     price = o.on_demand_usd_hr
                 if o.discount_pct is not None and price is not None:
                     price = price * (1 - o.discount_pct / 100)
-            elif o.spot_usd_hr is not None:
+            elif capacity is CapacityType.SPOT and o.spot_usd_hr is not None:
                 price = o.spot_usd_hr
+            # held capacity: priced by its declaration (Policy.capacity), never by an override
         return price
 
 
