@@ -104,7 +104,7 @@ def test_operator_runs_a_job_on_karpenter(
         reqs = {r["key"]: r for r in pool["spec"]["template"]["spec"]["requirements"]}
         assert INSTANCE in reqs["node.kubernetes.io/instance-type"]["values"]
         assert reqs["node.kubernetes.io/instance-type"]["operator"] == "In"
-        assert sorted(reqs["karpenter.sh/capacity-type"]["values"]) == ["on-demand", "spot"]
+        assert sorted(reqs["karpenter.sh/capacity-type"]["values"]) == ["on-demand", "reserved", "spot"]
         assert reqs["gpuscaler.io/job"]["operator"] == "Exists"
         assert pool["spec"]["template"]["spec"]["nodeClassRef"]["kind"] == "KWOKNodeClass"
         assert pool["spec"]["template"]["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]

@@ -27,10 +27,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuscaler import __version__
+from gpuscaler import __version__, capacity_cli
 from gpuscaler import prices_cli as pc
 from gpuscaler.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_NODES, TrainingJob
-from gpuscaler.catalog import Catalog, CatalogError, Precision, UnknownIdError, Workload, load_catalog
+from gpuscaler.catalog import CapacityType, Catalog, CatalogError, Precision, UnknownIdError, Workload, load_catalog
 from gpuscaler.errors import ErrorKind, GpuscalerError
 from gpuscaler.inputs import (
     InputError,
@@ -337,7 +337,7 @@ def render_plan(result: PlanResult) -> str:
         out.append(
             f"  expected {c.expected_hours:.2f} h, {_money(c.expected_cost_usd)} at {_money(c.usd_per_hour)}/h; "
             f"checkpoint every {c.outlook.interval_s / 60:.0f} min ({c.checkpoint_write_s:.0f} s each)"
-            + (f"; {c.outlook.interruptions:.2f} interruptions expected" if c.capacity.value == "spot" else "")
+            + (f"; {c.outlook.interruptions:.2f} interruptions expected" if c.capacity is CapacityType.SPOT else "")
         )
         out.append(f"  price: {pc.price_note(c.price_source, c.price_date)}")
         band = c.band
@@ -364,6 +364,7 @@ def render_plan(result: PlanResult) -> str:
             out.append(f"  contingency: {c.contingency.sentence(e.unit)}")
         for caveat in result.caveats:
             out.append(f"  caveat: {caveat}")
+        out += capacity_cli.segment_lines(c)
     else:
         out.append("No feasible plan.")
         for h in result.hints:
@@ -430,7 +431,7 @@ def plot_plan(result: PlanResult, path: str) -> None:
     fig, ax = plt.subplots(figsize=(10, 5.5))
     gpus = sorted({p.instance.gpu.id for p in pts})
     colours = plt.get_cmap("tab10" if len(gpus) <= 10 else "tab20")
-    markers = {"on-demand": "o", "spot": "^"}
+    markers = {"on-demand": "o", "spot": "^", "reserved": "s", "capacity-block": "D", "flex-start": "v"}
     for k, gpu in enumerate(gpus):
         for cap, marker in markers.items():
             sel = [p for p in pts if p.instance.gpu.id == gpu and p.capacity.value == cap]
@@ -1014,6 +1015,7 @@ def build_parser() -> argparse.ArgumentParser:
             pc.add_prices_option(sw)
         sw.set_defaults(func=cmd_catalog)
     pc.register_refresh(cs)
+    capacity_cli.register_catalog(cs)
 
     for register in _extensions():
         register(sub)

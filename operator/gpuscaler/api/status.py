@@ -96,6 +96,9 @@ class PlanStatus(StatusModel):
         description="on-demand, spot, or held capacity: reserved, capacity-block, flex-start (docs/capacity.md)."
     )
     held_capacity: str = Field(default="", description="The policy's held capacity pool the plan runs on; empty for capacity bought by the hour.")
+    reservation_id: str = Field(default="", description="The cloud's id of that pool (an EC2 capacity reservation), when declared.")
+    window_start: datetime | None = Field(default=None, description="When the pool's window opens (a capacity block).")
+    window_end: datetime | None = Field(default=None, description="When the pool's window closes (a block's end, a reservation's expiry).")
     segments: list[PlanSegment] = Field(
         default_factory=list, max_length=16,
         description="A segmented plan's stretches in order (runs in a window, checkpoints before it closes, continues); empty for one piece.",

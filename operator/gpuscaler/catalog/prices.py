@@ -68,6 +68,8 @@ REGION_SHAPE = {
 """What a region name of each cloud looks like (us-east-1, eastus, us-central1)."""
 POLICY_SOURCE = "policy-override"
 """The ``source`` id of a price a policy's ``priceOverrides`` set."""
+HELD_CAPACITY_SOURCE = "policy-capacity"
+"""Source of the price of held capacity (a policy's ``capacity``: reserved, capacity blocks, flex-start)."""
 USD_PER_GPU_HOUR = (0.05, 100.0)
 """Plausible on-demand price per GPU-hour, USD: outside it a price is refused as a data error. The
 shipped catalog spans $0.53 (one T4) to $7.91 (one H200 of p5en.48xlarge); the band leaves an order
@@ -491,6 +493,8 @@ def price_note(source: str, price_date: str, today: date | None = None, hint: bo
     2026-12-05, 1 day old`` or ``shipped-table, dated 2026-07-20, 139 days old: stale, ...``."""
     if source == POLICY_SOURCE:
         return f"{POLICY_SOURCE} (the policy's negotiated price; no date)"
+    if source == HELD_CAPACITY_SOURCE:
+        return f"{HELD_CAPACITY_SOURCE} (held capacity: what the policy declares the team pays at the margin; no date)"
     days = age_days(price_date, today)
     verb = "dated" if source == SHIPPED_SOURCE else "read"
     note = f"{source}, {verb} {price_date}, " + (

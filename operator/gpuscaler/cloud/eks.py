@@ -41,6 +41,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuscaler import names
 from gpuscaler.catalog import CapacityType
+from gpuscaler.catalog.models import HELD_CAPACITY
 from gpuscaler.cloud.adoption import NodeAdopter
 from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
@@ -64,7 +65,24 @@ NODEGROUP_LABEL = names.EKS_NODEGROUP_LABEL
 EKS_CAPACITY_LABEL = names.EKS_CAPACITY_LABEL
 """Label EKS puts on every node: ``ON_DEMAND`` or ``SPOT``."""
 
-EKS_CAPACITY = {CapacityType.ON_DEMAND: "ON_DEMAND", CapacityType.SPOT: "SPOT"}
+EKS_CAPACITY = {
+    CapacityType.ON_DEMAND: "ON_DEMAND",
+    CapacityType.SPOT: "SPOT",
+    CapacityType.RESERVED: "ON_DEMAND",  # an ODCR's instances are on-demand ones its launch template targets
+    CapacityType.CAPACITY_BLOCK: "CAPACITY_BLOCK",
+}
+"""EKS's ``capacityType`` of each capacity type it serves (no flex-start: EKS has none)."""
+
+
+def eks_capacity(capacity: CapacityType) -> str:
+    """EKS's ``capacityType`` of a capacity type.
+
+    Raises:
+        ProviderError: flex-start (EKS offers none).
+    """
+    if capacity not in EKS_CAPACITY:
+        raise ProviderError(f"eks: EKS has no {capacity.value} capacity; leave it out of the policy's capacity for this cluster")
+    return EKS_CAPACITY[capacity]
 
 THROTTLING_CODES = frozenset(
     {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded"}
@@ -220,7 +238,8 @@ class EksProvider(AdoptsNodes):
             return False  # a group serves a zone only when tagged with it
         return bool(
             ng.get("instanceTypes") == [instance]
-            and ng.get("capacityType", "ON_DEMAND") == EKS_CAPACITY[capacity]
+            and capacity is not CapacityType.RESERVED  # a reservation's group is told apart by its tags only
+            and ng.get("capacityType", "ON_DEMAND") == eks_capacity(capacity)
         )
 
     @staticmethod
@@ -284,7 +303,7 @@ class EksProvider(AdoptsNodes):
             instanceTypes=[inst],
             amiType=t.ami_type,
             nodeRole=t.node_role_arn,
-            capacityType=EKS_CAPACITY[cap],
+            capacityType=eks_capacity(cap),
             labels={**meta, CAPACITY_TYPE_LABEL: cap.value},
             taints=[{"key": t.taint_key, "effect": "NO_SCHEDULE"}],
             tags={**t.tags, **meta, names.MANAGED_LABEL: "true"},
@@ -307,6 +326,13 @@ class EksProvider(AdoptsNodes):
         have = sum(1 for n in existing if not n.deleting)
         group = self.find_group(inst, cap, request.zone)
         if group is None:
+            if cap in HELD_CAPACITY:  # its launch template must target the reservation: made by the platform team
+                raise ProviderError(
+                    f"eks: no node group of cluster {self.cluster} serves {inst} ({cap.value}"
+                    f"{f', reservation {request.reservation_id}' if request.reservation_id else ''}); create one whose "
+                    f"launch template targets the reservation (capacityType {eks_capacity(cap)}) and tag it "
+                    f"{INSTANCE_TAG}={inst}, {CAPACITY_TAG}={cap.value} (docs/providers.md)"
+                )
             if self.template is None:
                 where = f" in {request.zone}" if request.zone else ""
                 zone_tag = f", {ZONE_TAG}={request.zone}" if request.zone else ""
@@ -410,7 +436,7 @@ class EksProvider(AdoptsNodes):
         return Scheduling(
             node_selector={
                 INSTANCE_TYPE_LABEL: request.instance.name,
-                EKS_CAPACITY_LABEL: EKS_CAPACITY[request.capacity],
+                EKS_CAPACITY_LABEL: eks_capacity(request.capacity),
                 JOB_LABEL: request.job.label,
                 **request.zone_selector(),
             },

@@ -195,8 +195,12 @@ class GkeProvider(AdoptsNodes):
         labels = dict(np.config.labels or {})
         if INSTANCE_LABEL in labels:
             return bool(labels[INSTANCE_LABEL] == instance and labels.get(CAPACITY_LABEL) == capacity.value)
-        spot = bool(np.config.spot or np.config.preemptible)
-        return bool(np.config.machine_type == instance and spot == (capacity is CapacityType.SPOT))
+        if np.config.machine_type != instance:
+            return False
+        served = pool_capacity(np.config)
+        if capacity is CapacityType.CAPACITY_BLOCK:  # DWS calendar mode: a specific reservation too
+            return served is CapacityType.RESERVED
+        return served is capacity
 
     def find_pool(self, instance: str, capacity: CapacityType, zone: str = "") -> _Pool | None:
         """The node pool that serves an offering (with node locations ``[zone]`` when given), or None."""
@@ -287,14 +291,40 @@ class GkeProvider(AdoptsNodes):
         return released
 
     def scheduling(self, request: NodeRequest) -> Scheduling:
+        """Pods select the machine type, accelerator and job; spot and flex-start pods GKE's own
+        labels, a reservation's pods their node pool (one that consumes the reservation)."""
         selector = {INSTANCE_TYPE_LABEL: request.instance.name, JOB_LABEL: request.job.label}
         accelerator = GKE_ACCELERATORS.get(request.instance.gpu_id)
         if accelerator:
             selector[ACCELERATOR_LABEL] = accelerator
         if request.capacity is CapacityType.SPOT:
             selector[SPOT_LABEL] = "true"
+        elif request.capacity is CapacityType.FLEX_START:
+            selector[names.GKE_FLEX_START_LABEL] = "true"
+        elif request.capacity in (CapacityType.RESERVED, CapacityType.CAPACITY_BLOCK):
+            pool = self.find_pool(request.instance.name, request.capacity, request.zone)
+            if pool is not None:
+                selector[NODEPOOL_LABEL] = pool.short
         selector.update(request.zone_selector())
         return Scheduling(
             node_selector=selector,
             tolerations=[{"key": self.toleration_key, "operator": "Exists", "effect": "NoSchedule"}],
         )
+
+
+SPECIFIC_RESERVATION = 3
+"""``ReservationAffinity.Type.SPECIFIC_RESERVATION``: the pool consumes one named reservation."""
+
+
+def pool_capacity(config: Any) -> CapacityType:
+    """The capacity type an unlabelled node pool's ``config`` provides: flex-start (``flexStart``),
+    reserved (``reservationAffinity`` of a specific reservation), spot (``spot`` or
+    ``preemptible``), else on-demand."""
+    if getattr(config, "flex_start", False):
+        return CapacityType.FLEX_START
+    affinity = getattr(config, "reservation_affinity", None)
+    if affinity is not None and int(getattr(affinity, "consume_reservation_type", 0) or 0) == SPECIFIC_RESERVATION:
+        return CapacityType.RESERVED
+    if config.spot or config.preemptible:
+        return CapacityType.SPOT
+    return CapacityType.ON_DEMAND

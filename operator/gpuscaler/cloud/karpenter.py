@@ -30,6 +30,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler import names
+from gpuscaler.catalog.models import HELD_CAPACITY, CapacityType
 from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
     AdoptsNodes,
@@ -37,6 +38,7 @@ from gpuscaler.cloud.provider import (
     NodeRequest,
     ProviderError,
     Scheduling,
+    karpenter_capacity,
 )
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL
 
@@ -46,6 +48,11 @@ NODEPOOL_LABEL = names.KARPENTER_NODEPOOL_LABEL
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscaler"}
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+CAPACITY_VALUES = ("on-demand", "spot", "reserved")
+"""``karpenter.sh/capacity-type`` values the pool admits: Karpenter's own (``reserved`` since v1.3,
+its ReservedCapacity feature gate on by default in v1.14)."""
+AWS_NODECLASS_GROUP = "karpenter.k8s.aws"
+"""The group of Karpenter's AWS node class (``EC2NodeClass``), whose nodes carry the reservation labels."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ class KarpenterProvider(AdoptsNodes):
                     },
                     "requirements": [
                         {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": self.instance_types},
-                        {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand", "spot"]},
+                        {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(CAPACITY_VALUES)},
                         {"key": JOB_LABEL, "operator": "Exists"},
                         *self.extra_requirements,
                     ],
@@ -247,14 +254,28 @@ class KarpenterProvider(AdoptsNodes):
         return deleted
 
     def scheduling(self, request: NodeRequest) -> Scheduling:
-        """Pods select the offering, the pool and the job (no API call)."""
+        """Pods select the offering, the pool and the job (no API call). Held capacity is
+        Karpenter's ``reserved``; on AWS (an ``EC2NodeClass``) the pods also select the
+        reservation's id and type (``karpenter.k8s.aws/capacity-reservation-id``/``-type``), which
+        the NodeClass's ``capacityReservationSelectorTerms`` must admit (docs/capacity.md).
+
+        Raises:
+            ProviderError: flex-start (Karpenter offers none).
+        """
+        held: dict[str, str] = {}
+        if request.capacity in HELD_CAPACITY and self.node_class.group == AWS_NODECLASS_GROUP:
+            block = request.capacity is CapacityType.CAPACITY_BLOCK
+            held[names.KARPENTER_RESERVATION_TYPE_LABEL] = "capacity-block" if block else "default"
+            if request.reservation_id:
+                held[names.KARPENTER_RESERVATION_ID_LABEL] = request.reservation_id
         return Scheduling(
             node_selector={
                 INSTANCE_TYPE_LABEL: request.instance.name,
-                CAPACITY_TYPE_LABEL: request.capacity.value,
+                CAPACITY_TYPE_LABEL: karpenter_capacity(request.capacity),
                 NODEPOOL_LABEL: self.nodepool,
                 JOB_LABEL: request.job.label,
                 **request.zone_selector(),
+                **held,
             },
             tolerations=[{"key": self.taint_key, "operator": "Exists", "effect": "NoSchedule"}],
         )

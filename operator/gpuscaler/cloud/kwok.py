@@ -88,7 +88,7 @@ class KwokProvider(MakesNodes):
                 capacity_type=request.capacity,
                 zone=request.zone or None,
                 ready_after=self.delay,
-                labels={JOB_LABEL: request.job.label},
+                labels={JOB_LABEL: request.job.label, **request.held_labels()},
                 annotations={PRICE_ANNOTATION: f"{request.usd_per_hour_per_node:.6g}"},
             )
             try:

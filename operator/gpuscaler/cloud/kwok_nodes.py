@@ -116,11 +116,13 @@ def node_labels(
         names.GPU_LABEL: label_value(inst.gpu.id),
         names.PROVIDER_LABEL: label_value(inst.provider),
     }
-    if inst.provider == "aws":
-        spot = capacity_type is CapacityType.SPOT
-        labels[names.EKS_CAPACITY_LABEL] = "SPOT" if spot else "ON_DEMAND"
+    if inst.provider == "aws":  # EKS's capacityType: SPOT, CAPACITY_BLOCK, else ON_DEMAND (a reservation's too)
+        eks = {CapacityType.SPOT: "SPOT", CapacityType.CAPACITY_BLOCK: "CAPACITY_BLOCK"}
+        labels[names.EKS_CAPACITY_LABEL] = eks.get(capacity_type, "ON_DEMAND")
     elif inst.provider == "gcp" and capacity_type is CapacityType.SPOT:
         labels[names.GKE_SPOT_LABEL] = "true"
+    elif inst.provider == "gcp" and capacity_type is CapacityType.FLEX_START:
+        labels[names.GKE_FLEX_START_LABEL] = "true"
     elif inst.provider == "azure":
         labels[names.AZURE_PRIORITY_LABEL] = (
             "spot" if capacity_type is CapacityType.SPOT else "regular"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from gpuscaler import names
@@ -76,6 +77,14 @@ class NodeRequest:
     usd_per_hour_per_node: float
     zone: str = ""
     """The availability zone to create the nodes in (the plan's); "" = any zone of the region."""
+    pool: str = ""
+    """The held capacity pool the nodes come from (a policy's ``capacity``; docs/capacity.md), '' for none."""
+    reservation_id: str = ""
+    """The cloud's id of that pool (an EC2 capacity reservation), '' when not declared."""
+    window_start: datetime | None = None
+    """When the pool's window opens (a capacity block), None for capacity usable now."""
+    window_end: datetime | None = None
+    """When it closes (a block's end, a reservation's expiry), None for no end."""
 
     @property
     def pool_id(self) -> str:
@@ -83,6 +92,18 @@ class NodeRequest:
         other names."""
         text = f"{self.job.key}/{self.instance.name}/{self.capacity.value}" + (f"/{self.zone}" if self.zone else "")
         return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+    def held_labels(self) -> dict[str, str]:
+        """The labels of a held pool's nodes: the pool and its window in unix seconds (a node
+        affinity can compare them with ``Gt``/``Lt``); empty for capacity bought by the hour."""
+        if not self.pool:
+            return {}
+        out = {names.HELD_CAPACITY_LABEL: self.pool, names.CAPACITY_TYPE_KEY: self.capacity.value}
+        if self.window_start is not None:
+            out[names.CAPACITY_WINDOW_START_LABEL] = str(int(self.window_start.timestamp()))
+        if self.window_end is not None:
+            out[names.CAPACITY_WINDOW_END_LABEL] = str(int(self.window_end.timestamp()))
+        return out
 
     def zone_selector(self) -> dict[str, str]:
         """The node selector that keeps workers in the request's zone (empty for any zone)."""
@@ -182,7 +203,27 @@ def owned_by_offering(request: NodeRequest, node: NodeState) -> bool:
     the zone, when the request names one and the node says its zone)."""
     if request.zone and node.zone and node.zone != request.zone:
         return False
-    return (node.instance_type, node.capacity_type) == (request.instance.name, request.capacity.value)
+    return node.instance_type == request.instance.name and node.capacity_type in {
+        request.capacity.value, karpenter_capacity(request.capacity)
+    }
+
+
+def karpenter_capacity(capacity: CapacityType) -> str:
+    """``karpenter.sh/capacity-type`` of a capacity type: Karpenter knows on-demand, spot and
+    reserved (a capacity block is reserved capacity of type ``capacity-block`` to it); flex-start
+    it does not offer.
+
+    Raises:
+        ProviderError: flex-start (no Karpenter capacity type carries it).
+    """
+    if capacity is CapacityType.CAPACITY_BLOCK:
+        return CapacityType.RESERVED.value
+    if capacity is CapacityType.FLEX_START:
+        raise ProviderError(
+            "flex-start capacity has no karpenter.sh/capacity-type: plan it on GKE (a flex-start node pool) "
+            "or leave it out of the policy's capacity for this cluster"
+        )
+    return capacity.value
 
 
 def gone_unless_observed(node: str, nodes: list[NodeState]) -> bool:

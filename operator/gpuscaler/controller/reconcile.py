@@ -68,7 +68,7 @@ from gpuscaler.names import DO_NOT_DISRUPT_ANNOTATION, ConditionType
 from gpuscaler.observe.controller import JobContext, Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult, remaining_spec
-from gpuscaler.planner.held import plan_segments
+from gpuscaler.planner.held import held_placement, plan_segments
 from gpuscaler.runtime import constants as rc
 from gpuscaler.settings import Settings
 
@@ -185,6 +185,7 @@ def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatu
         gpus=c.gpus,
         capacity_type=c.capacity.value,
         held_capacity=c.pool,
+        **held_placement(result, c),
         segments=plan_segments(c, now),
         precision=c.precision.value,
         micro_batch=c.micro_batch,
@@ -629,6 +630,10 @@ class Reconciler:
             count=plan.nodes,
             usd_per_hour_per_node=plan.usd_per_hour / max(plan.nodes, 1),
             zone=plan.zone,
+            pool=plan.held_capacity,
+            reservation_id=plan.reservation_id,
+            window_start=plan.window_start,
+            window_end=plan.window_end,
         )
 
     # ------------------------------------------------------------------------------- phases

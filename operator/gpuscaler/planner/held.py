@@ -33,11 +33,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.api.status import PlanSegment
 from gpuscaler.api.trainingjob import TrainingAmount
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
+from gpuscaler.catalog.prices import HELD_CAPACITY_SOURCE
 from gpuscaler.planner.candidate import Candidate, Reason, Refusal, Rejection, Segment
 from gpuscaler.planner.evaluate import STARTUP_S, Run, evaluate
 from gpuscaler.planner.job import ResolvedJob
@@ -45,7 +47,10 @@ from gpuscaler.planner.offerings import Offering
 from gpuscaler.policy import Policy
 from gpuscaler.policy.capacity import HeldCapacity
 
-HELD_PRICE_SOURCE = "policy-capacity"
+if TYPE_CHECKING:
+    from gpuscaler.planner.planner import PlanResult
+
+HELD_PRICE_SOURCE = HELD_CAPACITY_SOURCE
 """Price source of held capacity: the price the policy declares the team pays at the margin."""
 MARGIN_WRITES = 2.0
 """The checkpoint before a window closes is asked for this many write times before the end."""
@@ -295,6 +300,19 @@ def held_note(c: Candidate, h: HeldOffer) -> str:
     return text
 
 
+def held_placement(result: PlanResult, c: Candidate) -> dict[str, Any]:
+    """``status.plan``'s reservation id and window of the chosen plan's held pool (empty: none).
+
+    Args:
+        result: the :class:`~gpuscaler.planner.PlanResult` (its ``held`` pools).
+        c: its chosen plan.
+    """
+    h = result.held.get(c.pool) if c.pool else None
+    if h is None:
+        return {}
+    return {"reservation_id": h.pool.reservation_id, "window_start": h.pool.start, "window_end": h.pool.end}
+
+
 def plan_segments(c: Candidate, now: datetime) -> list[PlanSegment]:
     """A candidate's segments as ``status.plan.segments`` (times from ``now``, when it was planned)."""
     return [
@@ -302,6 +320,6 @@ def plan_segments(c: Candidate, now: datetime) -> list[PlanSegment]:
             offering=seg.label, capacity_type=seg.capacity.value, held_capacity=seg.pool,
             start=now + timedelta(hours=seg.start_h), samples=round(seg.samples), cost_usd=round(seg.cost_usd, 2),
             checkpoint_at=None if seg.checkpoint_at_h is None else now + timedelta(hours=seg.checkpoint_at_h),
-        )  # fmt: skip
+        )
         for seg in c.segments
     ]

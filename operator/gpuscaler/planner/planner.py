@@ -104,6 +104,8 @@ class PlanResult:
     """When infeasible: what would make the job feasible."""
     candidates_evaluated: int = 0
     planning_seconds: float = 0.0
+    held: dict[str, HeldOffer] = field(default_factory=dict)
+    """The held pools that were plannable, by name (the chosen plan's: ``held[chosen.pool]``)."""
     caveats: list[str] = field(default_factory=list)
     """What the chosen plan's figures rest on that may not hold (a flagged price)."""
     profiles: bool = False
@@ -247,6 +249,7 @@ def plan(
         caveats=caveats,
         profiles=performance.profiled,
         fallback=target,
+        held=pools,
     )
 
 

@@ -47,6 +47,9 @@ def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
     for i, o in enumerate(policy.price_overrides):
         if o.instance_type != "*" and normalize(o.instance_type) not in names:
             errors.append(f"priceOverrides.{i}.instanceType: {instance(o.instance_type)}")
+    for i, pool in enumerate(policy.capacity):
+        if normalize(pool.instance_type) not in names:
+            errors.append(f"capacity.{i}.instanceType: {instance(pool.instance_type)}")
     providers = sorted({i.provider for i in catalog.instances})
     for i, p in enumerate(policy.providers):
         if p not in providers:
