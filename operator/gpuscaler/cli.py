@@ -30,7 +30,15 @@ from pydantic import ValidationError
 from gpuscaler import __version__, capacity_cli
 from gpuscaler import prices_cli as pc
 from gpuscaler.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_NODES, TrainingJob
-from gpuscaler.catalog import CapacityType, Catalog, CatalogError, Precision, UnknownIdError, Workload, load_catalog
+from gpuscaler.catalog import (
+    CapacityType,
+    Catalog,
+    CatalogError,
+    Precision,
+    UnknownIdError,
+    Workload,
+    load_catalog,
+)
 from gpuscaler.errors import ErrorKind, GpuscalerError
 from gpuscaler.inputs import (
     InputError,
