@@ -328,6 +328,29 @@ class Harness:
         return max((e["done"] for e in self.events(pl) if e["e"] == "step"), default=0)
 
 
+@dataclass
+class Harnesses:
+    """Harnesses of one test, started by name and stopped together (their workers' stderr printed)."""
+
+    core: Any
+    namespace: str
+    work: Path
+    kubeconfig: str
+    made: list[Harness] = field(default_factory=list)
+
+    def __call__(self, job: str, total_steps: int, **kw: Any) -> Harness:
+        h = Harness(self.core, self.namespace, job, self.work / job, self.kubeconfig, total_steps, **kw)
+        self.made.append(h.start())
+        return h
+
+    def stop_all(self) -> None:
+        for h in self.made:
+            h.stop()
+            err = h.work / "workers.stderr"
+            if err.exists():
+                print(err.read_text(errors="replace")[-3000:])
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         sys.exit(worker_main(sys.argv[2:]))
