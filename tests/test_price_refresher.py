@@ -10,8 +10,10 @@ import pytest
 
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.catalog.prices import Price, PriceTable
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.pricing import PriceSourceError
 from gpuscaler.controller.prices import PriceConfig, PriceRefresher
+from gpuscaler.controller.reconcile import _node_cost
 from gpuscaler.kube.prices import PriceCopy, PriceStoreError
 from gpuscaler.names import ConditionType
 from loop_harness import World, make_job
@@ -59,7 +61,8 @@ class Store:
     def save(self, copy: PriceCopy) -> None:
         if self.broken:
             raise PriceStoreError("ConfigMap gpuscaler/gpuscaler-prices: Forbidden")
-        self.kept = PriceCopy(PriceTable.from_csv(copy.table.to_csv(), "cm"), copy.ondemand_read_at, copy.spot_read_at)
+        table = PriceTable.from_csv(copy.table.to_csv(), "cm")
+        self.kept = PriceCopy(table, copy.ondemand_read_at, copy.spot_read_at, copy.log_json)
 
 
 def refresher(source: Source, store: Store | None = None) -> PriceRefresher:
@@ -168,3 +171,29 @@ def test_jobs_planned_carry_prices_stale_with_an_event_once(stale: bool) -> None
     assert cond.status == ("True" if stale else "False")
     assert cond.reason == ("PricesOld" if stale else "LivePrices")
     assert ("PricesStale" in reasons) is stale
+
+
+def node(price: float, created: datetime, zone: str = "us-east-1b") -> NodeState:
+    return NodeState("n1", TYPE, "spot", True, created, price, zone=zone, region="us-east-1")
+
+
+def test_cost_so_far_is_each_stretch_at_the_price_in_force() -> None:
+    src, store = Source(), Store()
+    r = refresher(src, store)
+    r.refresh(T0)  # spot 12.0 in us-east-1b
+    n = node(12.0, T0 + timedelta(minutes=30))
+    src.spot = 15.0
+    r.refresh(T0 + timedelta(hours=1))  # 15.0 from 13:00
+    now = T0 + timedelta(hours=2)
+    expected = 0.5 * 12.0 + 1.0 * 15.0
+    assert r.log.node_cost(n, "us-east-1", now) == pytest.approx(expected)
+    assert _node_cost(n, now, r.log) == pytest.approx(expected)
+    assert _node_cost(n, now) == pytest.approx(1.5 * 12.0)  # without live prices: its own price throughout
+    negotiated = node(9.0, T0 + timedelta(minutes=30))  # a policy's price: not the live one, kept
+    assert r.log.node_cost(negotiated, "us-east-1", now) is None
+    assert _node_cost(negotiated, now, r.log) == pytest.approx(1.5 * 9.0)
+    # the history is kept with the copy: a restarted operator costs the same
+    again = refresher(Source(), store)
+    assert again.load()
+    assert _node_cost(n, now, again.log) == pytest.approx(expected)
+    assert r.log.record(T0 + timedelta(hours=3), r.log.current()) is False  # nothing changed, nothing noted

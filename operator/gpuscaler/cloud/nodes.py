@@ -99,6 +99,8 @@ class NodeState:
     """Every interruption signal of :data:`NOTICE_SOURCES` the Node carries, in table order."""
     zone: str = ""
     """Its ``topology.kubernetes.io/zone`` label (empty when it has none)."""
+    region: str = ""
+    """Its ``topology.kubernetes.io/region`` label (empty when it has none)."""
 
     @property
     def interrupted(self) -> str | None:
@@ -178,4 +180,5 @@ def node_state(node: dict[str, object]) -> NodeState:
         deleting=bool(meta.get("deletionTimestamp")),
         signals=_signals(ann, taints, conds),
         zone=labels.get(names.ZONE_LABEL, ""),
+        region=labels.get(names.REGION_LABEL, ""),
     )

@@ -22,6 +22,11 @@ kept when a call fails, a table compiled into the release as the fallback), for 
   table is in force.
 - **Precedence**, per price: a policy's ``priceOverrides`` (applied by the planner) > the live
   copy > the shipped table.
+- **Cost so far at the prices in force.** Every copy put in force is recorded in a :class:`PriceLog`
+  (the prices that changed, with the time; kept with the copy). A node created at the live price in
+  force for its instance type, region, capacity type and zone is costed at each price in force
+  while it ran, ``sum_k (t_{k+1} - t_k) x p_k``; a node created at another price (a policy's
+  negotiated price, the shipped table's) keeps its own.
 - **Staleness.** :meth:`PriceRefresher.staleness`: the live copy's on-demand prices older than
   ``prices_ondemand_max_age_s`` or its spot prices older than ``prices_spot_max_age_s``, or no live
   copy at all, is stale. The loop then sets ``PricesStale`` on the jobs it plans and posts an Event;
@@ -32,18 +37,103 @@ Kopf-free: the store and the sources are injected; :mod:`gpuscaler.kube.prices` 
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
 from gpuscaler.catalog import CapacityType, Catalog
 from gpuscaler.catalog.models import SHIPPED_SOURCE
 from gpuscaler.catalog.prices import PriceFileError, PriceTable, apply_prices
+from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.pricing import PriceSource, PriceSourceError
 from gpuscaler.cloud.pricing.refresh import vet
 from gpuscaler.kube.prices import PriceCopy, PriceStoreError
+
+LOG_ENTRIES = 96
+"""Price changes the log keeps (about four days of hourly spot refreshes); older ones are folded
+into the oldest kept, so a node that ran longer is costed at that price before it."""
+
+
+def price_key(name: str, region: str, capacity: str, zone: str) -> str:
+    """How the log names one price: ``name|region|capacity|zone`` (zone "" = region-wide)."""
+    return f"{name}|{region}|{capacity}|{zone}"
+
+
+def price_map(table: PriceTable) -> dict[str, float]:
+    """Every price of a table by :func:`price_key`."""
+    return {price_key(p.instance_type, p.region, p.capacity.value, p.zone): p.usd_per_hour for p in table.rows}
+
+
+@dataclass
+class PriceLog:
+    """The live prices in force over time: per change, its time and the prices that changed.
+
+    Attributes:
+        entries: ``(time, {price key: USD per node-hour})`` oldest first; the first holds every
+            price, each later one what changed.
+    """
+
+    entries: list[tuple[datetime, dict[str, float]]] = field(default_factory=list)
+
+    def record(self, at: datetime, prices: dict[str, float]) -> bool:
+        """Note the prices in force from ``at``; False when nothing changed."""
+        now = self.current()
+        diff = {k: v for k, v in prices.items() if now.get(k) != v}
+        if not diff:
+            return False
+        self.entries.append((at, diff))
+        while len(self.entries) > LOG_ENTRIES:
+            (t0, first), (_, second) = self.entries[0], self.entries[1]
+            self.entries[:2] = [(t0, {**first, **second})]
+        return True
+
+    def current(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for _, diff in self.entries:
+            out.update(diff)
+        return out
+
+    def at(self, key: str, t: datetime) -> float | None:
+        """The price of ``key`` in force at ``t`` (None before the log knew it)."""
+        found = None
+        for when, diff in self.entries:
+            if when > t:
+                break
+            found = diff.get(key, found)
+        return found
+
+    def node_cost(self, node: NodeState, region: str, now: datetime) -> float | None:
+        """The cost of ``node`` up to ``now`` at the prices in force while it ran; None when it was
+        not created at a logged live price (its own price then holds)."""
+        if node.created is None:
+            return None
+        keys = [price_key(node.instance_type, region, node.capacity_type, z) for z in dict.fromkeys((node.zone, ""))]
+        for key in keys:
+            start = self.at(key, node.created)
+            if start is not None and abs(start - node.usd_per_hour) <= 1e-6 * max(start, 1.0):
+                break
+        else:
+            return None
+        cuts = [(when, diff[key]) for when, diff in self.entries if node.created < when < now and key in diff]
+        total, t, usd = 0.0, node.created, start
+        for when, price in cuts:
+            total += (when - t).total_seconds() / 3600 * usd
+            t, usd = when, price
+        return total + max((now - t).total_seconds(), 0) / 3600 * usd
+
+    def to_json(self) -> str:
+        return json.dumps([{"at": t.isoformat(), "prices": d} for t, d in self.entries], sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PriceLog:
+        """Raises ValueError when ``text`` is not a log."""
+        data = json.loads(text)
+        if not isinstance(data, list):
+            raise ValueError("a price log is a JSON list")
+        return cls([(datetime.fromisoformat(e["at"]), {str(k): float(v) for k, v in e["prices"].items()}) for e in data])
 
 
 class PriceStore(Protocol):
@@ -115,6 +205,8 @@ class PriceRefresher:
     last_error: str = field(default="", init=False)
     failed_at: datetime | None = field(default=None, init=False)
     on_change: list[Callable[[Catalog], None]] = field(default_factory=list)
+    log: PriceLog = field(default_factory=PriceLog, init=False)
+    """The live prices in force over time (for the cost so far)."""
     dropped: list[str] = field(default_factory=list, init=False)
     """Prices the last answer gave that were vetted out (their last good values stay in force)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -184,7 +276,8 @@ class PriceRefresher:
                 now if od_due else self.copy.ondemand_read_at if self.copy else now,
                 now,
             )
-            self._install(copy)
+            self._install(copy, now)
+            copy = replace(copy, log_json=self.log.to_json())
         except (PriceSourceError, PriceFileError) as err:
             self.last_error = str(err)
             self.failed_at = now
@@ -207,10 +300,16 @@ class PriceRefresher:
                 rows[p.key] = p
         return PriceTable(list(rows.values()), "live prices")
 
-    def _install(self, copy: PriceCopy) -> None:
+    def _install(self, copy: PriceCopy, at: datetime | None = None) -> None:
         catalog = apply_prices(self.shipped, copy.table)
         with self._lock:
             self.copy, self.catalog = copy, catalog
+            if copy.log_json and not self.log.entries:
+                try:
+                    self.log = PriceLog.from_json(copy.log_json)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    self.last_error = "the kept price history is not readable: costs so far restart from now"
+            self.log.record(at or max(copy.ondemand_read_at, copy.spot_read_at), price_map(copy.table))
         for notify in self.on_change:
             notify(catalog)
 

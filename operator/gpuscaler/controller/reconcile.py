@@ -50,7 +50,7 @@ from gpuscaler.controller import preemption as preemption_cost
 from gpuscaler.controller import queueing
 from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
-from gpuscaler.controller.prices import Staleness
+from gpuscaler.controller.prices import PriceLog, Staleness
 from gpuscaler.controller.profiles import Recorder
 from gpuscaler.kube.jobset import jobset_name
 from gpuscaler.kube.reports import TrustedReport, trusted_report
@@ -269,6 +269,9 @@ class Reconciler:
     """Kueue Workloads and JobSets (:mod:`gpuscaler.controller.queueing`); None: neither is used."""
     profiles: Recorder | None = None
     """Performance profiles: planned with, and recorded when a job succeeds (:mod:`gpuscaler.controller.profiles`)."""
+    price_log: PriceLog | None = None
+    """The live prices in force over time: nodes created at a live price are costed at each price in
+    force while they ran (:meth:`gpuscaler.controller.prices.PriceLog.node_cost`)."""
     prices: Callable[[datetime], Staleness] | None = None
     """How fresh the live prices are (:meth:`gpuscaler.controller.prices.PriceRefresher.staleness`);
     None: no live prices configured, no PricesStale condition."""
@@ -1003,7 +1006,7 @@ class Reconciler:
         out.released |= deleted
         for n in nodes:
             if n.name in deleted:
-                st.released_cost_usd += _node_cost(n, ctx.now)
+                st.released_cost_usd += _node_cost(n, ctx.now, self.price_log)
         st.released_cost_usd = round(st.released_cost_usd, 4)
         st.nodes = sorted(set(st.nodes) - deleted)
         if deleted:
@@ -1053,7 +1056,7 @@ class Reconciler:
 
     def _cost(self, ctx: StepContext) -> None:
         st, out, now = ctx.status, ctx.out, ctx.now
-        live = sum(_node_cost(n, now) for n in ctx.nodes if not n.deleting and n.name not in out.released)
+        live = sum(_node_cost(n, now, self.price_log) for n in ctx.nodes if not n.deleting and n.name not in out.released)
         st.cost_usd = round(st.released_cost_usd + live, 2)
         if st.plan is None or st.phase.finished:
             st.eta = None
@@ -1104,9 +1107,11 @@ def preemption(pod: PodState, *, node_going: bool = False) -> str | None:
     return None
 
 
-def _node_cost(node: NodeState, now: datetime) -> float:
+def _node_cost(node: NodeState, now: datetime, log: PriceLog | None = None) -> float:
     if node.created is None:
         return 0.0
+    if log is not None and (at_prices_in_force := log.node_cost(node, node.region, now)) is not None:
+        return at_prices_in_force
     hours = max((now - node.created).total_seconds(), 0) / 3600
     return hours * node.usd_per_hour
 

@@ -182,6 +182,7 @@ def build(settings: Settings, api: Any) -> Operator:
         gangs=Gangs(api),
         profiles=Recorder(Profiles(api), book, catalog, observer.config.correction()) if settings.profiles_enabled else None,
         prices=live.staleness if live else None,
+        price_log=live.log if live else None,
     )
     wake = WakeConfig.from_settings(settings)
     return Operator(

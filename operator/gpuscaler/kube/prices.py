@@ -1,7 +1,8 @@
 """The last good copy of the live prices, kept in a ConfigMap of the operator's namespace.
 
 ``data`` holds ``prices.csv`` (a price file: :meth:`gpuscaler.catalog.prices.PriceTable.to_csv`),
-``onDemandReadAt`` and ``spotReadAt`` (RFC 3339). The operator reads it at start-up and replaces it
+``onDemandReadAt`` and ``spotReadAt`` (RFC 3339) and ``history.json`` (the prices in force over
+time, for the cost so far). The operator reads it at start-up and replaces it
 after each good refresh (``gpuscaler.controller.prices.PriceRefresher``); RBAC: configmaps
 get, create, update in that namespace (helm/gpuscaler/templates/rbac.yaml).
 """
@@ -22,6 +23,7 @@ HTTP_NOT_FOUND = 404
 DATA_KEY = "prices.csv"
 ONDEMAND_KEY = "onDemandReadAt"
 SPOT_KEY = "spotReadAt"
+LOG_KEY = "history.json"
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class PriceCopy:
     table: PriceTable
     ondemand_read_at: datetime
     spot_read_at: datetime
+    log_json: str = ""
+    """The prices in force over time (``gpuscaler.controller.prices.PriceLog`` as JSON), for the cost so far."""
 
 
 class PriceStoreError(TemporaryError):
@@ -70,7 +74,7 @@ class ConfigMapPriceStore:
             od, spot = datetime.fromisoformat(data[ONDEMAND_KEY]), datetime.fromisoformat(data[SPOT_KEY])
         except ValueError as err:
             raise PriceStoreError(f"{self.where}: a read time is not RFC 3339: {err}") from None
-        return PriceCopy(PriceTable.from_csv(data[DATA_KEY], f"{self.where} {DATA_KEY}"), od, spot)
+        return PriceCopy(PriceTable.from_csv(data[DATA_KEY], f"{self.where} {DATA_KEY}"), od, spot, data.get(LOG_KEY, ""))
 
     def save(self, copy: PriceCopy) -> None:
         """Keep ``copy``: create the ConfigMap, or replace its data."""
@@ -86,6 +90,7 @@ class ConfigMapPriceStore:
                 DATA_KEY: copy.table.to_csv(),
                 ONDEMAND_KEY: copy.ondemand_read_at.isoformat(),
                 SPOT_KEY: copy.spot_read_at.isoformat(),
+                LOG_KEY: copy.log_json,
             },
         }
         try:
