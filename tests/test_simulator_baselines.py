@@ -235,10 +235,15 @@ def test_uniform_progress_safety_net_fires_exactly_when_the_slack_reaches_the_ch
     spot = twins.spot.candidate
     d_s = st.spec.checkpoint.restart_seconds * RESTART_MARGIN + spot.outlook.interval_s + spot.checkpoint_write_s
     assert twins.changeover_h * 3600 == pytest.approx(d_s) == changeover_s(spot, 300 * RESTART_MARGIN)
-    compute_h = st.total_samples / twins.on_demand.candidate.estimate.throughput / 3600
     st.remaining_samples = st.total_samples * 0.5
+    # C(t): the twin's compute for the rest at its rate, with its checkpoint writes.
+    od = twins.on_demand
+    work_s = 0.5 * st.total_samples / od.candidate.estimate.throughput
+    assert od.interval_s is not None
+    c_h = (work_s + work_s / od.interval_s * od.candidate.checkpoint_write_s) / 3600
+    assert s.compute_h(st, od) == pytest.approx(c_h)
     # R(t) - C(t) = d exactly: on-demand to the end; a second sooner (slack above d): spot.
-    t = 40.0 - (0.5 * compute_h + twins.changeover_h)
+    t = 40.0 - (c_h + twins.changeover_h)
     assert s.after_interruption(st, PLANNER, t - 1 / 3600) is twins.spot and not twins.latched
     assert s.after_interruption(st, PLANNER, t) is twins.on_demand and twins.latched
     st.remaining_samples = st.total_samples * 0.01  # far ahead now, but it stays
@@ -251,17 +256,17 @@ def test_uniform_progress_safety_net_leaves_spot_when_the_slack_reaches_d(up: tu
     s, st = up
     twins = s.jobs["job"]
     assert twins.on_demand is not None and twins.spot is not None
-    rate = twins.on_demand.candidate.estimate.throughput
     done = 0.5 * st.total_samples
     slack = s.slack_h(st, twins, 20.0, done)
-    assert slack == pytest.approx(20.0 - 0.5 * st.total_samples / rate / 3600)
+    c_h = s.compute_h(st, twins.on_demand, done)
+    assert slack == pytest.approx(20.0 - c_h) and c_h > 0.5 * st.total_samples / twins.on_demand.candidate.estimate.throughput / 3600
 
     def on_spot(samples: float) -> Allocation:
         return Allocation(twins.spot, 1.0, 60.0, samples, samples * 0.9, st.total_samples, 0.0)  # type: ignore[arg-type]
 
     look = s.review(st, PLANNER, 20.0, on_spot(done))
     assert look is not None and look.move is None and look.again_h == pytest.approx(20.0 + slack - twins.changeover_h)
-    t = 40.0 - 0.5 * st.total_samples / rate / 3600 - twins.changeover_h  # slack = d exactly
+    t = 40.0 - c_h - twins.changeover_h  # slack = d exactly
     leave = s.review(st, PLANNER, t, on_spot(done))
     assert leave is not None and leave.move is twins.on_demand and not leave.at_checkpoint and twins.latched
 
@@ -337,3 +342,27 @@ def test_uniform_progress_in_the_engine_follows_the_line_without_spot() -> None:
         done += seg.samples
         if seg is not out.segments[-1]:  # left when ahead of ep(t + 2d), t before the last write
             assert done >= s.expected(st, seg.end_h - seg.write_s / 3600 + 2 * d) * (1 - 1e-9)
+
+
+def test_uniform_progress_net_leaves_a_twin_too_slow_to_finish() -> None:
+    """The model is 40% optimistic on the twin's GPU type and spot never comes: on the twin, the job's
+    progress shows within a quarter of an hour that the slack is gone, the net fires, and since the
+    twin itself cannot finish in time, the rest goes to the planner's on-demand plan (rescued)."""
+    probe = UniformProgress()
+    st = _state(_spec("40h"), 40.0)
+    assert probe.initial(st, PLANNER, 0.0) is not None
+    twins = probe.jobs["job"]
+    assert twins.spot is not None and twins.on_demand is not None
+    hours = twins.spot.candidate.outlook.base_hours + twins.changeover_h + 0.5
+    spec = _spec(f"{hours * 60:.0f}m")
+    truth = ThroughputTruth(fixed={twins.spot.candidate.instance.gpu_id: 0.6})
+    cloud = CloudModel(interruption_scale=0.0, provisioning_jitter=0.0, ondemand_shortage=0.0, spot_shortage=1.0)
+    s = UniformProgress()
+    out = simulate(Trace("t", (TraceJob("job", 0.0, spec),)), s, PLANNER, cloud, truth=truth).outcomes[0]
+    p = s.jobs["job"]
+    assert p.latched and p.rescued and out.status == "finished"
+    first, second = out.segments[0], out.segments[1]
+    assert first.capacity is CapacityType.ON_DEMAND and first.instance == twins.on_demand.candidate.instance.name
+    assert first.end_h - first.start_h <= 0.5  # a quarter of an hour of training, then the move
+    assert p.on_demand is not None and second.capacity is CapacityType.ON_DEMAND
+    assert (second.instance, second.nodes) != (first.instance, first.nodes)

@@ -61,13 +61,17 @@ handshake on a reclaim notice (nothing else in the field does one).
     3. *Hysteresis*: on on-demand, stay until ``cp(t) >= ep(t + 2d)``, then leave it (a checkpoint,
        then spot).
     4. *Safety net*: when the slack left ``R(t) - C(t)`` reaches ``d`` -> on-demand to the end:
-       idle, or on spot (a checkpoint, then on-demand). The paper's rule reads ``R(t) < C(t) + 2d``
+       idle, or running (a checkpoint, then on-demand; looked at 15 minutes into each allocation,
+       when its progress shows the rate, and again no sooner than the slack could reach ``d``). The paper's rule reads ``R(t) < C(t) + 2d``
        when idle; its authors' simulator checks ``C(t) + d`` at every step, and the audit of issue
-       36 asked for the latter. Nothing is subtracted up front.
+       36 asked for the latter. Nothing is subtracted up front. The paper's job has one known
+       ``C``; ours learns it from its progress, so when the net fires and the twin itself can no
+       longer finish in time (the model was optimistic), it takes the planner's on-demand plan for
+       the rest instead (the cheapest meeting the deadline, else the fastest sensible), once.
 
     The configuration is the spot plan with the lowest uninterrupted cost whose uninterrupted time
     plus ``d`` fits the deadline (else on-demand from the start); ``C(t)`` is at the rate the job's
-    own progress shows on it (the model's prediction before it has run). Jobs without a deadline
+    own progress shows on it (the model's prediction before it has run), checkpoint writes included. Jobs without a deadline
     have no line and no net: spot, failing over, waiting when there is none.
 
     Events: due in 20 h, 10 h of work -> spot; reclaimed at 4 h with 3.5 h done (line: 2 h) -> spot
@@ -101,6 +105,8 @@ from gpuscaler.simulator.strategies import Decision, JobState, Strategy
 
 MIN_REVIEW_H = 60.0 / 3600
 """Shortest wait between two reviews of one allocation (a minute)."""
+LOOK_H = 0.25
+"""Uniform progress reads its job's progress bar this long after an allocation starts training."""
 RESTART_MARGIN = 1.5
 """The longest restart as a multiple of ``checkpoint.restartSeconds`` (the cloud draws U(0.5, 1.5))."""
 PADDED = Fit(p90_pad=True)
@@ -232,6 +238,8 @@ class Twins:
     """``d``: the longest restart, one checkpoint interval of lost work and a write, hours."""
     latched: bool = False
     """The safety net fired: on-demand until the end."""
+    rescued: bool = False
+    """The net found the twin too slow for the hours left and took the planner's on-demand plan."""
 
 
 class UniformProgress(Strategy):
@@ -264,26 +272,47 @@ class UniformProgress(Strategy):
         seen = st.progress_rate.get(config_key(d.candidate))
         return seen if seen else d.candidate.estimate.throughput / d.efficiency
 
+    def compute_h(self, st: JobState, d: Decision, done: float | None = None) -> float:
+        """``C(t)``: hours ``d`` needs for the samples left after ``done`` (default: the newest
+        checkpoint's), at the rate the job's progress shows, with its checkpoint writes."""
+        remaining = st.remaining_samples if done is None else st.total_samples - done
+        work_s = remaining / self.rate(st, d)
+        writes = work_s / d.interval_s * d.candidate.checkpoint_write_s if d.interval_s else 0.0
+        return (work_s + writes) / 3600.0
+
     def slack_h(self, st: JobState, p: Twins, now_h: float, done: float | None = None) -> float | None:
-        """``R(t) - C(t)``: hours left minus on-demand compute left from ``done`` samples (None: no deadline)."""
+        """``R(t) - C(t)`` on the on-demand twin (None: no deadline)."""
         left = st.deadline_left_h(now_h)
         if left is None or p.on_demand is None:
             return None
-        remaining = st.remaining_samples if done is None else st.total_samples - done
-        return left - remaining / self.rate(st, p.on_demand) / 3600.0
+        return left - self.compute_h(st, p.on_demand, done)
 
     def safety_net(self, st: JobState, p: Twins, now_h: float, done: float | None = None) -> bool:
         """The slack left has reached ``d``: ``R(t) - C(t) <= d`` (latches)."""
         if not p.latched:
             slack = self.slack_h(st, p, now_h, done)
-            p.latched = slack is not None and slack <= p.changeover_h
+            p.latched = slack is not None and slack <= p.changeover_h + 1e-9  # rounding, not policy
         return p.latched
 
-    def _idle(self, st: JobState, now_h: float) -> Decision | None:
+    def _idle(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         p = self.jobs[st.name]
-        if p.spot is None or self.safety_net(st, p, now_h):
+        if p.spot is None:
             return p.on_demand
+        if self.safety_net(st, p, now_h):
+            return self._net(st, planner, p, now_h)
         return p.spot
+
+    def _net(self, st: JobState, planner: CachedPlanner, p: Twins, now_h: float, done: float | None = None,
+             ) -> Decision | None:
+        """Where the safety net goes: the on-demand twin, unless the job's own progress shows the twin
+        cannot finish in the hours left (the model was optimistic): then the planner's on-demand plan
+        for the rest (the cheapest meeting the deadline, else the fastest sensible), once."""
+        left = st.deadline_left_h(now_h)
+        if (not p.rescued and p.on_demand is not None and left is not None
+                and self.compute_h(st, p.on_demand, done) + self._restart_s(st) / 3600.0 > left):
+            p.rescued = True
+            p.on_demand = _decision(on_demand_plan(st, planner, now_h)) or p.on_demand
+        return p.on_demand
 
     # -------------------------------------------------------------------- the configuration
 
@@ -312,16 +341,18 @@ class UniformProgress(Strategy):
             self.jobs[st.name] = Twins(None, od, self._restart_s(st) / 3600.0, latched=True)
             return od
         self.jobs[st.name] = self._twins(st, planner, spot)
-        return self._idle(st, now_h)
+        return self._idle(st, planner, now_h)
 
     def after_interruption(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._idle(st, now_h)
+        return self._idle(st, planner, now_h)
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         p = self.jobs[st.name]
         if st.current is p.on_demand or p.on_demand is None:
             return st.current  # on-demand short: ask again after the back-off
-        if self.safety_net(st, p, now_h) or self.done(st) < self.expected(st, now_h):
+        if self.safety_net(st, p, now_h):
+            return self._net(st, planner, p, now_h)
+        if self.done(st) < self.expected(st, now_h):
             return p.on_demand
         spot = self._spot(st, planner, now_h)  # ahead: fail over to the next spot offering
         if spot is None or p.spot is None or plan_key(spot) == plan_key(p.spot.candidate):
@@ -330,36 +361,40 @@ class UniformProgress(Strategy):
         if nxt.on_demand is None:
             return st.current
         self.jobs[st.name] = nxt
-        return self._idle(st, now_h)
+        return self._idle(st, planner, now_h)
 
     def review_at_h(self, st: JobState, alloc: Allocation) -> float | None:
         p = self.jobs.get(st.name)
         if p is None or p.latched or p.spot is None or not st.deadline_h:
             return None
+        look = alloc.start_h + alloc.provisioning_s / 3600.0 + LOOK_H  # its progress shows the rate
         if alloc.decision is p.spot:
             slack = self.slack_h(st, p, alloc.start_h, alloc.samples_done)
-            return None if slack is None else alloc.start_h + max(slack - p.changeover_h, 0.0)
+            return look if slack is None else min(look, alloc.start_h + max(slack - p.changeover_h, 0.0))
         if alloc.decision is not p.on_demand:
             return None
         start_h = alloc.start_h + alloc.provisioning_s / 3600.0
-        return self._catch_up_h(st, p, start_h, alloc.samples_saved)
+        again = self._catch_up_h(st, p, start_h, alloc.samples_saved)
+        return look if again is None else min(look, again)
 
     def review(self, st: JobState, planner: CachedPlanner, now_h: float, alloc: Allocation) -> Review | None:
         p = self.jobs[st.name]
         if p.latched or p.spot is None:
             return None
+        if self.safety_net(st, p, now_h, alloc.samples_done):
+            target = self._net(st, planner, p, now_h, alloc.samples_done)
+            return None if target is None or target is alloc.decision else Review(move=target)
+        # The slack falls at most one hour per hour (writes, provisioning, a slower rate than thought):
+        # look again no sooner than it could reach d.
+        slack = self.slack_h(st, p, now_h, alloc.samples_done)
+        assert slack is not None
+        net_h = now_h + max(slack - p.changeover_h, MIN_REVIEW_H)
         if alloc.decision is p.spot:
-            # The safety net on spot: the slack can fall at most one hour per hour (writes,
-            # provisioning), so look again no sooner than it could reach d.
-            if self.safety_net(st, p, now_h, alloc.samples_done):
-                return Review(move=p.on_demand)
-            slack = self.slack_h(st, p, now_h, alloc.samples_done)
-            assert slack is not None
-            return Review(again_h=now_h + max(slack - p.changeover_h, MIN_REVIEW_H))
+            return Review(again_h=net_h)
         if alloc.samples_done >= self.expected(st, now_h + 2 * p.changeover_h):
             return Review(move=p.spot)
         again = self._catch_up_h(st, p, now_h, alloc.samples_done)
-        return None if again is None else Review(again_h=max(again, now_h + MIN_REVIEW_H))
+        return Review(again_h=net_h if again is None else min(net_h, max(again, now_h + MIN_REVIEW_H)))
 
     def _catch_up_h(self, st: JobState, p: Twins, from_h: float, samples: float) -> float | None:
         """The hour at which on-demand progress from ``samples`` at ``from_h`` reaches ``ep(t + 2d)``."""
