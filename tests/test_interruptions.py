@@ -405,3 +405,28 @@ def test_new_interruptions_from_two_statuses() -> None:
     assert metrics.new_interruptions(after, after) == ([], 0)
     spot.recovered(after, T0 + timedelta(seconds=5))
     assert metrics.new_interruptions(before, after)[1] == 10
+
+
+def test_a_reclaim_backs_off_the_plans_zone_and_the_replan_moves_zone() -> None:
+    zoned = {**SPOT_SPEC, "constraints": {**SPOT_SPEC["constraints"], "instanceTypes": ["g4dn.xlarge"],
+                                          "zones": ["us-east-1b", "us-east-1c"]}}  # fmt: skip
+    w = spot_world()
+    job = make_job(zoned)
+    w.run_to(job, Phase.RUNNING)
+    assert w.status.plan is not None and w.status.plan.zone == "us-east-1b"
+    w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "170", rc.ANNOTATION_CHECKPOINT_STEP: "160"})
+    w.step(job)
+    name = next(iter(w.nodes))
+    for b in w.workers.pods():
+        b.setdefault("spec", {})["nodeName"] = name
+    del w.nodes[name]
+    w.step(job)
+    assert [(u.instance_type, u.capacity_type, u.zone) for u in w.status.unavailable] == [
+        ("g4dn.xlarge", "spot", "us-east-1b")
+    ]
+    w.run_to(job, Phase.RUNNING)
+    assert (w.status.plan.instance_type, w.status.plan.capacity_type, w.status.plan.zone) == (
+        "g4dn.xlarge", "spot", "us-east-1c"
+    )
+    last = [c.request for c in w.provider.calls if c.method == "ensure_nodes"][-1]
+    assert last is not None and last.zone == "us-east-1c"

@@ -927,7 +927,7 @@ class Reconciler:
             interruptions=st.interruptions,
             done_samples=(rec.checkpoint_step or 0) * job.spec.global_batch,
             deadline_h=self._deadline_hours(job, now),
-            unavailable=frozenset((u.instance_type, u.capacity_type) for u in st.unavailable),
+            unavailable=frozenset(u.key for u in st.unavailable),
             planner=self._planner(ctx),
             survivors=keep,
             rules=ctx.governance.policy.spot if ctx.governance is not None else None,
