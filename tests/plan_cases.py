@@ -63,7 +63,9 @@ g5 spot (a measured band, so a move to 8 H100s is likely) -> a p4d spot ($17.69 
 resnet-fp8-only 4 -> 8 L4s spot ($24.46 -> $26.26); two plans over the static limit meet it with
 their contingency and are cheaper: resnet-azure 2 A100-80GB -> 8 T4s on-demand ($66.59 -> $65.43,
 P(miss) 5.5% static, 0.06% with the move), resnet-risk-strict a p4d -> 2 p3.8xlarge spot ($20.79 ->
-$20.36). Each time as
+$20.36). A tenth time for honest infeasibility (:mod:`gpuscaler.planner.binding`): the answers of the
+5 infeasible cases gained ``binding`` and ``closest`` and their hints now name the rule that binds;
+no chosen plan changed. Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
 

@@ -306,6 +306,8 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
             for r in result.rejected
         ],
         "hints": result.hints,
+        "binding": result.binding.to_dict() if result.binding is not None else None,
+        "closest": [c.to_dict() for c in result.closest],
         "caveats": result.caveats,
         "candidatesEvaluated": result.candidates_evaluated,
         "planningSeconds": round(result.planning_seconds, 4),

@@ -61,7 +61,7 @@ from gpuscaler.planner.correction import (
     remaining_miss_probability,
     should_replan,
 )
-from gpuscaler.planner.risk import hourly_rate
+from gpuscaler.planner.risk import hourly_rate, over_risk
 from gpuscaler.settings import Settings
 
 BOTTLENECKS = ("InputBound", "MemoryBound", "CommunicationBound", "AMPInactive", "MemoryNearFull")
@@ -232,7 +232,7 @@ class Observer:
             obs.last_assessed = now
             factor_changed, sigma = got
         miss = self._miss_probability(st, obs, sigma, ctx)
-        at_risk = miss is not None and miss > ctx.max_deadline_risk
+        at_risk = miss is not None and over_risk(miss, ctx.max_deadline_risk)
         if factor_changed or at_risk or st.plan.efficiency_factor != obs.efficiency_factor:
             self._consider_replan(st, obs, checkpoint_step, now, plan_with, out, miss or 0.0, ctx.max_deadline_risk)
         return out

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuscaler.planner.risk import outlook
+from gpuscaler.planner.risk import outlook, over_risk
 
 if TYPE_CHECKING:  # the planner imports this module; a runtime import would be circular
     from gpuscaler.planner.planner import Candidate
@@ -372,7 +372,7 @@ def should_replan(
         The decision with its reason.
     """
     cfg = config or CorrectionConfig()
-    if miss_probability > max_deadline_risk:
+    if over_risk(miss_probability, max_deadline_risk):
         risk = f"corrected P(miss deadline) {miss_probability:.1%} > maxDeadlineRisk {max_deadline_risk:.1%}"
         if best is None:
             if fallback is not None and (current is None or fallback.key != current.key):

@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from gpuscaler.api import Objective, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, Precision
 from gpuscaler.planner import contingency as recourse
+from gpuscaler.planner.binding import Binding, Closest, explain
 from gpuscaler.planner.candidate import Candidate, Reason, Refusal, Rejection
 from gpuscaler.planner.configure import configure
 from gpuscaler.planner.evaluate import STARTUP_S, Performance, Run, evaluate
@@ -71,7 +72,7 @@ from gpuscaler.planner.offerings import (
     precisions,
 )
 from gpuscaler.planner.profiles import ProfileStore
-from gpuscaler.planner.solve import Outcomes, hints, pareto_front, solve
+from gpuscaler.planner.solve import Outcomes, pareto_front, solve
 from gpuscaler.policy import Policy
 
 __all__ = [
@@ -111,6 +112,10 @@ class PlanResult:
     profiles: bool = False
     """Performance profiles of the job's workload were consulted (each candidate's
     ``throughput_source`` then says whether one was used)."""
+    binding: Binding | None = None
+    """When infeasible: the rule that binds (:mod:`gpuscaler.planner.binding`)."""
+    closest: list[Closest] = field(default_factory=list)
+    """When infeasible: the plans that come closest, each with what would make it feasible."""
     fallback: Candidate | None = None
     """Where a job behind schedule moves (:func:`gpuscaler.planner.contingency.fallback` over the
     on-demand plans that fit and keep the policy's caps): every plan's contingency target."""
@@ -235,6 +240,11 @@ def plan(
         why += f"; caveat: {caveats[0]}"
     rejected += outcomes.rejections()
     fitting = outcomes.fitting
+    bound: Binding | None = None
+    closest: list[Closest] = []
+    if chosen is None:
+        bound, closest = explain(job, spec, pol, fitting, outcomes.over_cap, cap, cap_source, rejected, target,
+                                 STARTUP_S)  # fmt: skip
     return PlanResult(
         job=job,
         objective=spec.objective,
@@ -243,13 +253,15 @@ def plan(
         feasible=outcomes.feasible,
         pareto=pareto_front(outcomes.feasible if outcomes.feasible else fitting),
         rejected=sorted(rejected, key=lambda r: (r.category, r.instance, r.capacity)),
-        hints=[] if chosen else hints(job, spec, pol, fitting, outcomes.over_cap, cap, cap_source),
+        hints=[] if bound is None else [bound.message, *bound.also, *(f"{c.plan.label}: {c.fix}" for c in closest)],
         candidates_evaluated=performance.evaluated,
         planning_seconds=time.perf_counter() - t0,
         caveats=caveats,
         profiles=performance.profiled,
         fallback=target,
         held=pools,
+        binding=bound,
+        closest=closest,
     )
 
 

@@ -46,6 +46,13 @@ BUCKET_MONTHLY_RATE = {0: 0.025, 1: 0.075, 2: 0.125, 3: 0.175, 4: 0.25}
 """Midpoint of each Spot Advisor bucket (<5%, 5-10%, 10-15%, 15-20%, >20%: 25% assumed for the open bucket)."""
 
 
+def over_risk(miss_probability: float, max_deadline_risk: float) -> bool:
+    """Whether a plan's P(miss deadline) breaks the job's ``maxDeadlineRisk``: the one place the test is
+    written (the planner's feasibility, its infeasibility analysis, the correction's re-plan, the
+    observers of the operator and the simulator)."""
+    return miss_probability > max_deadline_risk
+
+
 def hourly_rate(bucket: int | None) -> float:
     """Per-node interruptions per hour for a Spot Advisor bucket (bucket 2 when unknown)."""
     p = BUCKET_MONTHLY_RATE.get(2 if bucket is None else bucket, 0.25)

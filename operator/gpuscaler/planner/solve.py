@@ -6,14 +6,15 @@ A candidate ``c`` is feasible when it breaks no requirement (:func:`violations`)
 P(miss deadline | c) <= maxDeadlineRisk      (when there is a deadline)
 cost(c) <= budgetUsd                          (when there is a budget)
 cost(c) <= policy maxUsdPerJob, price(c) <= policy maxUsdPerHour
-gpus(c) <= min(maxGpus, policy maxGpusPerJob, default cap)   (plans over it are kept for hints)
+gpus(c) <= min(maxGpus, policy maxGpusPerJob, default cap)   (plans over it are kept for the binding)
 ```
 
 The policy's spending caps are the rules of :mod:`gpuscaler.policy.evaluate`, the one place each
 is checked (the operator checks a chosen plan against the same functions). :func:`solve` picks by
 objective, :func:`pareto_front` gives the cost-vs-time front, :class:`Outcomes` collects per
 offering the reason codes of its configurations and reports each offering that has no feasible
-plan under the first of :data:`~gpuscaler.planner.candidate.REPORT_ORDER`.
+plan under the first of :data:`~gpuscaler.planner.candidate.REPORT_ORDER`. When nothing is
+feasible, :mod:`gpuscaler.planner.binding` says which rule binds and which plans come closest.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpuscaler.api import Objective, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType
 from gpuscaler.planner.candidate import REPORT_ORDER, Candidate, Reason, Refusal, Rejection
 from gpuscaler.planner.job import ResolvedJob
+from gpuscaler.planner.risk import over_risk
 from gpuscaler.policy import Policy
 from gpuscaler.policy.evaluate import max_usd_per_hour_violation, max_usd_per_job_violation
 
@@ -50,7 +52,7 @@ def violations(
     """
     out: list[tuple[Reason, Callable[[], str]]] = []
     risk = spec.constraints.max_deadline_risk
-    if job.deadline_h is not None and c.outlook.deadline_miss_probability > risk:
+    if job.deadline_h is not None and over_risk(c.outlook.deadline_miss_probability, risk):
         deadline_h = job.deadline_h
         out.append((
             Reason.DEADLINE,
@@ -178,58 +180,3 @@ def solve(
         why += f"; next best {nxt.label} costs ${nxt.expected_cost_usd:,.0f}"
     return best, why + spot_note
 
-
-def hints(
-    job: ResolvedJob,
-    spec: TrainingJobSpec,
-    policy: Policy,
-    fitting: list[Candidate],
-    over_cap: list[Candidate],
-    gpu_cap: int,
-    cap_source: str,
-) -> list[str]:
-    """What would make an infeasible job feasible: a later deadline (with the fastest plan's hours),
-    more GPUs than the cap (the fewest that meet the deadline), a larger budget (the cheapest plan
-    that meets the deadline), or a word with the platform team about its caps."""
-    hints: list[str] = []
-    if not fitting and not over_cap:
-        return [
-            f"no allowed instance fits {job.workload.id} in memory at global batch {job.global_batch}: "
-            "allow larger-memory GPUs, or change the global batch so it divides by the GPU count"
-        ]
-    if job.deadline_h is not None:
-        ok_time = [
-            c for c in fitting if c.outlook.deadline_miss_probability <= spec.constraints.max_deadline_risk
-        ]
-        if not ok_time:
-            fastest = min(fitting, key=lambda c: c.expected_hours) if fitting else None
-            if fastest:
-                hints.append(
-                    f"the fastest allowed plan, {fastest.label}, takes {fastest.expected_hours:.1f} h; "
-                    f"the deadline is {job.deadline_h:.1f} h away: extend the deadline"
-                )
-            meeting = [
-                c
-                for c in over_cap
-                if c.outlook.deadline_miss_probability <= spec.constraints.max_deadline_risk
-            ]
-            if meeting:
-                need = min(meeting, key=lambda c: (c.gpus, c.expected_cost_usd))
-                hints.append(
-                    f"the deadline needs at least {need.gpus} {need.instance.gpu_id} GPUs "
-                    f"({need.label}); {cap_source} allows {gpu_cap}"
-                )
-        elif job.budget_usd is not None:
-            cheapest = min(ok_time, key=lambda c: c.expected_cost_usd)
-            hints.append(
-                f"the cheapest plan that meets the deadline, {cheapest.label}, costs "
-                f"${cheapest.expected_cost_usd:,.0f}: raise the budget to that or relax the deadline"
-            )
-    elif job.budget_usd is not None or policy.max_usd_per_job is not None:
-        cheapest = min(fitting, key=lambda c: c.expected_cost_usd)
-        hints.append(f"the cheapest allowed plan, {cheapest.label}, costs ${cheapest.expected_cost_usd:,.0f}")
-    if not hints:
-        hints.append(
-            "no allowed plan meets the policy's spending caps; ask the platform team or shrink the job"
-        )
-    return hints

@@ -49,6 +49,7 @@ from gpuscaler.catalog import CapacityType, Workload
 from gpuscaler.planner import resolve, resolve_workload
 from gpuscaler.planner.correction import keep_factor
 from gpuscaler.planner.planner import STARTUP_S
+from gpuscaler.planner.risk import over_risk
 from gpuscaler.simulator.allocation import Allocation
 from gpuscaler.simulator.cloud import Cloud, CloudModel, Draws
 from gpuscaler.simulator.observing import (
@@ -441,7 +442,7 @@ class _Run:
         throughput = d.candidate.estimate.throughput / d.efficiency * factor
         miss = miss_probability(d, st.total_samples - points[-1].samples, throughput, c.log_sigma,
                                 st.deadline_left_h(t), st.spec.checkpoint.restart_seconds)
-        at_risk = miss > st.spec.constraints.max_deadline_risk
+        at_risk = over_risk(miss, st.spec.constraints.max_deadline_risk)
         if not (changed or at_risk or factor != d.efficiency) or a.moving is not None:
             return
         earliest = st.plan_changed_h + self.rules.min_interval_s / 3600.0
