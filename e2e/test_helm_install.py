@@ -148,6 +148,7 @@ def test_install_creates_the_chart_objects(dev_cluster: E2ECluster, release: Rel
         [
             "trainingjobs.gpuscaler.io",
             "gpuscalingpolicies.gpuscaler.io",
+            "performanceprofiles.gpuscaler.io",
             "clusterkopfpeerings.kopf.dev",
             "kopfpeerings.kopf.dev",
         ],
@@ -187,6 +188,7 @@ def test_service_account_can_do_what_the_operator_needs(release: Release) -> Non
         ("patch", "trainingjobs.gpuscaler.io/status", ns),
         ("update", "trainingjobs.gpuscaler.io/finalizers", ns),
         *[(v, "gpuscalingpolicies.gpuscaler.io", None) for v in ("get", "list", "watch")],
+        *[(v, "performanceprofiles.gpuscaler.io", None) for v in ("get", "list", "watch", "create", "update", "delete")],
         *[(v, "pods", None) for v in ("get", "list", "watch", "create", "patch", "delete")],
         *[(v, "services", None) for v in ("list", "watch", "create", "delete")],
         *[(v, "nodes", None) for v in ("get", "list", "watch", "create", "delete")],  # kwok provider
@@ -225,6 +227,7 @@ def test_service_account_cannot_do_more(release: Release, provider_crds: list[st
         ("bind", "clusterroles.rbac.authorization.k8s.io"),
         ("create", "customresourcedefinitions.apiextensions.k8s.io"),
         ("update", "trainingjobs.gpuscaler.io/status"),  # patch only
+        ("patch", "performanceprofiles.gpuscaler.io"),  # written whole, guarded by resourceVersion
         ("get", "services/proxy"),
         # other providers' rules: the default (kwok) release has none of them
         ("get", "nodepools.karpenter.sh"),
