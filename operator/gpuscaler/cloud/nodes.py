@@ -20,6 +20,8 @@ NODE_DELETED: Final = "node-deleted"
 """Signal: the Node object vanished with no notice (or a worker lost its node)."""
 WORKER_PREEMPTED: Final = "worker-preempted"
 """Signal: a worker was preempted with no notice seen on its node."""
+CAPACITY_WINDOW_END: Final = "capacity-window-end"
+"""Signal: the held capacity window the job runs in closes (a planned move, not a failure)."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class NoticeSource:
 
     signal: str
     """Short name recorded in the status and Events."""
-    kind: Literal["taint", "annotation", "not-ready", "gone", "exit"]
+    kind: Literal["taint", "annotation", "not-ready", "gone", "exit", "window"]
     key: str
     """Taint key or annotation key (empty when the kind says it all)."""
     notice_s: float | None
@@ -65,6 +67,11 @@ NOTICE_SOURCES: tuple[NoticeSource, ...] = (
     # request), never by the worker's word alone (exit 75, runtime phase preempted): resume from
     # the last checkpoint (gpuscaler.controller.reconcile.preemption).
     NoticeSource(WORKER_PREEMPTED, "exit", "", 0.0, "worker preempted (DisruptionTarget, pod or node deleted, or the operator's request)"),
+    # The capacity block (or expiring reservation) the plan runs in closes: the plan's own segment
+    # says when (status.plan.segments[0].checkpointAt, a margin from the checkpoint's write time
+    # before the window's end). Not a node's signal: the loop raises it from the plan
+    # (gpuscaler.controller.windows); checkpoint, then continue on the next cheapest capacity.
+    NoticeSource(CAPACITY_WINDOW_END, "window", "", None, "the held capacity window closes (a planned move)"),
 )
 """Every interruption signal gpuscaler understands. When several apply to one node, the earliest
 deadline wins (a soft notice has none); on a tie the earlier entry."""

@@ -42,7 +42,15 @@ from gpuscaler.api.status import (
     UnavailableOffering,
 )
 from gpuscaler.catalog import CapacityType
-from gpuscaler.cloud.nodes import NOTICE_SOURCES, SOURCES, NodeState, NoticeSource, Signal, parse_time
+from gpuscaler.cloud.nodes import (
+    CAPACITY_WINDOW_END,
+    NOTICE_SOURCES,
+    SOURCES,
+    NodeState,
+    NoticeSource,
+    Signal,
+    parse_time,
+)
 from gpuscaler.controller.policy import Governance
 from gpuscaler.kube.reports import asked_step, trusted_report
 from gpuscaler.kube.workers import PodState
@@ -213,6 +221,8 @@ def begin_handshake(
             if not p.deleting and not p.succeeded and not p.failed:
                 annotate(p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid})
     st.message = f"node {notice.node}: {notice.describe()}; {when}"
+    if notice.source.kind == "window":  # the end of a held capacity window: planned, not a failure
+        return [Event("Normal", "PlannedMove", st.message)]
     return [Event("Warning", "Interrupted", st.message)]
 
 
@@ -253,7 +263,8 @@ def record(
     """
     plan = st.plan
     when = st.notice.noticed_at if st.notice is not None else now
-    st.interruptions += 1
+    if signal != CAPACITY_WINDOW_END:  # a planned move does not count against spot.maxInterruptions
+        st.interruptions += 1
     st.interruption_history.append(
         InterruptionRecord(
             time=when,

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import Catalog
@@ -51,6 +52,7 @@ class PlanFn(Protocol):
         unavailable: frozenset[tuple[str, ...]] = ...,
         efficiency: Mapping[str, float] | None = ...,
         profiles: ProfileStore | None = ...,
+        held_in_use: Mapping[str, int] | None = ...,
     ) -> PlanResult: ...
 
 
@@ -94,8 +96,12 @@ class PlanCache:
         unavailable: frozenset[tuple[str, ...]] = frozenset(),
         efficiency: Mapping[str, float] | None = None,
         profiles: ProfileStore | None = None,
+        held_in_use: Mapping[str, int] | None = None,
     ) -> PlanResult:
         """:func:`gpuscaler.planner.plan` of these inputs, from the cache when they were planned before.
+
+        A policy that declares held capacity (windows that close, pools other jobs take) keys its
+        plans by the minute too, and by what other jobs hold of each pool.
 
         Returns:
             The plan, labelled with ``name``; its deadline is :func:`planned_deadline` of ``deadline_h``.
@@ -112,6 +118,8 @@ class PlanCache:
             tuple(sorted((efficiency or {}).items())),
             id(catalog),
             profiles.fingerprint() if profiles else None,
+            tuple(sorted((held_in_use or {}).items())),
+            int(time.time() // 60) if policy is not None and policy.capacity else None,
         )
         with self._lock:
             got = self._plans.get(key)
@@ -120,6 +128,11 @@ class PlanCache:
                 self.hits += 1
         if got is not None:
             return got if got.job.name == name else replace(got, job=replace(got.job, name=name))
+        extra: dict[str, Any] = {}  # passed only when given: a plan_fn of tests may know neither
+        if profiles:
+            extra["profiles"] = profiles
+        if held_in_use:
+            extra["held_in_use"] = held_in_use
         result = self.plan_fn(
             spec,
             catalog,
@@ -128,7 +141,7 @@ class PlanCache:
             deadline_h=deadline,
             unavailable=unavailable,
             efficiency=efficiency,
-            **({"profiles": profiles} if profiles else {}),
+            **extra,
         )
         with self._lock:
             self.misses += 1

@@ -165,6 +165,21 @@ class PolicySource:
         return policy_for_namespace([*self.file_policies(), *self.object_policies(objects)], namespace)
 
 
+def held_nodes(jobs: Iterable[dict[str, Any]], exclude: tuple[str, str]) -> dict[str, int]:
+    """Nodes of each held capacity pool the active jobs hold (``status.plan.heldCapacity``), but ``exclude``.
+
+    Args:
+        jobs: ``{"namespace", "name", "phase", "heldCapacity", "nodes"}`` of every TrainingJob.
+        exclude: (namespace, name) of the job being planned.
+    """
+    out: dict[str, int] = {}
+    for j in jobs:
+        pool = j.get("heldCapacity")
+        if pool and j.get("phase") in ACTIVE_PHASES and (j.get("namespace"), j.get("name")) != exclude:
+            out[str(pool)] = out.get(str(pool), 0) + int(j.get("nodes") or 0)
+    return out
+
+
 def namespace_usage(
     jobs: Iterable[dict[str, Any]], exclude: str, now: datetime | None = None
 ) -> NamespaceUsage:
@@ -243,7 +258,7 @@ def gated_plan(
         raise PolicyViolationError(before)
     result = plan_fn(
         spec, catalog, policy, name=name, deadline_h=deadline_h, unavailable=unavailable, efficiency=efficiency,
-        profiles=profiles,
+        profiles=profiles, **({"held_in_use": usage.held_nodes} if usage.held_nodes else {}),
     )
     chosen = result.chosen
     if chosen is None:

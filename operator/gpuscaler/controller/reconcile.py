@@ -52,6 +52,7 @@ from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
 from gpuscaler.controller.prices import PriceLog, Staleness
 from gpuscaler.controller.profiles import Recorder
+from gpuscaler.controller.windows import window_closing
 from gpuscaler.kube.jobset import jobset_name
 from gpuscaler.kube.reports import TrustedReport, trusted_report
 from gpuscaler.kube.reports import summary as report_summary
@@ -870,7 +871,7 @@ class Reconciler:
             st.message = f"{request.count - len(live)} worker(s) disappeared; restarting the gang"
             ctx.event("Warning", "Interrupted", st.message)
             return
-        notice = spot.detect(nodes, now, self.config.spot)
+        notice = spot.detect(nodes, now, self.config.spot) or window_closing(st, nodes, now)
         if notice is not None:
             self._interrupted(ctx, nodes, notice)
             return

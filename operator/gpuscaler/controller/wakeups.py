@@ -40,6 +40,7 @@ from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.cloud import NodeState
 from gpuscaler.controller import interruptions as spot
 from gpuscaler.controller.reconcile import COST_REFRESH_S
+from gpuscaler.controller.windows import seconds_to_move
 from gpuscaler.kube.admission import RECHECK_S
 from gpuscaler.names import ConditionType
 from gpuscaler.settings import Settings
@@ -170,6 +171,9 @@ def next_wake(status: TrainingJobStatus, nodes: Sequence[NodeState], now: dateti
         times.append(due + cfg.min_s)  # just after the timeout, so the step sees it passed
     if status.unavailable:
         times.append(min((u.until - now).total_seconds() for u in status.unavailable) + cfg.min_s)
+    move = seconds_to_move(status, now) if phase is Phase.RUNNING else None
+    if move is not None:  # a held capacity window closes: the planned move's checkpoint
+        times.append(move + cfg.min_s)
     if any(c.type == ConditionType.WORKER_ADMISSION and c.status == "False" for c in status.conditions):
         times.append(cfg.admission_recheck_s)  # no watch event tells when the policy is installed
     return max(min(times), cfg.min_s)

@@ -21,7 +21,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +41,7 @@ from gpuscaler.controller.policy import (
     PolicySource,
     PolicyUnavailableError,
     gated_plan,
+    held_nodes,
     namespace_usage,
 )
 from gpuscaler.controller.prices import PriceRefresher
@@ -288,6 +289,9 @@ def namespace_jobs(namespace: str | None, name: str, status: kopf.Status, **_: A
             "gpus": status.get("gpus"),
             "costUsd": status.get("costUsd"),
             "startTime": status.get("startTime"),
+            "namespace": namespace or "",
+            "heldCapacity": (status.get("plan") or {}).get("heldCapacity"),
+            "nodes": (status.get("plan") or {}).get("nodes"),
         }
     }
 
@@ -298,6 +302,8 @@ def governance_for(op: Operator, namespace: str, name: str, kwargs: dict[str, An
     bodies = [b for key in (objects or {}) for b in objects[key]] if objects is not None else []
     jobs: kopf.Index[str, Any] | None = kwargs.get("namespace_jobs")
     usage = namespace_usage(list(jobs.get(namespace, [])) if jobs is not None else [], exclude=name)
+    every = [j for key in (jobs or {}) for j in jobs[key]] if jobs is not None else []
+    usage = replace(usage, held_nodes=held_nodes(every, (namespace, name)))  # held capacity: cluster-wide
     return Governance(op.policies.for_namespace(namespace, bodies), usage)
 
 

@@ -22,7 +22,7 @@ Callers: the operator's TrainingJob handlers, ``gpuscaler policy check --namespa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscaler.catalog.loader import Catalog, UnknownIdError, load_catalog, normalize
@@ -84,6 +84,8 @@ class NamespaceUsage:
     """GPUs held by the namespace's other active jobs."""
     usd_this_month: float = 0.0
     """Spend of the namespace's jobs this calendar month (costUsd of jobs active or finished in it)."""
+    held_nodes: Mapping[str, int] = field(default_factory=dict)
+    """Nodes of each held capacity pool (a policy's ``capacity``) other active jobs hold, in every namespace."""
 
 
 # ------------------------------------------------------------------------------------------ merge
