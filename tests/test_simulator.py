@@ -269,10 +269,11 @@ def test_jsonl_with_full_documents(tmp_path: Path) -> None:
            "arrivalHours": 2, "spec": {"workload": {"model": "resnet50"}, "globalBatch": 256,
                                        "training": {"epochs": 1}}}
     p = tmp_path / "t.jsonl"
-    p.write_text(json.dumps({"trace": {"name": "tiny"}}) + "\n" + json.dumps(doc) + "\n" + json.dumps(doc) + "\n",
+    other = {**doc, "metadata": {"name": "b"}}
+    p.write_text(json.dumps({"trace": {"name": "tiny"}}) + "\n" + json.dumps(doc) + "\n" + json.dumps(other) + "\n",
                  encoding="utf-8")
     trace = load_trace(p)
-    assert trace.name == "tiny" and [j.name for j in trace.jobs] == ["a", "a-1"]
+    assert trace.name == "tiny" and [j.name for j in trace.jobs] == ["a", "b"]  # a name used twice: test_cli_inputs.py
 
 
 def test_cli_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import io
 import os
 import re
 import sys
@@ -45,12 +46,14 @@ from gpuscaler.inputs import (
     format_validation,
     iter_fields,
     load_yaml,
+    namespace_name,
     output_file,
     positive_float,
     positive_int,
     shown,
     to_json,
     validation_error,
+    write_output,
 )
 from gpuscaler.perfmodel import DATA_LOADERS, ParallelConfig, estimate
 from gpuscaler.perfmodel.uncertainty import CrossValidationError, throughput_band
@@ -162,7 +165,7 @@ def describe_error(err: BaseException) -> Failure:
         how = f"pip install 'gpuscaler[{extra}]'" if extra else f"pip install {top}"
         return Failure(EXIT_USAGE, "missing-dependency", f"this command needs the Python package {top!r}: {how}")
     if isinstance(err, OSError):
-        where = f"{err.filename}: " if err.filename else ""
+        where = f"{err.filename}: " if err.filename else "writing the output: "  # no file named: stdout
         return Failure(EXIT_USAGE, "io-error", f"{where}{err.strerror or err}", err.filename and str(err.filename))
     if isinstance(err, MemoryError | RecursionError):
         return Failure(EXIT_USAGE, "too-large", "the input is too large or too deeply nested to process")
@@ -507,8 +510,10 @@ def plot_plan(result: PlanResult, path: str) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout(rect=(0, 0.0 if result.ok else 0.08, 1, 1))
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=120, format="png")
     plt.close(fig)
+    write_output(path, image.getvalue(), "--plot")  # checked: a full device is an error, not "written"
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -966,7 +971,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="plan a TrainingJob: cost, time and risk of every way to run it")
     sp.add_argument("file", help="TrainingJob YAML (the same file kubectl apply takes)")
     sp.add_argument("--policy", help="platform policy YAML to apply (one or several policies)")
-    sp.add_argument("--namespace", help="namespace whose policies apply (default: the job's, else 'default')")
+    sp.add_argument("--namespace", type=namespace_name, help="namespace whose policies apply (default: the job's, else 'default')")
     sp.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sp.add_argument(
         "--plot", metavar="FILE.png", type=output_file, help="draw cost vs time with the chosen plan marked"
@@ -1068,6 +1073,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(words)
         code: int = args.func(args)
+        sys.stdout.flush()  # a full or closed stdout fails here, inside the handler, not at exit
         return code
     except SystemExit as stop:  # --help and --version, or a command that exits itself
         return stop.code if isinstance(stop.code, int) else (EXIT_OK if stop.code is None else EXIT_USAGE)
@@ -1086,7 +1092,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(err.usage, file=sys.stderr)
             if as_json:
                 print(to_json(failure.to_dict()), flush=True)
-        except BrokenPipeError:
+        except OSError:  # stdout gone or full (the message went to stderr)
             _quiet_stdout()
         return failure.code
 

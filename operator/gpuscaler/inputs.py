@@ -4,8 +4,14 @@ What it guarantees, for TrainingJob files, policy files, traces and command-line
 
 * Files: a missing file, a directory, an unreadable file, one over the size cap, a binary file or
   one not in UTF-8 (UTF-16 named as such) is an :class:`InputError` naming the path and what to
-  do; never a traceback. The read itself is capped, so ``/dev/zero`` or a 56 MB file costs at most
-  the cap.
+  do; never a traceback. A FIFO, a device or a socket (``/dev/zero``, a named pipe with no writer)
+  is refused from its ``stat`` before any read, and the file is opened with ``O_NONBLOCK``, so
+  nothing blocks. The read itself is capped, so a 56 MB file costs at most the cap.
+* Kubernetes names and labels (:func:`check_name`, :func:`check_labels`): the rules the API server
+  applies (RFC 1123 DNS subdomain for object names, DNS label for namespaces, qualified names and
+  63-character values for labels), with the field, the value and what to write.
+* Times (:func:`aware_time`): a deadline or a start must carry a time zone; a time without one,
+  or a bare number, is refused with what to write.
 * YAML (:func:`parse_yaml`, :func:`parse_yaml_all`): a loader that refuses aliases (so an alias
   "billion laughs" bomb cannot expand), nesting deeper than :data:`MAX_DEPTH`, duplicate mapping
   keys (a second ``constraints:`` would otherwise silently replace the first) and ``.nan``/``.inf``
@@ -34,8 +40,10 @@ import json
 import math
 import os
 import re
+import stat
 import typing
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import UnionType
 from typing import Any
@@ -113,7 +121,11 @@ def read_text(path: str | Path, what: str = "file", limit: int = MAX_DOCUMENT_BY
     try:
         if p.is_dir():
             raise InputError(f"{path}: is a directory; give a {what}", field=str(path))
-        with p.open("rb") as fh:
+        special_file(p, what)  # a FIFO or a device: refused from its stat, before any open
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # never waits for a FIFO's writer
+        with os.fdopen(fd, "rb") as fh:
+            special_file(p, what, os.fstat(fh.fileno()))  # what was opened, not what was stat-ed
+            os.set_blocking(fh.fileno(), True)
             data = fh.read(limit + 1)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file", field=str(path)) from None
@@ -146,6 +158,118 @@ def read_text(path: str | Path, what: str = "file", limit: int = MAX_DOCUMENT_BY
             field=str(path),
         ) from None
     return text.removeprefix("\ufeff")
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"))
+
+
+def special_file(path: str | Path, what: str = "file", st: os.stat_result | None = None) -> None:
+    """Refuse a FIFO, a device or a socket (from ``st``, else ``os.stat``): reading one may block
+    for ever or never end.
+
+    Raises:
+        InputError: it is one; FileNotFoundError/OSError from ``os.stat`` pass through.
+    """
+    mode = (st or os.stat(path)).st_mode
+    for test, kind in _SPECIAL:
+        if test(mode):
+            raise InputError(f"{path}: is {kind}, not a regular file; give a {what}", field=str(path))
+
+
+# ------------------------------------------------------------------------------------------ Kubernetes names
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""RFC 1123 label, as the API server checks it (``IsDNS1123Label``): at most 63 characters."""
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""RFC 1123 subdomain (``IsDNS1123Subdomain``), at most 253 characters: the name of a TrainingJob,
+a GPUScalingPolicy or any object of a custom resource."""
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
+"""A label key's name part or a non-empty label value (``IsQualifiedName``, ``IsValidLabelValue``)."""
+
+
+def check_name(value: object, field: str, *, label: bool = False) -> str:
+    """An object name as the API server accepts it: a DNS subdomain (``label``: a DNS label, as a
+    namespace's name).
+
+    Raises:
+        InputError: naming the field, the value and the rule.
+    """
+    limit, rule = (63, DNS_LABEL) if label else (253, DNS_SUBDOMAIN)
+    chars = "'-'" if label else "'-' and '.'"
+    text = value if isinstance(value, str) else ""
+    if not isinstance(value, str) or len(text) > limit or not rule.fullmatch(text):
+        kind = "DNS label" if label else "DNS subdomain"
+        raise InputError(
+            f"{field} {shown(value)} is not a valid name (RFC 1123 {kind}, as the API server requires): "
+            f"lower-case letters, digits, {chars}, starting and ending with a letter or "
+            f"digit, at most {limit} characters; e.g. {shown(_suggest(text, limit))}",
+            field=field,
+            value=shown(value),
+        )
+    return text
+
+
+def _suggest(text: str, limit: int) -> str:
+    v = re.sub(r"[^a-z0-9.-]+", "-", text.lower()).strip("-.")
+    return v[:limit].rstrip("-.") or "my-job"
+
+
+def check_labels(labels: object, field: str) -> None:
+    """``metadata.labels`` as the API server accepts them: keys ``[prefix/]name`` (prefix a DNS
+    subdomain of at most 253 characters, name at most 63 of ``[A-Za-z0-9_.-]`` starting and ending
+    alphanumeric), string values of at most 63 such characters (or empty).
+
+    Raises:
+        InputError: naming the key and what is wrong.
+    """
+    if labels is None:
+        return
+    if not isinstance(labels, dict):
+        raise InputError(f"{field} must be a mapping of label keys to values, got {shown(labels)}", field=field)
+    for key, value in labels.items():
+        prefix, _, name = str(key).rpartition("/")
+        ok_key = isinstance(key, str) and bool(_LABEL_NAME.fullmatch(name)) and (
+            not prefix or (len(prefix) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(prefix)))
+        ) and key.count("/") <= 1
+        if not ok_key:
+            raise InputError(
+                f"{field} key {shown(key)} is not a label key: [prefix/]name, the name at most 63 characters of "
+                "letters, digits, '-', '_' and '.', starting and ending with a letter or digit; the prefix a DNS subdomain",
+                field=f"{field}.{shown(key)}",
+            )
+        if not isinstance(value, str) or (value and not _LABEL_NAME.fullmatch(value)):
+            raise InputError(
+                f"{field}[{shown(key)}] value {shown(value)} is not a label value: a string of at most 63 letters, "
+                "digits, '-', '_' and '.', starting and ending with a letter or digit (or empty); quote numbers and booleans",
+                field=f"{field}.{key}",
+                value=shown(value),
+            )
+
+
+def aware_time(value: object, field: str) -> datetime:
+    """A point in time that names its zone: an RFC 3339 string with ``Z`` or an offset (or a
+    ``datetime`` with one, as YAML reads an unquoted timestamp).
+
+    Raises:
+        InputError: a bare number, a time without a zone, or not a time, with what to write.
+    """
+    example = "e.g. 2026-12-01T18:00:00Z (UTC) or 2026-12-01T18:00:00+01:00"
+    said = value.isoformat() if isinstance(value, datetime) else shown(value)
+    if isinstance(value, bool | int | float):
+        raise InputError(f"{field} {shown(value)} is a bare number, not a time; write an RFC 3339 time with a zone, {example}",
+                         field=field, value=shown(value))
+    if isinstance(value, datetime):
+        dt = value
+    else:
+        try:
+            dt = datetime.fromisoformat(str(value).replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise InputError(f"{field} {shown(value)} is not an RFC 3339 time; {example}", field=field, value=shown(value)) from None
+    if dt.tzinfo is None or dt.utcoffset() is None:
+        raise InputError(f"{field} {said} has no time zone (it would be read in some zone); add one, {example}",
+                         field=field)
+    return dt
 
 
 # ------------------------------------------------------------------------------------------ YAML
@@ -429,6 +553,35 @@ def positive_float(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """argparse type: a finite number >= 0 (a scale factor; 0 turns the effect off)."""
     return float(_number(text, float, 0, above=False))
+
+
+def write_output(path: str | Path, data: bytes | str, what: str = "output") -> None:
+    """Write a command's output file, checking every step: the write, the flush and the close (a
+    full device, ``/dev/full``, fails only there), so an error is named and never reported as written.
+
+    Args:
+        path: The file (as the user gave it).
+        data: What to write (text is written as UTF-8).
+        what: The option that named it (``--plot``), for the message.
+
+    Raises:
+        InputError: the file could not be written; the message names it and the reason.
+    """
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(path, "wb") as fh:
+            fh.write(blob)
+            fh.flush()
+    except OSError as err:
+        raise InputError(f"{what} {path}: cannot write it ({err.strerror or err}); it was not written", field=what) from None
+
+
+def namespace_name(text: str) -> str:
+    """argparse type: a namespace name (an RFC 1123 DNS label), as the API server accepts it."""
+    try:
+        return check_name(text, "namespace", label=True)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("namespace ")) from None
 
 
 def output_file(text: str) -> str:

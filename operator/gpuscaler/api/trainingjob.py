@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpuscaler.inputs import StrictModel, shown
+from gpuscaler.inputs import StrictModel, aware_time, check_labels, check_name, shown
 from gpuscaler.names import QUEUE_NAME_LABEL
 
 API_GROUP = "gpuscaler.io"
@@ -369,6 +369,11 @@ class TrainingJobSpec(Model):
             )
         return v
 
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline_zone(cls, v: object) -> object:
+        return v if v is None else aware_time(v, "deadline")  # no zone, or a bare number: refused, not guessed
+
     @field_validator("max_duration")
     @classmethod
     def _duration(cls, v: str | None) -> str | None:
@@ -403,6 +408,18 @@ class ObjectMeta(Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
     name: str = "trainingjob"
     namespace: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_names(cls, data: Any) -> Any:
+        """The name, namespace and labels as the API server accepts them (gpuscaler.inputs)."""
+        if isinstance(data, dict):
+            if "name" in data:
+                check_name(data["name"], "metadata.name")
+            if data.get("namespace") is not None:
+                check_name(data["namespace"], "metadata.namespace", label=True)
+            check_labels(data.get("labels"), "metadata.labels")
+        return data
 
 
 class TrainingJob(Model):

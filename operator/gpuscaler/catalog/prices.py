@@ -44,7 +44,7 @@ from gpuscaler.catalog.loader import (
 )
 from gpuscaler.catalog.models import SHIPPED_SOURCE, CapacityType, InstanceType
 from gpuscaler.errors import InvalidInputError
-from gpuscaler.inputs import shown
+from gpuscaler.inputs import MAX_TRACE_BYTES, InputError, read_text, shown
 
 PRICE_COLUMNS = (*INSTANCE_COLUMNS[:3], "zone", *INSTANCE_COLUMNS[3:])
 """The header of a price file: ``instances.csv``'s columns with ``zone`` after ``region``."""
@@ -211,13 +211,10 @@ class PriceTable:
         Raises:
             PriceFileError: unreadable, not text, or not a price file.
         """
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except UnicodeDecodeError:
-            raise PriceFileError(f"{path}: not a price file (not UTF-8 text)") from None
-        except OSError as err:
-            raise PriceFileError(f"{path}: cannot read the price file: {err.strerror or err}") from None
+        try:  # the input layer: a FIFO or a device refused unread, the size capped, UTF-8 checked
+            text = read_text(path, "price file", MAX_TRACE_BYTES)
+        except InputError as err:
+            raise PriceFileError(f"cannot read the price file: {err}") from None
         return cls.from_csv(text, path, today)
 
     def to_csv(self, catalog: Catalog | None = None) -> str:

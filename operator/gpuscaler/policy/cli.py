@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, UnknownIdError, load_catalog, normalize
 from gpuscaler.catalog.zones import unknown_zone
-from gpuscaler.inputs import first_field, format_validation, shown, to_json
+from gpuscaler.inputs import first_field, format_validation, namespace_name, shown, to_json
 from gpuscaler.policy.evaluate import policy_for_namespace
 from gpuscaler.policy.models import Policy, PolicyFileError, load_policies
 
@@ -200,6 +200,6 @@ def register(subparsers: Any) -> None:
         "check", help="validate a policy file and print what it allows (GPU and instance types, prices, caps)"
     )
     sc.add_argument("file", help="policy YAML: plain policies or GPUScalingPolicy documents, one or more")
-    sc.add_argument("--namespace", help="print the merged policy in force for this namespace")
+    sc.add_argument("--namespace", type=namespace_name, help="print the merged policy in force for this namespace")
     sc.add_argument("--json", action="store_true", help="print JSON instead of text")
     sc.set_defaults(func=cmd_check)

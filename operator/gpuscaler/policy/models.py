@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuscaler.catalog.models import CapacityType, InstanceType, Precision
-from gpuscaler.inputs import InputError, StrictModel, load_yaml_all, shown
+from gpuscaler.inputs import InputError, StrictModel, check_name, load_yaml_all, shown
 from gpuscaler.policy.capacity import HeldCapacity
 
 KIND = "GPUScalingPolicy"
@@ -186,6 +186,11 @@ def from_document(data: Any) -> Policy:
         if not isinstance(meta, Mapping):
             raise PolicyFileError(f"{KIND} metadata must be a mapping, got {type(meta).__name__}")
         data = dict(spec, name=meta.get("name", "policy"))
+    if "name" in data:  # a policy's name is a GPUScalingPolicy's metadata.name: what the API server accepts
+        try:
+            check_name(data["name"], "name")
+        except InputError as err:
+            raise PolicyFileError(str(err), field="name", value=err.value) from None
     return Policy.model_validate(data)
 
 
@@ -207,12 +212,20 @@ def load_policies(path: str | Path) -> list[Policy]:
             f"{path}: holds no policy (an empty file would allow everything); write at least one, e.g. "
             "`name: open` for a policy without restrictions"
         )
-    policies = []
+    policies: list[Policy] = []
     for i, d in enumerate(docs):
         try:
             policies.append(from_document(d))
         except PolicyFileError as err:
             raise PolicyFileError(f"{path}: document {i + 1}: {err}") from None
+        first = next((k for k, p in enumerate(policies[:-1]) if p.name == policies[-1].name), None)
+        if first is not None:
+            raise PolicyFileError(
+                f"{path}: documents {first + 1} and {i + 1} are both named {shown(policies[-1].name)}; "
+                "policy names must be unique (the API server keeps one object per name): rename one or merge them",
+                field="name",
+                value=shown(policies[-1].name),
+            )
     return policies
 
 

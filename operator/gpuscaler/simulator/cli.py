@@ -11,6 +11,7 @@ printed by the CLI's ``main``, as a JSON error object under ``--json``).
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import sys
 import time
@@ -29,6 +30,7 @@ from gpuscaler.inputs import (
     positive_int,
     to_json,
     validation_error,
+    write_output,
 )
 from gpuscaler.policy import load_policy
 from gpuscaler.simulator.cloud import CloudModel
@@ -191,17 +193,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _write_jobs(path: str, runs: list[Comparison]) -> None:
-    with Path(path).open("w", encoding="utf-8") as fh:
-        for cmp in runs:
-            for res in cmp.results:
-                for o in res.outcomes:
-                    fh.write(to_json({
-                        "strategy": res.strategy, "seed": cmp.seed, "job": o.name, "status": o.status,
-                        "plan": o.plan_label, "arrivalHours": o.arrival_h, "completionHours": o.completion_h,
-                        "deadlineHours": o.deadline_h, "missedDeadline": o.missed_deadline,
-                        "costUsd": round(o.cost_usd, 4), "predictedCostUsd": round(o.predicted_cost_usd, 4),
-                        "predictedHours": round(o.predicted_hours, 4), "gpuHours": round(o.gpu_hours, 4),
-                        "gpuHoursLost": round(o.gpu_hours_lost, 4), "interruptions": o.interruptions,
-                        "shortages": o.shortages, "moves": o.moves, "corrections": o.corrections,
-                        "throughputSource": o.throughput_source, "profiled": o.profiled, "note": o.note,
-                    }, indent=None) + "\n")
+    fh = io.StringIO()  # then one checked write (inputs.write_output): a full device is an error, not "written"
+    for cmp in runs:
+        for res in cmp.results:
+            for o in res.outcomes:
+                fh.write(to_json({
+                    "strategy": res.strategy, "seed": cmp.seed, "job": o.name, "status": o.status,
+                    "plan": o.plan_label, "arrivalHours": o.arrival_h, "completionHours": o.completion_h,
+                    "deadlineHours": o.deadline_h, "missedDeadline": o.missed_deadline,
+                    "costUsd": round(o.cost_usd, 4), "predictedCostUsd": round(o.predicted_cost_usd, 4),
+                    "predictedHours": round(o.predicted_hours, 4), "gpuHours": round(o.gpu_hours, 4),
+                    "gpuHoursLost": round(o.gpu_hours_lost, 4), "interruptions": o.interruptions,
+                    "shortages": o.shortages, "moves": o.moves, "corrections": o.corrections,
+                    "throughputSource": o.throughput_source, "profiled": o.profiled, "note": o.note,
+                }, indent=None) + "\n")
+    write_output(path, fh.getvalue(), "--jobs-out")

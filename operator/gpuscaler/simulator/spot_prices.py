@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpuscaler.inputs import InputError, shown
+from gpuscaler.inputs import MAX_TRACE_BYTES, InputError, read_text, shown
 
 LINUX = "Linux/UNIX"
 """The ``ProductDescription`` kept (Linux, no pre-installed software: what the catalog prices)."""
@@ -139,11 +139,10 @@ class SpotPriceHistory:
         Raises:
             SpotPriceHistoryError: unreadable, or not a history (see :meth:`from_json`).
         """
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as err:
-            raise SpotPriceHistoryError(f"{path}: cannot read the spot price history: {err}") from None
+        try:  # the input layer: a FIFO or a device refused unread, the size capped, UTF-8 checked
+            text = read_text(path, "spot price history", MAX_TRACE_BYTES)
+        except InputError as err:
+            raise SpotPriceHistoryError(f"cannot read the spot price history: {err}") from None
         return cls.from_json(text, path)
 
     def zones(self, instance: str) -> tuple[str, ...]:

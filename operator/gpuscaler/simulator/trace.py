@@ -9,7 +9,9 @@ Two file formats, the same content:
   carries the metadata. Blank lines and lines starting with ``#`` are skipped.
 
 An entry is ``{name, arrivalHours, spec}``; a whole TrainingJob document (``apiVersion``, ``kind``,
-``metadata.name``, ``spec``) plus ``arrivalHours`` is accepted too.
+``metadata.name``, ``spec``) plus ``arrivalHours`` is accepted too. Names follow the API server's
+rule for a TrainingJob's name and are unique (a second use is refused naming both places); a
+``start`` or ``deadline`` carries its time zone; a trace holds at most :data:`MAX_TRACE_JOBS` jobs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from gpuscaler.api import TrainingJobSpec
 from gpuscaler.inputs import (
     MAX_TRACE_BYTES,
     InputError,
+    aware_time,
+    check_name,
     iter_fields,
     parse_json,
     parse_yaml,
@@ -35,6 +39,10 @@ from gpuscaler.inputs import (
 )
 
 DEFAULT_START = datetime(2026, 1, 5, tzinfo=UTC)
+MAX_TRACE_JOBS = 10_000
+"""Most jobs a trace may hold. ``gpuscaler simulate`` took 30 s for the 60 jobs of
+examples/traces/production-month.yaml (5 seeds, every strategy, on a loaded 2-core machine), so
+10,000 jobs is hours; a longer trace is refused before it is parsed, with what to do."""
 
 
 class TraceError(InputError):
@@ -72,7 +80,13 @@ def _entry(raw: Any, where: str, index: int) -> TraceJob:
     meta = raw.get("metadata") or {}
     if not isinstance(meta, dict):
         raise TraceError(f"{where}: metadata must be a mapping, got {type(meta).__name__}")
-    name = str(raw.get("name") or meta.get("name") or f"job-{index:05d}")[:253]
+    given = raw.get("name") or meta.get("name")
+    name = f"job-{index:05d}" if given is None else str(given)[:253]
+    if given is not None:
+        try:
+            check_name(given, f"{where}: name")
+        except InputError as err:
+            raise TraceError(str(err), field="name", value=err.value) from None
     if "arrivalHours" not in raw:
         raise TraceError(f"{where} ({name}): arrivalHours is required")
     arrival = raw["arrivalHours"]
@@ -99,14 +113,10 @@ def _entry(raw: Any, where: str, index: int) -> TraceJob:
 def _start(value: Any, where: str) -> datetime:
     if value is None:
         return DEFAULT_START
-    if isinstance(value, datetime):
-        dt = value
-    else:
-        try:
-            dt = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError as err:
-            raise TraceError(f"{where}: start {value!r} is not an RFC 3339 time") from err
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+    try:
+        return aware_time(value, f"{where}: start")  # a zone is required, as for a deadline
+    except InputError as err:
+        raise TraceError(str(err), field="start", value=err.value) from None
 
 
 CLOUD_TABLES = frozenset({"shortageOverrides", "noticeSeconds"})
@@ -144,14 +154,29 @@ def _cloud(value: Any, where: str) -> dict[str, Any]:
     }
 
 
-def _unique(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
-    seen: dict[str, int] = {}
-    out = []
-    for j in jobs:
-        n = seen.get(j.name, 0)
-        seen[j.name] = n + 1
-        out.append(j if n == 0 else TraceJob(f"{j.name}-{n}", j.arrival_h, j.spec))
-    return tuple(sorted(out, key=lambda j: j.arrival_h))
+def _cap(count: int, where: str) -> None:
+    """Refuse a trace of more than :data:`MAX_TRACE_JOBS` jobs, before the rest is parsed."""
+    if count > MAX_TRACE_JOBS:
+        raise TraceError(
+            f"{where}: more than {MAX_TRACE_JOBS:,} jobs, the most a trace may hold (a simulation plans every "
+            "job at every event of every seed: a trace this long would run for hours without an answer); "
+            "split the trace or sample it"
+        )
+
+
+def _unique(jobs: list[TraceJob], wheres: list[str]) -> tuple[TraceJob, ...]:
+    """The jobs in arrival order; a name used twice is refused with both places (a trace is a
+    namespace's worth of TrainingJobs: the API server keeps one object per name)."""
+    seen: dict[str, str] = {}
+    for j, where in zip(jobs, wheres, strict=True):
+        if j.name in seen:
+            raise TraceError(
+                f"{where}: job name {shown(j.name)} is already used at {seen[j.name]}; job names must be unique",
+                field="name",
+                value=shown(j.name),
+            )
+        seen[j.name] = where
+    return tuple(sorted(jobs, key=lambda j: j.arrival_h))
 
 
 def parse_trace(data: Mapping[str, Any], name: str = "trace") -> Trace:
@@ -163,14 +188,16 @@ def parse_trace(data: Mapping[str, Any], name: str = "trace") -> Trace:
     jobs_raw = data.get("jobs")
     if not isinstance(jobs_raw, list) or not jobs_raw:
         raise TraceError(f"{name}: expected a non-empty list under 'jobs'")
-    jobs = [_entry(r, f"{name}: jobs[{i}]", i) for i, r in enumerate(jobs_raw)]
+    _cap(len(jobs_raw), name)
+    wheres = [f"{name}: jobs[{i}]" for i in range(len(jobs_raw))]
+    jobs = [_entry(r, wheres[i], i) for i, r in enumerate(jobs_raw)]
     cloud = _cloud(data.get("cloud"), name)
     return Trace(
         name=str(data.get("name") or name),
         description=str(data.get("description") or ""),
         start=_start(data.get("start"), name),
         cloud=cloud,
-        jobs=_unique(jobs),
+        jobs=_unique(jobs, wheres),
     )
 
 
@@ -195,9 +222,11 @@ def load_trace(path: str | Path) -> Trace:
         return parse_trace(data, p.stem)
     meta: dict[str, Any] = {}
     jobs: list[TraceJob] = []
+    wheres: list[str] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        _cap(len(jobs) + 1, f"{path}:{lineno}")
         try:
             obj = parse_json(line, f"{path}:{lineno}")
         except InputError as err:
@@ -207,7 +236,8 @@ def load_trace(path: str | Path) -> Trace:
                 raise TraceError(f"{path}:{lineno}: trace must be a mapping of name, description, start, cloud")
             meta = dict(obj["trace"] or {})
             continue
-        jobs.append(_entry(obj, f"{path}:{lineno}", len(jobs)))
+        wheres.append(f"{path}:{lineno}")
+        jobs.append(_entry(obj, wheres[-1], len(jobs)))
     if not jobs:
         raise TraceError(f"{path}: no job entries")
     return Trace(
@@ -215,7 +245,7 @@ def load_trace(path: str | Path) -> Trace:
         description=str(meta.get("description") or ""),
         start=_start(meta.get("start"), str(path)),
         cloud=_cloud(meta.get("cloud"), str(path)),
-        jobs=_unique(jobs),
+        jobs=_unique(jobs, wheres),
     )
 
 
