@@ -1,5 +1,6 @@
-"""Performance profiles in the simulator: the simulated operator records a finished run through the
-operator's own ``measure_run`` and ``ProfileStore``, and the next run of the same workload plans with it."""
+"""The operator's learning in the simulator: performance profiles (the simulated operator records a
+finished run through the operator's own ``measure_run`` and ``ProfileStore``, and the next run of the
+same workload plans with it) and the contingency's move to the planner's fallback."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pytest
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import load_catalog
 from gpuscaler.planner import plan
+from gpuscaler.planner.correction import plan_option
 from gpuscaler.simulator import CachedPlanner, CloudModel, ThroughputTruth, Trace, TraceJob, simulate
+from gpuscaler.simulator.observing import ObserveRules, decide_move
 from gpuscaler.simulator.planning import strip_deadline
-from gpuscaler.simulator.strategies import Gpuscaler
+from gpuscaler.simulator.strategies import Decision, Gpuscaler
 
 CATALOG = load_catalog()
 QUIET = CloudModel(interruption_scale=0.0, shortage_scale=0.0, provisioning_jitter=0.0)
@@ -76,3 +79,18 @@ def test_a_run_too_short_to_measure_leaves_no_profile() -> None:
     out = simulate(Trace("t", (TraceJob("tiny", 0.0, tiny),)), strategy, CachedPlanner(CATALOG), QUIET).outcomes[0]
     assert out.status == "finished" and not out.profiled
     assert strategy.profiles is not None and len(strategy.profiles) == 0
+
+
+def test_the_simulated_operator_moves_to_the_contingency_fallback_as_the_operator_does() -> None:
+    """decide_move is the operator's should_replan with the planner's fallback: behind, with no plan
+    meeting the risk, the move is to the fallback; not when the job already runs on it."""
+    result = plan(strip_deadline(SPEC), CATALOG, name="x", deadline_h=6.0)
+    assert result.chosen is not None and result.fallback is not None
+    running = result.chosen
+    fb = Decision(result.fallback, result.fallback.outlook.interval_s, handshake=True)
+    current = plan_option(running)
+    rules = ObserveRules.operator_defaults()
+    moved = decide_move(0.5, 0.05, current, None, rules, fb)
+    assert moved.replan and moved.fallback
+    assert not decide_move(0.5, 0.05, plan_option(result.fallback), None, rules, fb).replan  # already on it
+    assert not decide_move(0.01, 0.05, current, None, rules, fb).replan  # not behind

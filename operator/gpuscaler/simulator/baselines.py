@@ -88,7 +88,6 @@ from dataclasses import dataclass
 from gpuscaler.api import PrecisionName, SpotPolicy, TrainingJobSpec
 from gpuscaler.catalog import CapacityType
 from gpuscaler.planner import Candidate
-from gpuscaler.planner.correction import PlanOption
 from gpuscaler.planner.recovery import LATE_H, fastest_sensible
 from gpuscaler.simulator.allocation import Allocation, Review
 from gpuscaler.simulator.planning import (
@@ -101,7 +100,7 @@ from gpuscaler.simulator.planning import (
     plan_key,
     with_remaining,
 )
-from gpuscaler.simulator.strategies import Decision, JobState, Strategy
+from gpuscaler.simulator.strategies import Decision, JobState, Replan, Strategy
 
 MIN_REVIEW_H = 60.0 / 3600
 """Shortest wait between two reviews of one allocation (a minute)."""
@@ -190,9 +189,9 @@ class ManagedSpot(Strategy):
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         return self._decide(st, planner, now_h)
 
-    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> tuple[Decision | None, PlanOption | None]:
+    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> Replan:
         key = None if st.current is None else plan_key(st.current.candidate)
-        return self._decide(st, planner, now_h), self._pick(st, planner, now_h, CapacityType.SPOT, key).current
+        return Replan(self._decide(st, planner, now_h), self._pick(st, planner, now_h, CapacityType.SPOT, key).current)
 
     def _pick(self, st: JobState, planner: CachedPlanner, now_h: float, capacity: CapacityType,
               current: PlanKey | None = None) -> Choice:

@@ -457,12 +457,13 @@ class _Run:
         before = st.remaining_samples
         st.remaining_samples = max(before - compute * a.rate, 0.0)  # what is left at that checkpoint
         try:
-            best, current = self.strategy.replan(st, self.planner, end_h)
+            r = self.strategy.replan(st, self.planner, end_h)
         finally:
             st.remaining_samples = before
-        decision = decide_move(miss, st.spec.constraints.max_deadline_risk, current, best, self.rules)
-        if decision.replan and best is not None:
-            self._schedule_move(i, a, t, best, at_checkpoint=True)
+        decision = decide_move(miss, st.spec.constraints.max_deadline_risk, r.current, r.best, self.rules, r.fallback)
+        to = r.fallback if decision.fallback else r.best
+        if decision.replan and to is not None:
+            self._schedule_move(i, a, t, to, at_checkpoint=True)
 
     def _next_checkpoint(self, a: _Active, t: float) -> tuple[float, float, float] | None:
         """(hour, compute s, checkpoint s) when the next periodic checkpoint is written after ``t``."""

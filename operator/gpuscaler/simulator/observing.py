@@ -14,7 +14,9 @@ correction of :mod:`gpuscaler.planner.correction`, the functions the operator's 
    P(miss deadline) for the work left;
 3. :func:`~gpuscaler.planner.correction.should_replan`: with the corrected planner's plan for the
    rest and the running plan's figures in the same result, whether to move (deadline at risk, or
-   cheaper by more than the margin); no move within ``min_interval_s`` of a plan change; a move
+   cheaper by more than the margin; behind with no plan meeting the risk: to the contingency's
+   fallback, :func:`gpuscaler.planner.contingency.fallback`, where the plan's P(miss) with
+   recourse assumed it would go); no move within ``min_interval_s`` of a plan change; a move
    happens at the next periodic checkpoint.
 
 When a job finishes, :func:`record_profile` does what the operator's profile recorder does: it
@@ -135,10 +137,16 @@ def miss_probability(d: Decision, remaining_samples: float, throughput: float, l
 
 
 def decide_move(miss: float, max_risk: float, current: PlanOption | None, best: Decision | None,
-                rules: ObserveRules) -> ReplanDecision:
+                rules: ObserveRules, fallback: Decision | None = None) -> ReplanDecision:
     """The operator's :func:`~gpuscaler.planner.correction.should_replan` on the simulator's plans
-    (both plan the rest only, so the share left is 1)."""
-    return should_replan(miss, max_risk, current, None if best is None else plan_option(best.candidate), rules.correction)
+    (both plan the rest only, so the share left is 1), with the contingency's ``fallback`` as the
+    operator's observer passes it (None when it is the running plan): a job behind with no plan
+    meeting the risk moves there (``ReplanDecision.fallback``)."""
+    fb = None if fallback is None else plan_option(fallback.candidate)
+    if fb is not None and current is not None and fb.key == current.key:
+        fb = None  # already on it
+    return should_replan(miss, max_risk, current, None if best is None else plan_option(best.candidate),
+                         rules.correction, fallback=fb)
 
 
 def record_profile(store: ProfileStore, spec: TrainingJobSpec, workload: Workload, d: Decision,

@@ -94,6 +94,8 @@ class Choice:
     error: str = ""
     current: PlanOption | None = None
     """The plan asked for by ``current`` in :meth:`CachedPlanner.choose`, when it is still feasible."""
+    fallback: Candidate | None = None
+    """The planner's contingency target (:func:`gpuscaler.planner.contingency.fallback`)."""
 
 
 class CachedPlanner:
@@ -188,7 +190,7 @@ def _select(result: PlanResult, rule: Rule, deadline_h: float | None, capacity: 
     found = None
     if current is not None:
         found = next((plan_option(c) for c in result.feasible if plan_key(c) == current), None)
-    return Choice(chosen, tuple(result.pareto), error, found)
+    return Choice(chosen, tuple(result.pareto), error, found, result.fallback)
 
 
 def strip_deadline(spec: TrainingJobSpec) -> TrainingJobSpec:

@@ -14,7 +14,9 @@
   and budget; on-demand after the policy's ``spot.maxInterruptions`` or when another reclaim
   would miss the deadline; on a capacity shortage it re-plans without the short offering instead
   of waiting for it. It learns the true throughput as the operator does, through the operator's
-  early-correction code (:mod:`gpuscaler.simulator.observing`), and plans with what it learnt.
+  early-correction code (:mod:`gpuscaler.simulator.observing`), and plans with what it learnt;
+  found behind with no plan meeting the risk, it moves to the plan's contingency target (the
+  planner's ``fallback``, :func:`gpuscaler.planner.contingency.fallback`), as the operator does.
   When a job finishes, the simulated operator records its measured throughput as a performance
   profile (:func:`gpuscaler.simulator.observing.record_profile`, the operator's
   :func:`~gpuscaler.planner.profiles.measure_run` and :class:`~gpuscaler.planner.profiles.ProfileStore`),
@@ -59,6 +61,19 @@ class Decision:
     """The factor the candidate's throughput carries over the model's prediction (the observed
     correction of its GPU type, or a performance profile's measured ratio; 1 = the model's). The
     engine and the correction divide it out to find the model's figure."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """A strategy's plan for the rest of a running job, as the operator's observer weighs a move."""
+
+    best: Decision | None
+    """The corrected planner's choice for the rest (None: nothing)."""
+    current: PlanOption | None
+    """The running plan's figures in the same result (None: no longer feasible there)."""
+    fallback: Decision | None = None
+    """The contingency's target (the planner's ``fallback``), where a job behind moves when no plan
+    meets the risk (:func:`gpuscaler.planner.correction.should_replan`)."""
 
 
 @dataclass
@@ -121,10 +136,9 @@ class Strategy:
         """The decision after a failed capacity request (the same object: ask again after a back-off)."""
         return st.current
 
-    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> tuple[Decision | None, PlanOption | None]:
-        """The plan for the rest of a running job with the corrected model (``corrects`` only), and the
-        running plan's figures in the same planner result (None: no longer feasible there)."""
-        return None, None
+    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> Replan:
+        """The plan for the rest of a running job with the corrected model (``corrects`` only)."""
+        return Replan(None, None)
 
     def review_at_h(self, st: JobState, alloc: Allocation) -> float | None:
         """Simulated hour at which to :meth:`review` the running allocation; None (default): never."""
@@ -249,21 +263,20 @@ class Gpuscaler(Strategy):
             self.name, self.label = "gpuscaler-no-profiles", "gpuscaler without performance profiles"
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h)[0]
+        return self._decide(st, planner, now_h).best
 
     def after_interruption(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h)[0]
+        return self._decide(st, planner, now_h).best
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
-        return self._decide(st, planner, now_h)[0]
+        return self._decide(st, planner, now_h).best
 
-    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> tuple[Decision | None, PlanOption | None]:
+    def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> Replan:
         cur = st.current.candidate if st.current is not None else None
         key = None if cur is None else plan_key(cur)
         return self._decide(st, planner, now_h, current=key)
 
-    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float, current: PlanKey | None = None,
-                ) -> tuple[Decision | None, PlanOption | None]:
+    def _decide(self, st: JobState, planner: CachedPlanner, now_h: float, current: PlanKey | None = None) -> Replan:
         cur = st.current.candidate if st.current is not None else None
         situation = Situation(
             spec=st.spec,
@@ -282,12 +295,16 @@ class Gpuscaler(Strategy):
         rec = recover(situation, lambda spec, dl, un: planner.choose(spec, dl, un, st.name, efficiency=eff,
                                                                      current=current, profiles=self.profiles))
         found = rec.result.current if rec.result is not None else None
-        cand = rec.chosen
+        fallback = rec.result.fallback if rec.result is not None else None
+        return Replan(self._decision(rec.chosen, eff), found, self._decision(fallback, eff))
+
+    @staticmethod
+    def _decision(cand: Candidate | None, eff: dict[str, float]) -> Decision | None:
         if cand is None:
-            return None, found
+            return None
         # A correction replaces a profile's prior in the planner; either way the candidate's figure is
         # the model's x this factor, which the engine and the correction divide out.
         factor = eff.get(cand.instance.gpu_id, cand.prior.factor if cand.prior is not None else 1.0)
-        return Decision(cand, cand.outlook.interval_s, handshake=True, efficiency=factor), found
+        return Decision(cand, cand.outlook.interval_s, handshake=True, efficiency=factor)
 
 
