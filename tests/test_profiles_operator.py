@@ -5,6 +5,7 @@ a run is counted once, a forged or failed write never fails the job, and the wat
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -261,3 +262,41 @@ def test_the_plan_cache_keys_on_the_profiles() -> None:
     got = cache.plan(s, CATALOG, profiles=store)
     assert got.chosen is not None and got.chosen.throughput_source == "measured in 1 run" and cache.misses == 2
     assert cache.plan(s, CATALOG, profiles=store) is got and cache.hits == 2
+
+
+def test_a_profile_past_the_ttl_is_not_planned_with_and_a_new_run_starts_it_again() -> None:
+    api = FakeProfileApi()
+    rec = recorder(api, ttl=timedelta(days=10))
+    w = world(rec)
+    job = make_job(SPEC, uid="old")
+    w.run_to(job, Phase.RUNNING)
+    assert w.status.plan is not None
+    rate = 0.7 * w.status.plan.throughput
+    train(w, job, rate, seconds=int(w.status.plan.total_samples / rate) - 5)
+    assert from_document(next(iter(api.objects.values()))).runs == 1
+    later = world(rec)
+    later.now = w.now + timedelta(days=11)
+    job2 = make_job(SPEC, uid="new", name="job-2")
+    later.run_to(job2, Phase.RUNNING)
+    assert later.status.plan is not None and later.status.plan.throughput_source is None  # the model again
+    rate2 = later.status.plan.throughput
+    assert "ProfileRecorded" in train(later, job2, rate2, seconds=int(later.status.plan.total_samples / rate2) - 5)
+    (body,) = api.objects.values()
+    fresh = from_document(body)
+    assert fresh.runs == 1 and fresh.jobs == ("new",) and fresh.throughput == pytest.approx(rate2, rel=0.02)
+    assert not any(c.startswith("delete") for c in api.calls)  # measured again: kept, not deleted
+    # a stale profile of another configuration is deleted at the next record
+    book = rec.book
+    stale_doc = to_document(replace(fresh, key=fresh.key._replace(gpus=8), last_seen=fresh.last_seen - timedelta(days=30)), "ns")
+    api.objects[("ns", stale_doc["metadata"]["name"])] = {**stale_doc, "metadata": {**stale_doc["metadata"], "resourceVersion": "1"}}
+    assert book.observe("ns", stale_doc["metadata"]["name"], stale_doc) is None
+    store = book.store_for("ns", later.now)
+    assert store is not None and [p.key.gpus for p in store.profiles()] == [1]
+    job3 = make_job(SPEC, uid="third", name="job-3")
+    w3 = world(rec)
+    w3.now = later.now
+    w3.run_to(job3, Phase.RUNNING)
+    assert w3.status.plan is not None
+    rate3 = w3.status.plan.throughput
+    train(w3, job3, rate3, seconds=int(w3.status.plan.total_samples / rate3) - 5)
+    assert f"delete {stale_doc['metadata']['name']}" in api.calls and len(api.objects) == 1

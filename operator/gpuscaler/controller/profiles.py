@@ -39,6 +39,7 @@ from gpuscaler.planner.profiles import (
     Profile,
     ProfileKey,
     ProfileStore,
+    RunMeasurement,
     measure_run,
     signature_of,
     updated,
@@ -89,6 +90,8 @@ class ProfileBook:
     _names: dict[tuple[str, str], ProfileKey] = field(default_factory=dict)
     """(namespace, object name) -> the key it holds (a deleted object is known by name only)."""
     _merged: dict[str, tuple[tuple[int, int], tuple[int, int], ProfileStore]] = field(default_factory=dict)
+    _stale: dict[str, list[Profile]] = field(default_factory=dict)
+    """Profiles past the TTL, dropped from planning, whose objects the recorder deletes next."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _store(self, namespace: str) -> ProfileStore:
@@ -121,10 +124,29 @@ class ProfileBook:
             self._names.pop((namespace, profile_name(p.key, p.workload)), None)
         return evicted
 
-    def store_for(self, namespace: str) -> ProfileStore | None:
-        """The profiles a job of ``namespace`` plans with (its own, then the shared namespace's), or None."""
-        own = self._stores.get(namespace)
+    def expire(self, namespace: str, now: datetime) -> None:
+        """Drop the namespace's profiles past the TTL from planning (their objects go at the next record)."""
+        store = self._stores.get(namespace)
+        if store is None:
+            return
+        for p in store.prune(now):
+            self._names.pop((namespace, profile_name(p.key, p.workload)), None)
+            self._stale.setdefault(namespace, []).append(p)
+
+    def take_stale(self, namespace: str) -> list[Profile]:
+        """The expired profiles of a namespace not deleted yet (forgotten here once taken)."""
+        return self._stale.pop(namespace, [])
+
+    def store_for(self, namespace: str, now: datetime | None = None) -> ProfileStore | None:
+        """The profiles a job of ``namespace`` plans with (its own, then the shared namespace's), or None.
+
+        With ``now``, profiles past the TTL are dropped first (:meth:`expire`).
+        """
         shared_ns = self.config.shared_namespace
+        if now is not None:
+            for ns in {namespace, shared_ns} - {""}:
+                self.expire(ns, now)
+        own = self._stores.get(namespace)
         shared = self._stores.get(shared_ns) if shared_ns and shared_ns != namespace else None
         if not shared:
             return own if own else None
@@ -216,15 +238,19 @@ class Recorder:
                 f"{profile.throughput:,.1f}/s +-{profile.log_sigma(self.config.memory_runs):.0%}"[:EVENT_MESSAGE_CHARS],
             )
         ]
-        for gone in self.book.put(namespace, profile):
+        gone = [*self.book.put(namespace, profile), *self.book.take_stale(namespace)]
+        for p in gone:
+            old_name = profile_name(p.key, p.workload)
+            if old_name == name:
+                continue  # past the TTL, and measured again just now
             try:
-                self.api.delete(namespace, profile_name(gone.key, gone.workload))
+                self.api.delete(namespace, old_name)
             except GpuscalerError as err:
                 events.append(Event("Warning", "ProfileNotPruned", f"{err}"[:EVENT_MESSAGE_CHARS]))
         return events
 
     def _write(
-        self, namespace: str, key: ProfileKey, run: Any, workload: str, shape: str, instance_type: str, unit: str
+        self, namespace: str, key: ProfileKey, run: RunMeasurement, workload: str, shape: str, instance_type: str, unit: str
     ) -> tuple[Profile, str]:
         """Fold the run into the stored profile and write it (retried once when it changed meanwhile)."""
         name = profile_name(key, workload)
@@ -238,8 +264,8 @@ class Recorder:
                     old = from_document(body, f"PerformanceProfile {namespace}/{name}")
                 except GpuscalerError:
                     old = None  # unreadable (edited by hand): started again from this run
-                if old is not None and old.key != key:
-                    old = None
+                if old is not None and (old.key != key or run.at - old.last_seen > self.config.ttl):
+                    old = None  # another key under this name, or past the TTL: this run starts it again
             new = updated(
                 old, key, run, workload=workload, shape=shape, instance_type=instance_type, unit=unit,
                 memory_runs=self.config.memory_runs,

@@ -480,7 +480,7 @@ class Reconciler:
         """The loop's planner under the step's governance (passed only when there is one, so a
         planner that knows no policy still serves an ungoverned loop)."""
         extra: dict[str, Any] = {} if ctx.governance is None else {"governance": ctx.governance}
-        store = self.profiles.book.store_for(ctx.job.namespace) if self.profiles is not None else None
+        store = self.profiles.book.store_for(ctx.job.namespace, ctx.now) if self.profiles is not None else None
         if store:
             extra["profiles"] = store
         return functools.partial(self.planner, **extra) if extra else self.planner
