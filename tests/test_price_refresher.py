@@ -90,6 +90,9 @@ def test_a_refresh_reprices_the_catalog_and_keeps_the_copy() -> None:
     assert not s.stale and s.reason == "LivePrices"
     assert r.next_in_s(T0) == 3600 and not r.refresh(T0 + timedelta(minutes=59))  # nothing due
     assert src.calls == 1
+    before = r.catalog
+    assert r.refresh(T0 + timedelta(hours=1)) and r.catalog is before  # the same prices: the same catalog
+    assert r.copy is not None and r.copy.spot_read_at == T0 + timedelta(hours=1)
 
 
 def test_a_spot_refresh_keeps_the_on_demand_prices_until_theirs_is_due() -> None:

@@ -301,7 +301,9 @@ class PriceRefresher:
         return PriceTable(list(rows.values()), "live prices")
 
     def _install(self, copy: PriceCopy, at: datetime | None = None) -> None:
-        catalog = apply_prices(self.shipped, copy.table)
+        same = self.copy is not None and _rows(self.copy.table) == _rows(copy.table)
+        # the same prices keep the same catalog object: the operator's plan cache (keyed by it) stays warm
+        catalog = self.catalog if same else apply_prices(self.shipped, copy.table)
         with self._lock:
             self.copy, self.catalog = copy, catalog
             if copy.log_json and not self.log.entries:
@@ -342,6 +344,10 @@ class PriceRefresher:
         if old:
             return Staleness(True, "PricesOld", f"{text}: planning on the last good copy{error}")
         return Staleness(False, "LivePrices", text + error)
+
+
+def _rows(table: PriceTable) -> set[tuple[object, ...]]:
+    return {(p.key, p.usd_per_hour, p.price_date, p.source) for p in table.rows}
 
 
 def _hours(seconds: float) -> str:
