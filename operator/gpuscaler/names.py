@@ -120,6 +120,21 @@ JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
 QUEUE_NAME_LABEL: Final = "kueue.x-k8s.io/queue-name"
 """Kueue: the LocalQueue of a job (set by users; honoured on a TrainingJob like ``spec.queueName``)."""
 
+PROFILE_SIGNATURE_LABEL: Final = "gpuscaler.io/signature"
+"""On a PerformanceProfile: the id of the workload signature it measured (list one workload's by selector)."""
+PROFILE_GPU_LABEL: Final = "gpuscaler.io/gpu-type"
+"""On a PerformanceProfile: its GPU type (made label-safe)."""
+
+# ----------------------------------------------------------------------------------- event reasons
+
+PROFILE_RECORDED_EVENT: Final = "ProfileRecorded"
+"""Event reason (Normal): a finished job's measured throughput was folded into a PerformanceProfile."""
+PROFILE_NOT_RECORDED_EVENT: Final = "ProfileNotRecorded"
+"""Event reason: a finished job left no profile (Normal: measured too briefly; Warning: its reports
+contradict what the operator saw, or the write failed)."""
+PROFILE_NOT_PRUNED_EVENT: Final = "ProfileNotPruned"
+"""Event reason (Warning): a PerformanceProfile past the TTL or the cap could not be deleted."""
+
 # ---------------------------------------------------------------------------------------- taints
 
 GPU_TAINT_KEY: Final = GPU_RESOURCE

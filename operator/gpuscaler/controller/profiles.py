@@ -30,7 +30,12 @@ from gpuscaler.api.events import Event
 from gpuscaler.api.status import TrainingJobStatus
 from gpuscaler.catalog import Catalog, UnknownIdError
 from gpuscaler.errors import GpuscalerError
-from gpuscaler.names import ConditionType
+from gpuscaler.names import (
+    PROFILE_NOT_PRUNED_EVENT,
+    PROFILE_NOT_RECORDED_EVENT,
+    PROFILE_RECORDED_EVENT,
+    ConditionType,
+)
 from gpuscaler.planner.correction import CorrectionConfig, ProgressPoint
 from gpuscaler.planner.job import resolve_workload
 from gpuscaler.planner.profile_docs import from_document, profile_name, to_document
@@ -218,21 +223,21 @@ class Recorder:
         )
         if isinstance(got, NotMeasured):
             kind = "Warning" if got.suspect else "Normal"
-            return [Event(kind, "ProfileNotRecorded", f"no performance profile from this run: {got.text}"[:EVENT_MESSAGE_CHARS])]
+            return [Event(kind, PROFILE_NOT_RECORDED_EVENT, f"no performance profile from this run: {got.text}"[:EVENT_MESSAGE_CHARS])]
         try:
             workload = resolve_workload(spec.workload, self.catalog)
         except UnknownIdError as err:
-            return [Event("Warning", "ProfileNotRecorded", f"no performance profile: {err}"[:EVENT_MESSAGE_CHARS])]
+            return [Event("Warning", PROFILE_NOT_RECORDED_EVENT, f"no performance profile: {err}"[:EVENT_MESSAGE_CHARS])]
         sig = signature_of(spec.workload, workload.id)
         key = ProfileKey(sig.id, plan.gpu_type, plan.gpus, plan.nodes, plan.micro_batch, plan.accumulation, plan.precision)
         try:
             profile, name = self._write(namespace, key, got, sig.workload, sig.shape, plan.instance_type, workload.unit)
         except GpuscalerError as err:
-            return [Event("Warning", "ProfileNotRecorded", f"writing the performance profile: {err}"[:EVENT_MESSAGE_CHARS])]
+            return [Event("Warning", PROFILE_NOT_RECORDED_EVENT, f"writing the performance profile: {err}"[:EVENT_MESSAGE_CHARS])]
         events = [
             Event(
                 "Normal",
-                "ProfileRecorded",
+                PROFILE_RECORDED_EVENT,
                 f"PerformanceProfile {name}: {got.throughput:,.1f} {workload.unit}/s measured over {got.window_s:.0f} s "
                 f"on {key.describe()} ({got.throughput / model:.2f}x the model); {profile.source()}, "
                 f"{profile.throughput:,.1f}/s +-{profile.log_sigma(self.config.memory_runs):.0%}"[:EVENT_MESSAGE_CHARS],
@@ -246,7 +251,7 @@ class Recorder:
             try:
                 self.api.delete(namespace, old_name)
             except GpuscalerError as err:
-                events.append(Event("Warning", "ProfileNotPruned", f"{err}"[:EVENT_MESSAGE_CHARS]))
+                events.append(Event("Warning", PROFILE_NOT_PRUNED_EVENT, f"{err}"[:EVENT_MESSAGE_CHARS]))
         return events
 
     def _write(

@@ -27,12 +27,9 @@ from gpuscaler.api.profile import (
 )
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION
 from gpuscaler.inputs import InputError, load_yaml_all, validation_error
+from gpuscaler.names import PROFILE_GPU_LABEL, PROFILE_SIGNATURE_LABEL
 from gpuscaler.planner.profiles import DEFAULT_MEMORY_RUNS, Profile, ProfileKey, signature_of
 
-SIGNATURE_LABEL = f"{API_GROUP}/signature"
-"""Label of a PerformanceProfile: its signature id (list one workload's profiles by selector)."""
-GPU_LABEL = f"{API_GROUP}/gpu-type"
-"""Label of a PerformanceProfile: its GPU type (label-safe)."""
 MAX_PROFILE_FILE_BYTES = 16 * 1024 * 1024
 """Largest profile file read (about 10,000 profiles)."""
 
@@ -77,7 +74,7 @@ def to_document(profile: Profile, namespace: str | None = None, memory_runs: int
     )
     meta: dict[str, Any] = {
         "name": profile_name(k, profile.workload),
-        "labels": {SIGNATURE_LABEL: k.signature, GPU_LABEL: _label_safe(k.gpu_type)},
+        "labels": {PROFILE_SIGNATURE_LABEL: k.signature, PROFILE_GPU_LABEL: _label_safe(k.gpu_type)},
     }
     if namespace:
         meta["namespace"] = namespace
