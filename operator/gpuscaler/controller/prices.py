@@ -52,9 +52,10 @@ from gpuscaler.cloud.pricing import PriceSource, PriceSourceError
 from gpuscaler.cloud.pricing.refresh import vet
 from gpuscaler.kube.prices import PriceCopy, PriceStoreError
 
-LOG_ENTRIES = 96
-"""Price changes the log keeps (about four days of hourly spot refreshes); older ones are folded
-into the oldest kept, so a node that ran longer is costed at that price before it."""
+LOG_ENTRIES = 48
+"""Price changes the log keeps (two days of hourly spot refreshes; the log travels in the
+ConfigMap, whose data is limited to 1 MiB); older ones are folded into the oldest kept, so a node
+that ran longer is costed at that price before it."""
 
 
 def price_key(name: str, region: str, capacity: str, zone: str) -> str:
@@ -99,7 +100,7 @@ class PriceLog:
     def at(self, key: str, t: datetime) -> float | None:
         """The price of ``key`` in force at ``t`` (None before the log knew it)."""
         found = None
-        for when, diff in self.entries:
+        for when, diff in list(self.entries):  # a snapshot: the refresher's thread may append
             if when > t:
                 break
             found = diff.get(key, found)
@@ -117,7 +118,7 @@ class PriceLog:
                 break
         else:
             return None
-        cuts = [(when, diff[key]) for when, diff in self.entries if node.created < when < now and key in diff]
+        cuts = [(when, diff[key]) for when, diff in list(self.entries) if node.created < when < now and key in diff]
         total, t, usd = 0.0, node.created, start
         for when, price in cuts:
             total += (when - t).total_seconds() / 3600 * usd
