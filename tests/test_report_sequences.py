@@ -20,7 +20,7 @@ Two properties:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,14 +36,6 @@ SPEC = {**SPOT_SPEC, "training": {"steps": 20000}, "maxDuration": "24h"}
 """The interruption tests' spot job, long enough never to finish in a sequence."""
 BATCH = 256
 SPOT_ITN = [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]
-REPORTED = (
-    rc.ANNOTATION_PROGRESS_STEP,
-    rc.ANNOTATION_PROGRESS_SAMPLES,
-    rc.ANNOTATION_CHECKPOINT_STEP,
-    rc.ANNOTATION_CHECKPOINT_TIME,
-    rc.ANNOTATION_CHECKPOINT_ACK,
-    rc.ANNOTATION_RUNTIME_PHASE,
-)
 
 
 def stamp(t: datetime) -> str:
@@ -58,7 +50,8 @@ class Runtime:
     checkpoint: int | None = None
     checkpoint_at: datetime | None = None
     ack: str | None = None
-    written: dict[str, str] = field(default_factory=dict)
+    wrote: bool = False
+    """This process wrote a checkpoint (it then reports how long that took)."""
 
     def annotations(self) -> dict[str, str]:
         """What its reporter writes (gpuscaler.runtime.progress.Progress.annotations)."""
@@ -66,7 +59,10 @@ class Runtime:
             rc.ANNOTATION_PROGRESS_STEP: str(self.step),
             rc.ANNOTATION_PROGRESS_SAMPLES: str(float(self.step * BATCH)),
             rc.ANNOTATION_RUNTIME_PHASE: "running",
+            rc.ANNOTATION_CHECKPOINT_WRITING: "",
         }
+        if self.wrote:
+            out[rc.ANNOTATION_CHECKPOINT_DURATION] = "1.250"
         if self.checkpoint is not None and self.checkpoint_at is not None:
             out[rc.ANNOTATION_CHECKPOINT_STEP] = str(self.checkpoint)
             out[rc.ANNOTATION_CHECKPOINT_TIME] = stamp(self.checkpoint_at)
@@ -78,6 +74,7 @@ class Runtime:
         """A new gang: a new process resumes from the last complete checkpoint."""
         self.step = self.checkpoint or 0
         self.ack = None
+        self.wrote = False
 
 
 def writer(w: World) -> dict[str, Any]:
@@ -109,6 +106,8 @@ forged_value = {
     rc.ANNOTATION_CHECKPOINT_TIME: hs.sampled_from(["2026-01-01T00:00:00Z", "2030-01-01T00:00:00Z", "2026-01-01T00:00:00", "now"]),
     rc.ANNOTATION_CHECKPOINT_ACK: hs.sampled_from(["made-up", "20260101T000000-000-a1", "x y"]),
     rc.ANNOTATION_RUNTIME_PHASE: hs.sampled_from([rc.RUNTIME_PHASE_PREEMPTED, "finished", "running"]),
+    rc.ANNOTATION_CHECKPOINT_WRITING: hs.sampled_from(["2026-01-01T00:00:00Z", "soon", ""]),
+    rc.ANNOTATION_CHECKPOINT_DURATION: hs.sampled_from(["3.5", "-1", "1e9"]),
 }
 forgery = hs.fixed_dictionaries({}, optional=forged_value)
 
@@ -138,7 +137,7 @@ def test_no_report_sequence_rejects_a_real_ack_or_makes_a_failure_a_preemption(a
                 write(w, rt.annotations())
             w.step(job, seconds=seconds)
         elif kind == "checkpoint":
-            rt.checkpoint, rt.checkpoint_at = rt.step, w.now
+            rt.checkpoint, rt.checkpoint_at, rt.wrote = rt.step, w.now, True
             write(w, rt.annotations())
             w.step(job)
         elif kind == "forge":
@@ -165,7 +164,7 @@ def test_no_report_sequence_rejects_a_real_ack_or_makes_a_failure_a_preemption(a
             train(w, rt, delay, fraction)
             w.now += timedelta(seconds=delay)
             rt.step += 1
-            rt.checkpoint, rt.checkpoint_at, rt.ack = rt.step, w.now, rid
+            rt.checkpoint, rt.checkpoint_at, rt.ack, rt.wrote = rt.step, w.now, rid, True
             write(w, rt.annotations())
             reasons = w.step(job)
             assert "Checkpointed" in reasons and "CheckpointMissed" not in reasons, (w.status.message, w.events)
