@@ -286,8 +286,8 @@ def test_failure_policy_ignores_a_preempted_worker_and_fails_on_a_training_failu
 def kq_operator(kq: Kueued, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator (``gpuscaler run``) for ``ns`` on the Kueue cluster, gpuscaler's CRDs installed."""
     env = kq.cluster.env()
-    apply_crds(env, [ROOT / "crds" / "trainingjob.yaml", ROOT / "crds" / "gpuscalingpolicy.yaml"],
-               ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"])
+    apply_crds(env, [ROOT / "crds" / n for n in ("trainingjob.yaml", "gpuscalingpolicy.yaml", "performanceprofile.yaml")],
+               ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io", "performanceprofiles.gpuscaler.io"])
     e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)  # checkpoints every 10 s allowed (the spot test's interval)
@@ -477,8 +477,8 @@ def test_quota_fallback_moves_a_queued_job_to_the_plan_kueue_has_quota_for(kq: K
     queue = kq.queue(ns, "gpu-cq-fallback", spot_quota=0, od_quota=2 * GPUS_PER_NODE)
     env = kq.cluster.env()
     e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
-    apply_crds(env, [ROOT / "crds" / "trainingjob.yaml", ROOT / "crds" / "gpuscalingpolicy.yaml"],
-               ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io"])
+    apply_crds(env, [ROOT / "crds" / n for n in ("trainingjob.yaml", "gpuscalingpolicy.yaml", "performanceprofile.yaml")],
+               ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io", "performanceprofiles.gpuscaler.io"])
     op = OperatorProcess(e2e, ns, tmp_path / "operator.log", GPUSCALER_KUEUE_QUOTA_FALLBACK="true")
     op.start()
     try:
