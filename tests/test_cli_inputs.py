@@ -199,3 +199,9 @@ def test_a_region_of_another_provider_is_named_as_such(capsys: pytest.CaptureFix
     err = invalid(capsys, "plan", job_file(tmp_path, text), "--json")
     assert "region 'us-central1' is a region of gcp, not of constraints.providers (aws)" in err
     assert "memory" not in err
+
+
+@pytest.mark.parametrize("args", [["report", "Job_1"], ["report", "ok", "-n", "Team_A"]])
+def test_report_checks_the_job_and_namespace_names(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    err = invalid(capsys, *args)
+    assert "is not a valid name" in err or "DNS label" in err

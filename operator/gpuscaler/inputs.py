@@ -584,6 +584,14 @@ def namespace_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err).removeprefix("namespace ")) from None
 
 
+def object_name(text: str) -> str:
+    """argparse type: an object's name (an RFC 1123 DNS subdomain), as the API server accepts it."""
+    try:
+        return check_name(text, "name")
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("name ")) from None
+
+
 def output_file(text: str) -> str:
     """argparse type: a file path to write whose directory exists and which is not a directory."""
     p = Path(text)

@@ -35,6 +35,7 @@ from typing import Any, Literal, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.inputs import namespace_name
 from gpuscaler.kube.client import HTTP_NOT_FOUND
 from gpuscaler.kube.workers import MANAGED_BY, WORKER_SERVICE_ACCOUNT
 from gpuscaler.runtime.constants import REPORTED_ANNOTATIONS
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m gpuscaler.kube.admission", description=main.__doc__)
     ap.add_argument("--name", default=POLICY_NAME, help=f"policy and binding name (default {POLICY_NAME})")
-    ap.add_argument("--namespace", default=None, help="bind to this namespace only (default: all)")
+    ap.add_argument("--namespace", type=namespace_name, default=None, help="bind to this namespace only (default: all)")
     args = ap.parse_args(argv)
     print(yaml.safe_dump_all(manifests(args.name, args.namespace), sort_keys=False), end="")
     return 0

@@ -11,6 +11,7 @@ read (raised as :class:`gpuscaler.inputs.InputError`; the CLI's ``main`` prints 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,15 @@ from typing import Any
 
 from gpuscaler.api.status import TrainingJobStatus
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION
-from gpuscaler.inputs import InputError, output_file, positive_float, to_json
+from gpuscaler.inputs import (
+    InputError,
+    namespace_name,
+    object_name,
+    output_file,
+    positive_float,
+    to_json,
+    write_output,
+)
 from gpuscaler.observe.assess import JobMetrics
 from gpuscaler.observe.controller import BOTTLENECKS
 
@@ -157,8 +166,10 @@ def _plot(path: str, name: str, namespace: str, st: TrainingJobStatus, url: str,
     ax2.legend(loc="best")
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format="png")
     plt.close(fig)
+    write_output(path, image.getvalue(), "--plot")  # checked: a full device is an error, not "written"
     return path
 
 
@@ -204,8 +215,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``report`` to the ``gpuscaler`` subcommands."""
     p = sub.add_parser("report", help="a TrainingJob's predicted vs observed performance, cost and bottlenecks")
-    p.add_argument("job", help="TrainingJob name")
-    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("job", type=object_name, help="TrainingJob name")
+    p.add_argument("-n", "--namespace", type=namespace_name, default="default")
     p.add_argument("--prometheus", metavar="URL", help="Prometheus to read live metrics from (default: GPUSCALER_PROMETHEUS_URL)")
     p.add_argument("--plot", metavar="FILE.png", type=output_file, help="draw throughput and cost over time (needs Prometheus)")
     p.add_argument("--step", type=positive_float, help="plot resolution in seconds (default: the job's life / 300)")
