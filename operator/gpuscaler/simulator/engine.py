@@ -264,6 +264,7 @@ class _Run:
             if epoch != self.epoch[i]:
                 continue  # an event of an allocation that has ended
             events += 1
+            self.planner.now_h = t  # plans are made at the spot prices in force now
             handlers[kind](t, i)
         return SimulationResult(self.strategy.name, self.strategy.label, self.seed, self.outcomes, events)
 
@@ -568,5 +569,6 @@ def simulate(
     Returns:
         One outcome per job, in trace order.
     """
+    planner.spot_prices = (cloud or CloudModel()).spot_prices  # every strategy plans at the same prices
     return _Run(trace, strategy, planner, cloud or CloudModel(), seed, keep_segments,
                 truth or ThroughputTruth(0.0, seed), rules or ObserveRules.operator_defaults()).run()

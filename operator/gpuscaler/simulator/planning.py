@@ -25,11 +25,14 @@ from typing import Literal
 
 from gpuscaler.api import Objective, SpotPolicy, TrainingAmount, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
+from gpuscaler.catalog.prices import Price, PriceTable, apply_prices
+from gpuscaler.catalog.zones import zone_region
 from gpuscaler.perfmodel.uncertainty import Z90
 from gpuscaler.planner import Candidate, JobError, PlanResult, plan
 from gpuscaler.planner.correction import PlanOption, plan_option
 from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy import Policy
+from gpuscaler.simulator.spot_prices import HISTORY_SOURCE, SpotPriceHistory
 
 PlanKey = tuple[str, int, str, str]
 """(instance type, nodes, capacity type, precision): the same key = the same plan (as the operator keys it)."""
@@ -110,6 +113,11 @@ class CachedPlanner:
     def __init__(self, catalog: Catalog, policy: Policy | None = None, *, cache: bool = True) -> None:
         self.catalog = catalog
         self.policy = policy or Policy()
+        self.spot_prices: SpotPriceHistory | None = None
+        """Spot prices that move (the cloud's): plans are made at the prices in force at :attr:`now_h`."""
+        self.now_h = 0.0
+        """The simulated hour of the plans asked for now (the engine sets it per event)."""
+        self._priced: dict[tuple[int, ...], Catalog] = {}
         self.cache_enabled = cache
         self._cache: dict[tuple[object, ...], Choice] = {}
         self.calls = 0
@@ -153,14 +161,15 @@ class CachedPlanner:
         spec = strip_deadline(spec)
         self.calls += 1
         eff = tuple(sorted((g, round(f, 6)) for g, f in (efficiency or {}).items()))
+        catalog, epoch = self._catalog()
         key = (spec.model_dump_json(), None if deadline_h is None else round(deadline_h, 6), unavailable, eff,
-               current, rule, capacity, fit, profiles.fingerprint() if profiles else None)
+               current, rule, capacity, fit, profiles.fingerprint() if profiles else None, epoch)
         if self.cache_enabled and key in self._cache:
             return self._cache[key]
         self.misses += 1
         factors = dict(eff) or None
         try:
-            result = plan(spec, self.catalog, self.policy, name=name, unavailable=unavailable, efficiency=factors,
+            result = plan(spec, catalog, self.policy, name=name, unavailable=unavailable, efficiency=factors,
                           deadline_h=deadline_h if rule == "planner" else None, profiles=profiles or None)
         except (JobError, UnknownIdError, ValueError) as err:
             choice = Choice(None, (), str(err))
@@ -170,6 +179,27 @@ class CachedPlanner:
         if self.cache_enabled:
             self._cache[key] = choice
         return choice
+
+    def _catalog(self) -> tuple[Catalog, tuple[int, ...] | None]:
+        """The catalog at the spot prices in force at :attr:`now_h` (per zone), and their epoch."""
+        history = self.spot_prices
+        if history is None:
+            return self.catalog, None
+        epoch = history.epoch(self.now_h)
+        found = self._priced.get(epoch)
+        if found is None:
+            rows = []
+            for name, zone, usd in history.in_force(self.now_h):
+                if name not in self.catalog.instances:
+                    continue
+                provider = self.catalog.instance(name).provider
+                region = zone_region(provider, zone)
+                if region is not None and region in self.catalog.instances.regions(name):
+                    day = history.start.date().isoformat()
+                    rows.append(Price(provider, region, zone, name, CapacityType.SPOT, usd, day, HISTORY_SOURCE))
+            table = PriceTable(rows, history.source)
+            found = self._priced[epoch] = apply_prices(self.catalog, table) if rows else self.catalog
+        return found, epoch
 
     @property
     def hit_rate(self) -> float:

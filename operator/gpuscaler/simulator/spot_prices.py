@@ -14,7 +14,9 @@ record is a price change: the price of that type in that zone from its ``Timesta
 next record of the same type and zone.
 
 **Replay.** The history is laid on the simulated clock by its first timestamp: hour ``t`` of the
-simulation is ``first timestamp + t``. Every strategy meets the same prices at the same hour.
+simulation is ``first timestamp + t``. Every strategy meets the same prices at the same hour, and
+plans at the prices in force when it plans (:class:`gpuscaler.simulator.planning.CachedPlanner`
+re-prices the catalog per zone, once per set of prices in force).
 
 **Prices in force.** For a spot allocation of type ``i`` in zone ``z`` (the plan's zone; for a
 plan for any zone, the zone cheapest at the hour the nodes are granted: where a price-capacity
@@ -44,6 +46,8 @@ from typing import Any
 
 from gpuscaler.inputs import MAX_TRACE_BYTES, InputError, read_text, shown
 
+HISTORY_SOURCE = "spot-price-history"
+"""The price source of a plan made at a replayed history's price."""
 LINUX = "Linux/UNIX"
 """The ``ProductDescription`` kept (Linux, no pre-installed software: what the catalog prices)."""
 
@@ -154,6 +158,14 @@ class SpotPriceHistory:
         first record or when the history does not price it there."""
         s = self.series.get((instance, zone))
         return None if s is None else s.at(t_h)
+
+    def epoch(self, t_h: float) -> tuple[int, ...]:
+        """Which records are in force at ``t_h`` (one index per series): equal epochs, equal prices."""
+        return tuple(bisect.bisect_right(s.hours, t_h) for _, s in sorted(self.series.items()))
+
+    def in_force(self, t_h: float) -> list[tuple[str, str, float]]:
+        """``(instance type, zone, USD per node-hour)`` of every series priced at ``t_h``."""
+        return [(name, zone, p) for (name, zone), s in sorted(self.series.items()) if (p := s.at(t_h)) is not None]
 
     def placement(self, instance: str, zone: str, t_h: float) -> str:
         """The zone nodes of a plan land in: the plan's zone, or for any zone ("") the zone with the
