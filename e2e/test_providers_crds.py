@@ -123,6 +123,8 @@ def test_karpenter_nodepool_is_accepted_and_updated(
         reqs = {r["key"]: r for r in spec["template"]["spec"]["requirements"]}
         assert "p4d.24xlarge" in reqs["node.kubernetes.io/instance-type"]["values"]
         assert reqs[JOB_LABEL]["operator"] == "Exists"
+        # held capacity: Karpenter's own "reserved" capacity type, accepted by its CRD (docs/capacity.md)
+        assert reqs["karpenter.sh/capacity-type"]["values"] == ["on-demand", "spot", "reserved"]
         assert spec["limits"] == {"nvidia.com/gpu": "16"}
         assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
         assert spec["disruption"]["budgets"] == [

@@ -112,3 +112,11 @@ def test_plan_prints_the_segments_of_a_plan_into_a_block(tmp_path: Path, capsys:
     text = capsys.readouterr().out
     assert "segment 1: 1 x p5.48xlarge capacity-block blk" in text and "before the window closes), then move" in text
     assert "segment 2:" in text and "held capacity: what the policy declares the team pays at the margin" in text
+
+
+def test_simulate_refuses_a_policy_with_held_capacity_it_does_not_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(POLICY))
+    trace = Path(__file__).resolve().parents[1] / "examples" / "traces" / "research-week.yaml"
+    assert main(["simulate", str(trace), "--policy", str(path)]) == 2
+    assert "capacity (held capacity: team-h100, flex-a100) is not simulated yet" in capsys.readouterr().err

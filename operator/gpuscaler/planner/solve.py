@@ -156,8 +156,8 @@ def solve(
         return None, "no plan meets every requirement"
     pool = feasible
     spot_note = ""
-    if spec.constraints.spot is SpotPolicy.PREFERRED:
-        spot = [c for c in feasible if c.capacity is CapacityType.SPOT]
+    if spec.constraints.spot is SpotPolicy.PREFERRED:  # held capacity the team has is preferred as well
+        spot = [c for c in feasible if c.capacity is CapacityType.SPOT or c.pool]
         if spot:
             pool, spot_note = spot, "; spot preferred"
     if spec.objective is Objective.FASTEST:
