@@ -77,6 +77,8 @@ from gpuscaler.perfmodel.parameters import FamilyParams, FittedParams, constants
 DATA = Path(__file__).resolve().parents[1] / "operator/gpuscaler/perfmodel/data"
 OUT = DATA / "fitted.json"
 CV_OUT = DATA / "cross_validation.json"
+FOLDS_OUT = DATA / "fold_predictions.json"
+"""Each decision fold's held-out rows and predictions (:func:`fold_predictions`)."""
 CV_SCHEMA = 1
 REG = 0.5
 """Weight of the prior pulling workload scales to 1 (in log space) against one data row."""
@@ -695,6 +697,35 @@ def inputs_sha256(rows: list[calibration.Row]) -> str:
     return h.hexdigest()
 
 
+DECISION_SCHEMES = ("gpu_transfer", "leave_one_workload_out")
+"""The schemes whose folds the decision scores use (``gpuscaler validate``'s ``decisions``)."""
+
+
+def fold_predictions(rows: list[calibration.Row], digest: str) -> dict[str, Any]:
+    """Per fold of :data:`DECISION_SCHEMES`: which rows it holds out and the throughput the model
+    fitted without them predicts for every row (the fold_predictions.json body). The decision scores
+    (:mod:`gpuscaler.planner.decisions`) decide with these and score against the measured rows."""
+    folds = []
+    for scheme, parts in splits(rows).items():
+        if scheme not in DECISION_SCHEMES:
+            continue
+        for name, held_out in parts:
+            test = [i for i, r in enumerate(rows) if held_out(r)]
+            train = [r for i, r in enumerate(rows) if not held_out(r)]
+            if not train or not test:
+                continue
+            preds = calibration.predict(rows, fit(train))
+            folds.append({"scheme": scheme, "fold": name, "held_out": test,
+                          "predicted": [float(f"{p:.6g}") for p in preds]})  # fmt: skip
+    return {
+        "about": "per cross-validation fold: the rows it holds out and every row's throughput as the model fitted "
+        "without them predicts it (scripts/calibrate.py --folds); gpuscaler validate scores decisions with them",
+        "inputs_sha256": digest,
+        "rows": len(rows),
+        "folds": folds,
+    }
+
+
 def _rounded(value: object) -> object:
     return float(f"{value:.9g}") if isinstance(value, float) else value
 
@@ -806,6 +837,10 @@ def main() -> int:
     )
     ap.add_argument("--holdout", action="store_true", help="print the cross-validated errors only")
     ap.add_argument(
+        "--folds", action="store_true",
+        help=f"write only {FOLDS_OUT.name}: each decision fold's predictions (the decision scores of gpuscaler validate)",
+    )
+    ap.add_argument(
         "--residuals", action="store_true", help="print the cross-validated errors and where they sit, by workload"
     )
     ap.add_argument(
@@ -831,6 +866,10 @@ def main() -> int:
         return 0
     print(f"fitting on {len(rows)} rows ({sum(skipped.values())} skipped)...", file=sys.stderr)
     digest = inputs_sha256(rows)
+    if args.folds:
+        FOLDS_OUT.write_text(json.dumps(fold_predictions(rows, digest)) + "\n")
+        print(f"wrote {FOLDS_OUT}")
+        return 0
     out = fitted_document(fit(rows), rows, skipped, digest)
     if args.check:
         committed = json.loads(OUT.read_text()) if OUT.exists() else {}
@@ -852,6 +891,8 @@ def main() -> int:
     cv = cv_document(rows, digest)
     CV_OUT.write_text(json.dumps(cv, indent=2) + "\n")
     print(f"wrote {CV_OUT}")
+    FOLDS_OUT.write_text(json.dumps(fold_predictions(rows, digest)) + "\n")
+    print(f"wrote {FOLDS_OUT}")
     print_cv(cv)
     return 0
 

@@ -65,7 +65,9 @@ their contingency and are cheaper: resnet-azure 2 A100-80GB -> 8 T4s on-demand (
 P(miss) 5.5% static, 0.06% with the move), resnet-risk-strict a p4d -> 2 p3.8xlarge spot ($20.79 ->
 $20.36). A tenth time for honest infeasibility (:mod:`gpuscaler.planner.binding`): the answers of the
 5 infeasible cases gained ``binding`` and ``closest`` and their hints now name the rule that binds;
-no chosen plan changed. Each time as
+no chosen plan changed. An eleventh time for the departures from the model's own cheapest option
+said in ``why`` (:mod:`gpuscaler.planner.departures`): 12 answers' ``why`` gained the reason, no chosen
+plan changed. Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
 

@@ -706,6 +706,7 @@ def _default_batch(
 def cmd_validate(args: argparse.Namespace) -> int:
     from gpuscaler.perfmodel import calibration, fitted
     from gpuscaler.perfmodel import memory as mem
+    from gpuscaler.planner import decisions
 
     rep = calibration.report()
     memory = mem.memory_agreement()
@@ -738,6 +739,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     "skipped": rep.skipped,
                     "calibration": meta,
                     "memory": mem.agreement_json(memory),
+                    "decisions": decisions.scores(),
                 },
             )
         )
@@ -842,6 +844,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print("\nSkipped rows: " + "; ".join(f"{n} {why}" for why, n in rep.skipped.items()))
     print("\nMemory against documented configurations (catalog/data/memory_runs.csv; docs/memory-model.md):")
     print("\n".join([_table(mem.MEMORY_TABLE_HEADERS, mem.agreement_rows(memory)), *mem.agreement_misses(memory)]))
+    print("\n" + "\n".join(decisions.format_scores(decisions.scores())) + "\n(docs/decision-scores.md)")
     return 0
 
 

@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from gpuscaler.api import Objective, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, Precision
 from gpuscaler.planner import contingency as recourse
+from gpuscaler.planner import departures
 from gpuscaler.planner.binding import Binding, Closest, explain
 from gpuscaler.planner.candidate import Candidate, Reason, Refusal, Rejection
 from gpuscaler.planner.configure import configure
@@ -72,7 +73,7 @@ from gpuscaler.planner.offerings import (
     precisions,
 )
 from gpuscaler.planner.profiles import ProfileStore
-from gpuscaler.planner.solve import Outcomes, pareto_front, solve
+from gpuscaler.planner.solve import Outcomes, pareto_front, solve, violations
 from gpuscaler.policy import Policy
 
 __all__ = [
@@ -233,6 +234,12 @@ def plan(
         _plan_held(h, job, spec, pol, performance, outcomes, node_counts(h.offer.instance, spec, job, cap), wanted, rest)
     # 4. solve
     chosen, why = solve(outcomes.feasible, spec, job)
+    if chosen is not None:
+        model = departures.argmin(outcomes.fitting, job, lambda c: all(
+            reason is Reason.DEADLINE for reason, _ in violations(c, job, spec, pol)))  # fmt: skip
+        said = departures.departure(chosen, model, spec)
+        if said:
+            why += "; " + said
     if chosen is not None and chosen.pool in pools:
         why += "; " + held_note(chosen, pools[chosen.pool])
     caveats = [chosen.price_caveat] if chosen is not None and chosen.price_caveat else []

@@ -1,0 +1,433 @@
+"""Decision scores: the planner's choices against measured throughput, cross-validated on the project's own data.
+
+``gpuscaler validate`` (its ``decisions``) and ``benchmarks/decision_scores.py`` call
+:func:`scores`. The throughput model's errors matter only through the choices they lead to, so
+this scores choices, not predictions.
+
+**Data.** The calibration rows (``perfmodel/data/published_throughput.jsonl``, mapped by
+:func:`gpuscaler.perfmodel.calibration.load_rows`) and, per cross-validation fold of
+``scripts/calibrate.py`` (GPU transfer: fit on V100, predict A100 and the reverse; leave one
+workload out), the throughput of every row as the model fitted *without that fold's rows*
+predicts it (``perfmodel/data/fold_predictions.json``, ``scripts/calibrate.py --folds``).
+
+**Decisions.** The rows of one training code (one README at its commit, one workload, one
+framework) are the options a team with that code has: GPU type, GPU count, precision, batch
+per GPU as measured (the tables do not keep the global batch fixed across rows; neither can this).
+An option costs its GPU's cheapest on-demand catalog price per GPU-hour times its GPUs, and
+trains ``S`` items in ``S / X / 3600 (1 + write / interval) + startup`` hours (the planner's
+checkpoint write time and on-demand interval, its start-up allowance). ``S`` is what the measured
+fastest option trains in :data:`REFERENCE_HOURS`. A fold decides for every group that has a row
+it held out (for GPU transfer: groups measured on both GPU generations), once without a deadline
+and once for each deadline ``k x T_fast`` of :data:`TIGHTNESS` (``T_fast``: the measured fastest
+option's hours; so at least one measured option always meets the deadline, and ``k`` near 1 leaves
+only the fastest few).
+
+**Choosers.**
+
+* ``planner``: the planner's rule on the options, with the fold's predictions: each option's band
+  (:func:`gpuscaler.perfmodel.uncertainty.throughput_band`), P(miss) with its contingency
+  (:mod:`gpuscaler.planner.contingency`, the fallback over the options), expected cost with the
+  contingency's, feasible when not :func:`~gpuscaler.planner.risk.over_risk` at
+  :data:`MAX_RISK`, the cheapest (then sooner) feasible one. It is scored as the operator runs it:
+  when the measured speed is below the contingency's threshold, the job moves to the fallback at
+  the contingency's hour and finishes there at the fallback's measured speed, paying both.
+* ``argmin``: the model's plain cheapest option whose predicted hours fit the deadline (no band,
+  no recourse).
+* ``spec-sheet``: no model: one measured GPU type (the fold's training GPU for GPU transfer, else
+  the group's V100 rows when it has any, else its A100 rows); every option's throughput is the
+  nearest measured row on that GPU (same precision when there is one, closest GPU count) times the
+  ratio of peak TFLOPS at the precisions and of the GPU counts (linear scaling); the cheapest whose
+  hours fit.
+
+**Scores** per chooser (per scheme and pooled): cost regret (realised cost over the cheapest
+measured option that meets the deadline, minus 1) mean and worst over the decisions where it
+chose, and over the decisions where all three chose (``common_*``: the same decisions for each,
+what the targets compare); deadline misses (realised hours over the deadline) and "no plan" where
+a measured option meets the deadline, each over the deadline decisions; per deadline tightness
+as well (``by_tightness``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from gpuscaler.catalog import CapacityType, Catalog, InstanceType, load_catalog
+from gpuscaler.perfmodel import calibration, estimate
+from gpuscaler.perfmodel.uncertainty import throughput_band
+from gpuscaler.planner.candidate import Candidate
+from gpuscaler.planner.contingency import Recourse, fallback
+from gpuscaler.planner.evaluate import STARTUP_S, checkpoint_write_seconds, corrected
+from gpuscaler.planner.risk import outlook, over_risk
+from gpuscaler.policy import Policy
+
+TIGHTNESS = (1.05, 1.15, 1.3, 1.6, 2.0, 3.0)
+"""Deadlines as multiples of the measured fastest option's hours."""
+REFERENCE_HOURS = 4.0
+"""The job trains what the measured fastest option trains in this many hours."""
+MAX_RISK = 0.05
+"""``maxDeadlineRisk`` of the decisions (the default of the API)."""
+RESTART_S = 300.0
+"""``checkpoint.restartSeconds`` of the decisions (the API's default)."""
+CHOOSERS = ("planner", "argmin", "spec-sheet")
+NO_PLAN_TARGET_PCT = 5.0
+"""Issue 35's targets: "no plan" where a measured option meets the deadline, at most this share of
+the deadline decisions; the planner's mean regret at most the argmin's plus :data:`OVER_ARGMIN_POINTS`
+and below the spec-sheet chooser's; its worst regret at most :data:`WORST_TARGET_PCT`; its misses
+at most :data:`MISSES_TARGET_PCT` of the deadline decisions."""
+OVER_ARGMIN_POINTS = 0.5
+WORST_TARGET_PCT = 15.0
+MISSES_TARGET_PCT = 5.0
+
+
+@dataclass(frozen=True)
+class Option:
+    """One measured row as a way to run the job."""
+
+    index: int
+    row: calibration.Row
+    usd_per_hour: float
+    """Its GPUs at the GPU's cheapest on-demand catalog price per GPU-hour."""
+    instance: InstanceType
+    """The catalog instance that price comes from (labels only)."""
+    write_s: float
+
+    @property
+    def gpus(self) -> int:
+        return self.row.cfg.gpus
+
+    def hours(self, throughput: float, samples: float) -> float:
+        """Hours to train ``samples`` at ``throughput`` on-demand (checkpoint writes and start-up included)."""
+        interval = float(Policy().max_checkpoint_interval_s)
+        return samples / throughput / 3600.0 * (1.0 + self.write_s / interval) + STARTUP_S / 3600.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one chooser did in one decision."""
+
+    chosen: int | None
+    """Row index of the option chosen (None: no plan)."""
+    hours: float = 0.0
+    cost: float = 0.0
+    moved: bool = False
+
+
+def gpu_prices(catalog: Catalog) -> dict[str, tuple[float, InstanceType]]:
+    """Per GPU id: the cheapest on-demand price per GPU-hour in the catalog, and its instance."""
+    out: dict[str, tuple[float, InstanceType]] = {}
+    for inst in catalog.instances:
+        price = inst.price(CapacityType.ON_DEMAND)
+        if price is None:
+            continue
+        per = price / inst.gpu_count
+        if inst.gpu_id not in out or per < out[inst.gpu_id][0]:
+            out[inst.gpu_id] = (per, inst)
+    return out
+
+
+def peak_tflops(row: calibration.Row) -> float:
+    """The GPU's peak at the row's precision (AMP: FP16 tensor; TF32 where listed; else FP32)."""
+    g = row.gpu
+    if row.precision == "AMP":
+        return g.fp16_tflops
+    if row.precision == "TF32" and g.tf32_tflops:
+        return g.tf32_tflops
+    return g.fp32_tflops
+
+
+def spec_sheet(options: Sequence[Option], reference_arch: str) -> dict[int, float] | None:
+    """Every option's throughput from one measured GPU type by peak-TFLOPS and GPU-count ratios (None:
+    the group has no row on that GPU generation)."""
+    ref = [o for o in options if o.row.gpu.arch == reference_arch]
+    if not ref:
+        return None
+    gpu_id = min({o.row.gpu.id for o in ref}, key=lambda g: (-sum(o.row.gpu.id == g for o in ref), g))
+    ref = [o for o in ref if o.row.gpu.id == gpu_id]
+    out = {}
+    for o in options:
+        same = [r for r in ref if r.row.precision == o.row.precision] or ref
+        r = min(same, key=lambda r: (abs(math.log(r.gpus / o.gpus)), abs(r.row.cfg.micro_batch - o.row.cfg.micro_batch)))
+        out[o.index] = r.row.measured * peak_tflops(o.row) / peak_tflops(r.row) * o.gpus / r.gpus
+    return out
+
+
+def _candidate(o: Option, throughput: float, samples: float, deadline_h: float | None) -> Candidate:
+    """The option as the planner's candidate, at ``throughput`` with the model's band there."""
+    r = o.row
+    est = estimate(r.workload, r.gpu, r.cfg)
+    est = corrected(est, throughput / est.throughput)
+    band = throughput_band(r.workload, r.gpu, r.cfg.precision, throughput)
+    work_h = samples / throughput / 3600.0
+    interval = float(Policy().max_checkpoint_interval_s)
+    out = outlook(work_h, 0.0, o.write_s, RESTART_S, STARTUP_S, interval, deadline_h, band.log_sigma)
+    return Candidate(
+        instance=o.instance, nodes=o.gpus, capacity=CapacityType.ON_DEMAND, precision=r.cfg.precision,
+        micro_batch=r.cfg.micro_batch, accumulation=r.cfg.accumulation, zero_stage=0, activation_checkpointing=False,
+        estimate=est, usd_per_hour=o.usd_per_hour, work_hours=work_h, checkpoint_write_s=o.write_s, outlook=out,
+        band=band,
+    )  # fmt: skip
+
+
+def plan_options(options: Sequence[Option], predicted: dict[int, float], samples: float,
+                 deadline_h: float | None) -> tuple[Candidate | None, dict[int, Candidate]]:  # fmt: skip
+    """The planner's rule on the options: contingencies, the risk limit, the cheapest then sooner."""
+    cands = {o.index: _candidate(o, predicted[o.index], samples, deadline_h) for o in options}
+    if deadline_h is not None:
+        target = fallback(list(cands.values()))
+        of = Recourse(target, deadline_h=deadline_h, max_risk=MAX_RISK, restart_s=RESTART_S, startup_s=STARTUP_S).of
+        cands = {i: c.with_contingency(of(c)) for i, c in cands.items()}
+    ok = [c for c in cands.values() if deadline_h is None or not over_risk(c.outlook.deadline_miss_probability, MAX_RISK)]
+    chosen = min(ok, key=lambda c: (c.expected_cost_usd, c.expected_hours), default=None)
+    return chosen, cands
+
+
+def realise_planner(chosen: Candidate, options: dict[int, Option], cands: dict[int, Candidate], index: int,
+                    samples: float) -> Outcome:  # fmt: skip
+    """The chosen plan as the operator runs it on the measured speeds: its contingency's move when it measures slow."""
+    o = options[index]
+    hours = o.hours(o.row.measured, samples)
+    k = chosen.contingency
+    if k is None or not k.applies or k.target is None or o.row.measured >= k.threshold or hours <= k.move_h:
+        return Outcome(index, hours, hours * o.usd_per_hour)
+    t_index = next(i for i, c in cands.items() if c.instance is k.target.instance and c.nodes == k.target.nodes
+                   and c.precision is k.target.precision and c.micro_batch == k.target.micro_batch)  # fmt: skip
+    t = options[t_index]
+    startup_h = STARTUP_S / 3600.0
+    interval = float(Policy().max_checkpoint_interval_s)
+    done = min(o.row.measured * 3600.0 * (k.move_h - startup_h) / (1.0 + o.write_s / interval), samples)
+    overhead_h = (o.write_s + RESTART_S + STARTUP_S) / 3600.0
+    rest_h = t.hours(t.row.measured, samples - done) - startup_h + overhead_h
+    return Outcome(index, k.move_h + rest_h, k.move_h * o.usd_per_hour + rest_h * t.usd_per_hour, moved=True)
+
+
+def cheapest_fitting(options: Sequence[Option], speed: dict[int, float], samples: float,
+                     deadline_h: float | None) -> int | None:  # fmt: skip
+    """The option with the lowest cost at ``speed`` whose hours at ``speed`` fit the deadline."""
+    fits = [o for o in options if deadline_h is None or o.hours(speed[o.index], samples) <= deadline_h]
+    best = min(fits, key=lambda o: (o.hours(speed[o.index], samples) * o.usd_per_hour, o.hours(speed[o.index], samples)),
+               default=None)  # fmt: skip
+    return None if best is None else best.index
+
+
+def measured(o: Option, samples: float) -> Outcome:
+    h = o.hours(o.row.measured, samples)
+    return Outcome(o.index, h, h * o.usd_per_hour)
+
+
+def fold_predictions() -> dict[str, Any]:
+    """The committed per-fold predictions (``perfmodel/data/fold_predictions.json``)."""
+    text = (resources.files("gpuscaler.perfmodel") / "data" / "fold_predictions.json").read_text("utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+@dataclass
+class Tally:
+    """One chooser's scores over a set of decisions."""
+
+    regrets: list[float]
+    common: list[float] = field(default_factory=list)
+    """Regrets on the decisions where every chooser made a plan (comparable across choosers)."""
+    deadline_decisions: int = 0
+    misses: int = 0
+    no_plan: int = 0
+    moves: int = 0
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        n = self.deadline_decisions
+        return {
+            "decisions_with_a_plan": len(self.regrets),
+            "mean_regret_pct": round(100 * statistics.fmean(self.regrets), 2) if self.regrets else None,
+            "worst_regret_pct": round(100 * max(self.regrets), 2) if self.regrets else None,
+            "common_decisions": len(self.common),
+            "common_mean_regret_pct": round(100 * statistics.fmean(self.common), 2) if self.common else None,
+            "common_worst_regret_pct": round(100 * max(self.common), 2) if self.common else None,
+            "deadline_decisions": n,
+            "misses": self.misses,
+            "misses_pct": round(100 * self.misses / n, 2) if n else None,
+            "no_plan_where_feasible": self.no_plan,
+            "no_plan_where_feasible_pct": round(100 * self.no_plan / n, 2) if n else None,
+            "moves": self.moves,
+        }
+
+
+def scores(
+    catalog: Catalog | None = None, folds: dict[str, Any] | None = None, trace: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Cross-validated decision scores of the planner, the model's argmin and a spec-sheet chooser.
+
+    Args:
+        catalog: prices (the shipped catalog when None).
+        folds: per-fold predictions (the committed ``fold_predictions.json`` when None).
+        trace: when given, one record per chooser and decision is appended (fold, group, deadline,
+            the option chosen and the best measured one, regret, miss): what the benchmark lists.
+
+    Returns:
+        ``{"design": ..., "pooled": {chooser: scores}, "schemes": {scheme: {chooser: scores}},
+        "targets": {...}}`` (the module docstring says what each figure is).
+
+    Raises:
+        ValueError: the fold predictions were made from other rows than the package's.
+    """
+    cat = catalog or load_catalog()
+    data = folds or fold_predictions()
+    rows, _ = calibration.load_rows(cat)
+    if data["rows"] != len(rows):
+        raise ValueError(f"fold_predictions.json has {data['rows']} rows, the calibration {len(rows)}: "
+                         "run python scripts/calibrate.py --folds")  # fmt: skip
+    prices = gpu_prices(cat)
+    policy = Policy()
+    options = {
+        i: Option(i, r, prices[r.gpu.id][0] * r.cfg.gpus, prices[r.gpu.id][1],
+                  checkpoint_write_seconds(r.workload, r.cfg, policy, None))
+        for i, r in enumerate(rows) if r.gpu.id in prices
+    }  # fmt: skip
+    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for i, o in options.items():
+        groups[(o.row.document, o.row.workload.id, o.row.cfg.framework)].append(i)
+    tallies: dict[str, dict[str, Tally]] = defaultdict(lambda: {c: Tally([]) for c in CHOOSERS})
+    decisions = 0
+    for fold in data["folds"]:
+        scheme, held = fold["scheme"], set(fold["held_out"])
+        predicted = {i: float(p) for i, p in enumerate(fold["predicted"])}
+        for members in groups.values():
+            opts = [options[i] for i in members]
+            if len(opts) < 2 or not held & set(members):
+                continue
+            if scheme == "gpu_transfer":
+                archs = {o.row.gpu.arch for o in opts}
+                if len(archs) < 2:
+                    continue
+                reference = next(o.row.gpu.arch for o in opts if o.index not in held)
+            else:
+                reference = "volta" if any(o.row.gpu.arch == "volta" for o in opts) else "ampere"
+            spec = spec_sheet(opts, reference)
+            if spec is None:
+                continue
+            fastest = min(opts, key=lambda o: o.hours(o.row.measured, 1.0))
+            samples = fastest.row.measured * 3600.0 * REFERENCE_HOURS
+            t_fast = fastest.hours(fastest.row.measured, samples)
+            by_index = {o.index: o for o in opts}
+            for k in (None, *TIGHTNESS):
+                deadline = None if k is None else k * t_fast
+                meets = [measured(o, samples) for o in opts if deadline is None or measured(o, samples).hours <= deadline]
+                best = min(x.cost for x in meets)
+                chosen, cands = plan_options(opts, predicted, samples, deadline)
+                outcomes = {
+                    "planner": Outcome(None) if chosen is None else realise_planner(
+                        chosen, by_index, cands, next(i for i, c in cands.items() if c is chosen), samples),
+                    "argmin": _outcome(cheapest_fitting(opts, predicted, samples, deadline), by_index, samples),
+                    "spec-sheet": _outcome(cheapest_fitting(opts, spec, samples, deadline), by_index, samples),
+                }  # fmt: skip
+                decisions += 1
+                if trace is not None:
+                    best_row = min((x for x in meets), key=lambda x: x.cost)
+                    for name, out in outcomes.items():
+                        trace.append({
+                            "scheme": scheme, "fold": fold["fold"], "workload": opts[0].row.workload.id,
+                            "framework": opts[0].row.cfg.framework, "k": k, "chooser": name, "chosen": out.chosen,
+                            "best": best_row.chosen, "regret": None if out.chosen is None else out.cost / best - 1.0,
+                            "missed": out.chosen is not None and deadline is not None and out.hours > deadline * (1 + 1e-9),
+                            "moved": out.moved,
+                        })  # fmt: skip
+                everyone = all(out.chosen is not None for out in outcomes.values())
+                for name, out in outcomes.items():
+                    tight = "none" if k is None else f"{k:g}x"
+                    for t in (tallies[scheme][name], tallies["pooled"][name], tallies[f"deadline {tight}"][name]):
+                        if everyone:
+                            t.common.append(out.cost / best - 1.0)
+                        if deadline is not None:
+                            t.deadline_decisions += 1
+                        if out.chosen is None:
+                            t.no_plan += deadline is not None
+                            continue
+                        t.regrets.append(out.cost / best - 1.0)
+                        t.misses += deadline is not None and out.hours > deadline * (1 + 1e-9)
+                        t.moves += out.moved
+    pooled = {c: t.to_dict() for c, t in tallies.pop("pooled").items()}
+    by_tightness = {key.split(" ", 1)[1]: {c: t.to_dict() for c, t in tallies.pop(key).items()}
+                    for key in [key for key in tallies if key.startswith("deadline ")]}  # fmt: skip
+    return {
+        "design": {
+            "groups": "rows of one README, workload and framework are one team's options",
+            "deadlines_x_fastest_measured": list(TIGHTNESS),
+            "reference_hours": REFERENCE_HOURS,
+            "max_deadline_risk": MAX_RISK,
+            "decisions": decisions,
+            "schemes": sorted(k for k in tallies if not k.startswith("deadline ")),
+        },
+        "pooled": pooled,
+        "schemes": {s: {c: t.to_dict() for c, t in by.items()} for s, by in sorted(tallies.items())},
+        "by_tightness": by_tightness,
+        "targets": targets(pooled),
+    }
+
+
+def _outcome(index: int | None, options: dict[int, Option], samples: float) -> Outcome:
+    return Outcome(None) if index is None else measured(options[index], samples)
+
+
+def targets(pooled: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Issue 35's targets against the pooled scores: the figure, the target and whether it is met."""
+    p, a, s = pooled["planner"], pooled["argmin"], pooled["spec-sheet"]
+
+    def row(value: float | None, target: float, met: bool) -> dict[str, Any]:
+        return {"value": value, "target": target, "met": met}
+
+    mean, worst = p["common_mean_regret_pct"] or 0.0, p["worst_regret_pct"] or 0.0
+    no_plan, misses = p["no_plan_where_feasible_pct"] or 0.0, p["misses_pct"] or 0.0
+    argmin, sheet = a["common_mean_regret_pct"] or 0.0, s["common_mean_regret_pct"] or 0.0
+    return {
+        "no_plan_where_feasible_pct": row(no_plan, NO_PLAN_TARGET_PCT, no_plan <= NO_PLAN_TARGET_PCT),
+        "mean_regret_over_argmin_points": row(round(mean - argmin, 2), OVER_ARGMIN_POINTS,
+                                              mean <= argmin + OVER_ARGMIN_POINTS),
+        "mean_regret_below_spec_sheet_pct": row(mean, sheet, mean < sheet),
+        "worst_regret_pct": row(worst, WORST_TARGET_PCT, worst <= WORST_TARGET_PCT),
+        "misses_pct": row(misses, MISSES_TARGET_PCT, misses <= MISSES_TARGET_PCT),
+    }  # fmt: skip
+
+
+def format_scores(d: dict[str, Any]) -> list[str]:
+    """The scores as text lines (``gpuscaler validate`` and ``benchmarks/decision_scores.py``)."""
+
+    def pct(x: object) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    def block(title: str, by: dict[str, dict[str, Any]]) -> list[str]:
+        out = [title, f"  {'chooser':<11} {'mean %':>7} {'worst %':>8} {'common mean %':>14} {'common worst %':>15} "
+               f"{'misses %':>9} {'no plan %':>10} {'moves':>6}"]  # fmt: skip
+        for name, t in by.items():
+            out.append(
+                f"  {name:<11} {pct(t['mean_regret_pct']):>7} {pct(t['worst_regret_pct']):>8} "
+                f"{pct(t['common_mean_regret_pct']):>14} {pct(t['common_worst_regret_pct']):>15} "
+                f"{pct(t['misses_pct']):>9} {pct(t['no_plan_where_feasible_pct']):>10} {t['moves']:>6}"
+            )
+        return out
+
+    design = d["design"]
+    lines = [
+        f"Decision scores, cross-validated ({design['decisions']} decisions: every README x workload x framework "
+        "group with a held-out row,",
+        f"per fold of {', '.join(design['schemes'])}; no deadline and deadlines at "
+        f"{', '.join(f'{k:g}' for k in design['deadlines_x_fastest_measured'])} x the measured fastest option's hours).",
+        "Regret: realised cost over the cheapest measured option that meets the deadline; 'common': the decisions "
+        "where all three chose.",
+        "",
+        *block("Pooled:", d["pooled"]),
+    ]
+    for scheme, by in d["schemes"].items():
+        lines += ["", *block(f"{scheme}:", by)]
+    lines += ["", "By deadline (x the measured fastest option's hours; 'none': cost only):"]
+    for tight, by in d["by_tightness"].items():
+        lines += block(f" {tight}:", by)
+    lines += ["", "Targets (issue 35):"]
+    for name, t in d["targets"].items():
+        lines.append(f"  {name:<34} {t['value']!s:>8} vs {t['target']!s:<8} {'met' if t['met'] else 'NOT met'}")
+    return lines

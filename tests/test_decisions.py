@@ -1,0 +1,147 @@
+"""Decision scores (``gpuscaler validate``'s ``decisions``) and the planner's stated departures from the model."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from gpuscaler.catalog import load_catalog
+from gpuscaler.cli import main
+from gpuscaler.perfmodel import calibration
+from gpuscaler.planner import decisions, departures, plan
+from gpuscaler.planner.decisions import CHOOSERS, Option, spec_sheet
+from gpuscaler.planner.evaluate import checkpoint_write_seconds
+from gpuscaler.policy import Policy
+from plan_cases import cases
+
+CAT = load_catalog()
+FOLDS = decisions.fold_predictions()
+ROWS, _ = calibration.load_rows(CAT)
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict[str, Any]:
+    return decisions.scores(CAT, FOLDS)
+
+
+def test_the_fold_predictions_are_of_these_rows() -> None:
+    cv = calibration.cross_validation()
+    assert FOLDS["inputs_sha256"] == cv["inputs_sha256"], "run python scripts/calibrate.py --folds"
+    assert FOLDS["rows"] == len(ROWS)
+    schemes = {f["scheme"] for f in FOLDS["folds"]}
+    assert schemes == {"gpu_transfer", "leave_one_workload_out"}
+    for f in FOLDS["folds"]:
+        assert len(f["predicted"]) == len(ROWS) and f["held_out"]
+        # a fold held out what its name says
+        if f["fold"] == "fit V100 -> predict A100":
+            assert all(ROWS[i].gpu.arch == "ampere" for i in f["held_out"])
+
+
+def test_the_scores_add_up(committed: dict[str, Any]) -> None:
+    pooled = committed["pooled"]
+    assert set(pooled) == set(CHOOSERS)
+    n = {t["deadline_decisions"] for t in pooled.values()}
+    assert len(n) == 1 and n.pop() > 100
+    commons = {t["common_decisions"] for t in pooled.values()}
+    assert len(commons) == 1
+    for t in pooled.values():
+        assert t["misses"] + t["no_plan_where_feasible"] <= t["deadline_decisions"]
+        assert t["decisions_with_a_plan"] + t["no_plan_where_feasible"] == committed["design"]["decisions"]
+    assert set(committed["targets"]) == {"no_plan_where_feasible_pct", "mean_regret_over_argmin_points",
+                                         "mean_regret_below_spec_sheet_pct", "worst_regret_pct", "misses_pct"}  # fmt: skip
+    assert all(isinstance(t["met"], bool) for t in committed["targets"].values())
+    assert set(committed["by_tightness"]) == {"none", *(f"{k:g}x" for k in decisions.TIGHTNESS)}
+
+
+def test_a_chooser_that_knows_the_measured_speeds_has_no_regret_and_never_misses() -> None:
+    """With every fold's predictions replaced by the measured throughput, the argmin is the best
+    measured choice: regret 0, no misses, no "no plan". The scoring cannot flatter a wrong chooser."""
+    exact = copy.deepcopy(FOLDS)
+    for f in exact["folds"]:
+        f["predicted"] = [r.measured for r in ROWS]
+    d = decisions.scores(CAT, exact)
+    a = d["pooled"]["argmin"]
+    assert a["mean_regret_pct"] == 0.0 and a["worst_regret_pct"] == 0.0
+    assert a["misses"] == 0 and a["no_plan_where_feasible"] == 0
+    p = d["pooled"]["planner"]
+    assert p["misses"] == 0 and p["moves"] == 0  # measured = predicted: nothing is ever below its threshold
+
+
+def _options(workload: str, framework: str) -> list[Option]:
+    prices = decisions.gpu_prices(CAT)
+    group = [(i, r) for i, r in enumerate(ROWS) if r.workload.id == workload and r.cfg.framework == framework]
+    doc = group[0][1].document
+    return [
+        Option(i, r, prices[r.gpu.id][0] * r.cfg.gpus, prices[r.gpu.id][1],
+               checkpoint_write_seconds(r.workload, r.cfg, Policy(), None))
+        for i, r in group if r.document == doc
+    ]  # fmt: skip
+
+
+def test_the_spec_sheet_chooser_scales_one_measured_gpu_by_peak_tflops() -> None:
+    opts = _options("resnet50", "pytorch")
+    assert {o.row.gpu.arch for o in opts} == {"volta", "ampere"}
+    spec = spec_sheet(opts, "volta")
+    assert spec is not None
+    volta = [o for o in opts if o.row.gpu.arch == "volta"]
+    gpu = volta[0].row.gpu.id
+    for o in opts:
+        if o.row.gpu.id == gpu and any(v.row.precision == o.row.precision and v.gpus == o.gpus
+                                       and v.row.cfg.micro_batch == o.row.cfg.micro_batch for v in volta):  # fmt: skip
+            assert spec[o.index] == pytest.approx(o.row.measured)  # a measured row is its own figure
+    amp_a100 = next(o for o in opts if o.row.gpu.arch == "ampere" and o.row.precision == "AMP")
+    ref = [v for v in volta if v.row.precision == "AMP" and v.row.gpu.id == gpu]
+    base = min(ref, key=lambda v: (abs(v.gpus - amp_a100.gpus), abs(v.row.cfg.micro_batch - amp_a100.row.cfg.micro_batch)))
+    ratio = amp_a100.row.gpu.fp16_tflops / base.row.gpu.fp16_tflops * amp_a100.gpus / base.gpus
+    assert spec[amp_a100.index] == pytest.approx(base.row.measured * ratio)
+    assert spec_sheet([o for o in opts if o.row.gpu.arch == "ampere"], "volta") is None
+
+
+def test_a_plan_measured_slow_is_scored_with_its_move() -> None:
+    opts = _options("resnet50", "pytorch")
+    by_index = {o.index: o for o in opts}
+    fastest = min(opts, key=lambda o: o.hours(o.row.measured, 1.0))
+    samples = fastest.row.measured * 3600.0 * 4.0
+    deadline = 2.0 * fastest.hours(fastest.row.measured, samples)
+    # the model believes every option 40% faster than measured: a cheap plan is chosen, measures slow, moves
+    optimistic = {o.index: o.row.measured * 1.4 for o in opts}
+    chosen, cands = decisions.plan_options(opts, optimistic, samples, deadline)
+    assert chosen is not None and chosen.contingency is not None
+    index = next(i for i, c in cands.items() if c is chosen)
+    out = decisions.realise_planner(chosen, by_index, cands, index, samples)
+    stay = by_index[index].hours(by_index[index].row.measured, samples)
+    if chosen.contingency.applies and by_index[index].row.measured < chosen.contingency.threshold and stay > chosen.contingency.move_h:
+        assert out.moved and out.hours > chosen.contingency.move_h
+        assert out.cost > chosen.contingency.move_h * by_index[index].usd_per_hour
+    else:
+        assert not out.moved and out.hours == pytest.approx(stay)
+
+
+def test_validate_json_carries_the_decisions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["decisions"]
+    assert set(d["pooled"]) == set(CHOOSERS) and d["targets"]
+
+
+@pytest.mark.parametrize("name", sorted(cases()))
+def test_a_departure_from_the_model_s_cheapest_is_said(name: str) -> None:
+    """Wherever the chosen plan is not the model's plain argmin, ``why`` says which deliberate reason applies."""
+    spec, policy, kwargs = cases()[name]
+    r = plan(spec, CAT, policy, **kwargs)
+    if r.chosen is None:
+        return
+    from gpuscaler.planner.candidate import Reason
+    from gpuscaler.planner.solve import violations
+
+    pol = policy or Policy()
+    model = departures.argmin(r.feasible + [c for c in r.pareto if c not in r.feasible], r.job,
+                              lambda c: all(x is Reason.DEADLINE for x, _ in violations(c, r.job, spec, pol)))  # fmt: skip
+    said = "the model's own cheapest" in r.why
+    if model is not None and not departures._same(model, r.chosen):
+        assert said, r.why
+        reasons = ("risk hedging", "spot is preferred", "the objective is fastest", "with start-up",
+                   "its contingency", "a tie within", "expected $")  # fmt: skip
+        assert any(x in r.why for x in reasons), r.why
