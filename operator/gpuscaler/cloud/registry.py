@@ -1,7 +1,10 @@
-"""Node-pool providers by name: the one place a new cloud (eks, gke, karpenter, clusterapi) is added.
+"""Node-pool providers by name: ``GPUSCALER_PROVIDER_NAME`` picks one of :data:`PROVIDERS`.
 
-Each entry is a factory ``(settings, api_client) -> NodePoolProvider``; ``GPUSCALER_PROVIDER_NAME``
-picks one. Factories import their cloud SDK lazily, so an unused provider costs nothing.
+Each entry is a factory ``(settings, api_client) -> NodePoolProvider``. The two without a cloud
+(kwok, static) are here; the real clouds' factories (eks, gke, karpenter, clusterapi) are in
+:mod:`gpuscaler.cloud.factories` (``REAL_CLOUDS``), which is where a new cloud's factory is added:
+this module takes them all from there (docs/porting.md lists every file a new provider touches).
+Factories import their cloud SDK lazily, so an unused provider costs nothing.
 """
 
 from __future__ import annotations
