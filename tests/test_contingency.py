@@ -228,3 +228,34 @@ def test_one_recourse_per_plan_call_gives_the_function_s_answer() -> None:
         one = contingency.contingency(static, target, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S,
                                       startup_s=STARTUP_S)  # fmt: skip
         assert r.of(static) == one == c.contingency
+
+
+def test_the_operator_s_observer_moves_a_late_job_to_the_fallback_when_nothing_meets_the_risk() -> None:
+    """A job measured at half its predicted speed with 1.8 h left: under the corrected model no plan
+    meets its 30% risk (the V100 plan's P(miss) is about 49%), so before the contingency the observer
+    stayed; now it moves, at the next checkpoint, to the contingency's fallback, the V100 plan."""
+    from datetime import timedelta
+
+    from gpuscaler.observe.controller import JobContext, Observer
+    from test_observe_correction import CATALOG, CFG, POLICY, SPEC, T0, planner, running
+
+    st = running(SPEC)
+    assert st.plan is not None and st.plan.gpu_type == "A10G"
+    slow = 0.5 * st.plan.throughput
+    obs = Observer(None, CFG, CATALOG)
+    reasons: list[str] = []
+    for s in range(0, 181, 5):
+        st.progress.samples = slow * s
+        left = 1.8 - s / 3600
+        res = obs.step("ns", "j", 1, st, 40, T0 + timedelta(seconds=s), planner(st, left),
+                       JobContext(slow * s, left, 0.3, 30))  # fmt: skip
+        reasons += [e.reason for e in res.events]
+    seen = st.observed
+    assert seen is not None and "ReplanPending" in reasons, (reasons, seen and seen.replan_reason)
+    assert "the contingency moves to the fastest sensible plan" in seen.replan_reason
+    left = 1.8 - 185 / 3600
+    res = obs.step("ns", "j", 1, st, 50, T0 + timedelta(seconds=185), planner(st, left),
+                   JobContext(slow * 185, left, 0.3, 30))  # fmt: skip
+    assert res.replan is not None and res.replan.chosen is not None
+    assert res.replan.chosen.instance.name == "p3.2xlarge"
+    assert res.replan.chosen is res.replan.fallback
