@@ -83,3 +83,27 @@ def test_pools_other_jobs_hold_are_counted_cluster_wide() -> None:
         {"namespace": "c", "name": "j4", "phase": "Running", "heldCapacity": None, "nodes": 1},
     ]
     assert held_nodes(jobs, ("b", "me")) == {"blk": 3}
+
+
+def test_a_plan_into_a_block_that_opens_later_waits_for_it_unprovisioned() -> None:
+    later = Policy.model_validate({"capacity": [
+        {"name": "blk", "type": "capacityBlock", "instanceType": "p5.48xlarge", "count": 1,
+         "start": (T0 + timedelta(hours=1)).isoformat(), "end": (T0 + timedelta(hours=30)).isoformat()}]})  # fmt: skip
+    w = World(pod_phase="Running", node={"ready": "True", "created": T0, "price": 0.0})
+
+    def planner(s: TrainingJobSpec, name: str, dl: float | None, un: frozenset[tuple[str, ...]], /, **_: Any) -> PlanResult:
+        return plan(s, CATALOG, later, name=name, deadline_h=dl, unavailable=un, now=w.now)
+
+    w.loop.planner = planner
+    job = make_job(JOB)
+    w.step(job)
+    w.step(job, seconds=60)
+    p = w.status.plan
+    assert p is not None and p.held_capacity == "blk" and p.window_start == T0 + timedelta(hours=1)
+    assert w.status.phase is Phase.PENDING and "waiting" in w.status.message and not w.nodes, w.status.message
+    slow = WakeConfig(resync_s=86400.0, urgent_s=2.0, gang_timeout_s=600.0, cost_refresh_s=30.0, min_s=0.05,
+                      admission_recheck_s=30.0)  # fmt: skip
+    due = next_wake(w.status, [], w.now, slow)
+    assert 3400 < due <= 3600 - 60 + 1, due  # the timer wakes the job when the block opens
+    w.step(job, seconds=due)
+    assert w.status.phase is not Phase.PENDING and w.status.provisioning_started_at is not None

@@ -96,3 +96,16 @@ def test_kwok_nodes_carry_the_capacity_type_the_pool_and_its_window() -> None:
     a3 = CATALOG.instance("a3-highgpu-8g")
     assert node_labels("n", "pool", a3, capacity_type=CapacityType.FLEX_START, zone="us-central1-a")[names.GKE_FLEX_START_LABEL] == "true"
     assert request(CapacityType.SPOT).held_labels() == {}
+
+
+def test_the_ec2nodeclass_terms_admit_the_declared_reservations_only() -> None:
+    from gpuscaler.cloud.karpenter import capacity_reservation_selector_terms
+    from gpuscaler.policy import Policy
+
+    pools = Policy.model_validate({"capacity": [
+        {"name": "a", "type": "reserved", "instanceType": "p5.48xlarge", "count": 1, "reservationId": "cr-1"},
+        {"name": "b", "type": "reserved", "instanceType": "p5.48xlarge", "count": 1},  # no id: nothing to select
+        {"name": "c", "type": "flexStart", "instanceType": "a3-highgpu-8g", "count": 1, "reservationId": "x",
+         "startDelay": {"p50Minutes": 5, "p90Minutes": 9}},
+    ]}).capacity  # fmt: skip
+    assert capacity_reservation_selector_terms(pools) == [{"id": "cr-1"}]

@@ -41,6 +41,7 @@ from gpuscaler.cloud.provider import (
     karpenter_capacity,
 )
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL
+from gpuscaler.policy.capacity import HeldCapacity
 
 GROUP = "karpenter.sh"
 VERSION = "v1"
@@ -279,3 +280,15 @@ class KarpenterProvider(AdoptsNodes):
             },
             tolerations=[{"key": self.taint_key, "operator": "Exists", "effect": "NoSchedule"}],
         )
+
+
+def capacity_reservation_selector_terms(pools: Iterable[HeldCapacity]) -> list[dict[str, str]]:
+    """The ``EC2NodeClass`` ``spec.capacityReservationSelectorTerms`` that admit the held pools'
+    EC2 reservations (reserved and capacity-block pools that name a ``reservationId``).
+
+    Karpenter launches ``reserved`` nodes only into reservations its NodeClass selects (Karpenter
+    AWS v1.14.1's CRD: each term an ``id``, or ``tags``/``ownerID``/``instanceMatchCriteria``).
+    """
+    return [
+        {"id": p.reservation_id} for p in pools if p.reservation_id and p.type in ("reserved", "capacityBlock")
+    ]

@@ -52,7 +52,7 @@ from gpuscaler.controller.interruptions import Planner
 from gpuscaler.controller.policy import Governance, PolicyViolationError
 from gpuscaler.controller.prices import PriceLog, Staleness
 from gpuscaler.controller.profiles import Recorder
-from gpuscaler.controller.windows import window_closing
+from gpuscaler.controller.windows import window_closing, window_opens_in
 from gpuscaler.kube.jobset import jobset_name
 from gpuscaler.kube.reports import TrustedReport, trusted_report
 from gpuscaler.kube.reports import summary as report_summary
@@ -365,6 +365,10 @@ class Reconciler:
                 return
             ctx.condition(ConditionType.SUSPENDED, False, "Started", "spec.suspend is false")
             if self._workers_refused(ctx):
+                self._cost(ctx)
+                return
+            if (opens := window_opens_in(st, now)) is not None:  # a capacity block that opens later
+                st.message = f"waiting {format_duration(opens)} for capacity {st.plan.held_capacity} to open"  # type: ignore[union-attr]
                 self._cost(ctx)
                 return
             self._begin_gang(ctx)

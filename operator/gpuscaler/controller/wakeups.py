@@ -40,7 +40,7 @@ from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.cloud import NodeState
 from gpuscaler.controller import interruptions as spot
 from gpuscaler.controller.reconcile import COST_REFRESH_S
-from gpuscaler.controller.windows import seconds_to_move
+from gpuscaler.controller.windows import seconds_to_move, window_opens_in
 from gpuscaler.kube.admission import RECHECK_S
 from gpuscaler.names import ConditionType
 from gpuscaler.settings import Settings
@@ -174,6 +174,9 @@ def next_wake(status: TrainingJobStatus, nodes: Sequence[NodeState], now: dateti
     move = seconds_to_move(status, now) if phase is Phase.RUNNING else None
     if move is not None:  # a held capacity window closes: the planned move's checkpoint
         times.append(move + cfg.min_s)
+    opens = window_opens_in(status, now) if phase is Phase.PENDING else None
+    if opens is not None:  # the plan waits for its capacity block to open
+        times.append(opens + cfg.min_s)
     if any(c.type == ConditionType.WORKER_ADMISSION and c.status == "False" for c in status.conditions):
         times.append(cfg.admission_recheck_s)  # no watch event tells when the policy is installed
     return max(min(times), cfg.min_s)

@@ -10,7 +10,8 @@ window's end as its deadline, and the interruption sequence of
 acknowledgement, the old workers gone, the rest re-planned on the next cheapest capacity). It is a
 planned move, not a failure: it does not count against ``policy.spot.maxInterruptions``, backs no
 offering off, and its Event is Normal (``PlannedMove``). :func:`seconds_to_move` tells the
-wake-up timer when. Pure.
+wake-up timer when. A plan into a window that opens later waits for it, unprovisioned
+(:func:`window_opens_in`; the timer wakes the job when it opens). Pure.
 """
 
 from __future__ import annotations
@@ -57,3 +58,11 @@ def seconds_to_move(st: TrainingJobStatus, now: datetime) -> float | None:
     if seg is None or seg.checkpoint_at is None:
         return None
     return (seg.checkpoint_at - now).total_seconds()
+
+
+def window_opens_in(st: TrainingJobStatus, now: datetime) -> float | None:
+    """Seconds until the plan's held capacity window opens (None: it is open, or the plan has none)."""
+    plan = st.plan
+    if plan is None or not plan.held_capacity or plan.window_start is None or plan.window_start <= now:
+        return None
+    return (plan.window_start - now).total_seconds()
