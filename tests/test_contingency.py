@@ -237,7 +237,7 @@ def test_the_operator_s_observer_moves_a_late_job_to_the_fallback_when_nothing_m
     from datetime import timedelta
 
     from gpuscaler.observe.controller import JobContext, Observer
-    from test_observe_correction import CATALOG, CFG, POLICY, SPEC, T0, planner, running
+    from test_observe_correction import CATALOG, CFG, SPEC, T0, planner, running
 
     st = running(SPEC)
     assert st.plan is not None and st.plan.gpu_type == "A10G"
