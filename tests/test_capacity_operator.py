@@ -107,3 +107,20 @@ def test_a_plan_into_a_block_that_opens_later_waits_for_it_unprovisioned() -> No
     assert 3400 < due <= 3600 - 60 + 1, due  # the timer wakes the job when the block opens
     w.step(job, seconds=due)
     assert w.status.phase is not Phase.PENDING and w.status.provisioning_started_at is not None
+
+
+def test_a_slower_measured_checkpoint_moves_the_planned_checkpoint_earlier() -> None:
+    w = block_world()
+    job = make_job(JOB)
+    w.run_to(job, Phase.RUNNING)
+    p = w.status.plan
+    assert p is not None and p.window_end is not None and p.segments[0].checkpoint_at is not None
+    planned = p.segments[0].checkpoint_at
+    # the runtime measured 120 s per checkpoint: the margin is 2 x 120 + 60 s before the end
+    w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "100", rc.ANNOTATION_CHECKPOINT_STEP: "90",
+                  rc.ANNOTATION_CHECKPOINT_DURATION: "120.0"})  # fmt: skip
+    early = p.window_end - timedelta(seconds=2 * 120 + 60)
+    assert early < planned
+    w.step(job, seconds=(early - w.now).total_seconds() - 2)
+    assert w.status.phase is Phase.RUNNING
+    assert "PlannedMove" in w.step(job, seconds=3) and w.status.phase is Phase.CHECKPOINTING

@@ -211,3 +211,11 @@ _MOVING = frozenset({WORK_AT_RISK_ANNOTATION, PREEMPTION_COST_TIME_ANNOTATION})
 def _stale(have: Mapping[str, str], now: datetime, refresh_s: float) -> bool:
     at = parse_utc(have.get(PREEMPTION_COST_TIME_ANNOTATION, ""))
     return at is None or (now - at).total_seconds() >= refresh_s
+
+
+def measured_write_s(st: TrainingJobStatus, pods: list[PodState], write_max_s: float) -> float | None:
+    """The writer rank's measured checkpoint write seconds (``gpuscaler.io/checkpoint-duration`` of
+    the current attempt), bounded by ``write_max_s``; None before its first checkpoint."""
+    writer = next((p for p in _live(st, pods) if p.rank == WRITER_RANK), None)
+    seconds = writer.timing.write_seconds if writer is not None else None
+    return min(seconds, write_max_s) if seconds is not None else None

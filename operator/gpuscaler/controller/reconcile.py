@@ -875,7 +875,8 @@ class Reconciler:
             st.message = f"{request.count - len(live)} worker(s) disappeared; restarting the gang"
             ctx.event("Warning", "Interrupted", st.message)
             return
-        notice = spot.detect(nodes, now, self.config.spot) or window_closing(st, nodes, now)
+        measured = preemption_cost.measured_write_s(st, pods, self.config.spot.checkpoint_write_max_s)
+        notice = spot.detect(nodes, now, self.config.spot) or window_closing(st, nodes, now, measured)
         if notice is not None:
             self._interrupted(ctx, nodes, notice)
             return

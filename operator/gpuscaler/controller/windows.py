@@ -17,11 +17,12 @@ wake-up timer when. A plan into a window that opens later waits for it, unprovis
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpuscaler.api.status import PlanSegment, TrainingJobStatus
 from gpuscaler.cloud.nodes import CAPACITY_WINDOW_END, SOURCES, NodeState
 from gpuscaler.controller.interruptions import Notice
+from gpuscaler.planner.held import margin_s
 
 
 def _current(st: TrainingJobStatus) -> PlanSegment | None:
@@ -35,19 +36,31 @@ def _current(st: TrainingJobStatus) -> PlanSegment | None:
     return seg
 
 
-def window_closing(st: TrainingJobStatus, nodes: Sequence[NodeState], now: datetime) -> Notice | None:
-    """The planned move's notice once ``checkpointAt`` has come, else None.
+def window_closing(
+    st: TrainingJobStatus, nodes: Sequence[NodeState], now: datetime, measured_write_s: float | None = None
+) -> Notice | None:
+    """The planned move's notice once its time has come, else None.
+
+    The time is ``checkpointAt``, or earlier when the job's measured checkpoint write is slower
+    than the plan's: ``end - margin(measured)`` (:func:`gpuscaler.planner.held.margin_s`), so the
+    margin follows the checkpoint as measured, not as predicted.
 
     Args:
         st: The job's status (its plan and segments).
         nodes: The job's nodes (the notice names the first).
         now: The time.
+        measured_write_s: The workers' measured checkpoint write seconds (None: not measured yet).
     """
     seg = _current(st)
-    if seg is None or seg.checkpoint_at is None or now < seg.checkpoint_at:
+    if seg is None or seg.checkpoint_at is None:
         return None
     assert st.plan is not None
     end = st.plan.window_end or seg.checkpoint_at
+    at = seg.checkpoint_at
+    if measured_write_s is not None and st.plan.window_end is not None:
+        at = min(at, st.plan.window_end - timedelta(seconds=margin_s(measured_write_s)))
+    if now < at:
+        return None
     node = next((n.name for n in nodes if not n.deleting), nodes[0].name if nodes else "")
     return Notice(node, SOURCES[CAPACITY_WINDOW_END], f"capacity {st.plan.held_capacity} closes at {end:%H:%M:%S}", end)
 
