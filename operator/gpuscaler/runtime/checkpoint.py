@@ -61,6 +61,7 @@ from gpuscaler.runtime.checkpoint_safety import (
     CheckpointError,
     CorruptCheckpointError,
     DataUnpickler,
+    NamesOnlyUnpickler,
     UnsafeCheckpointError,
     check_tree,
     open_regular,
@@ -806,7 +807,7 @@ def data_save(state: object, path: Path) -> None:
     """
     blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     try:
-        DataUnpickler(io.BytesIO(blob), len(blob)).load()
+        NamesOnlyUnpickler(io.BytesIO(blob)).load()  # our own pickle: the names matter, not the size
     except UnsafeCheckpointError as err:
         raise UnsafeCheckpointError(f"refusing to save a state the default loader could not load back: {err}") from err
     path.write_bytes(blob)

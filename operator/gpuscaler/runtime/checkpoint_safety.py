@@ -330,6 +330,19 @@ class _Bounded(io.RawIOBase):
         return len(data)
 
 
+def _check_name(module: str, name: str) -> None:
+    """Refuse a global outside :data:`DATA_GLOBALS` (and numpy's dtype classes)."""
+    if (module, name) in DATA_GLOBALS or (module == "numpy.dtypes" and name.endswith("DType")):
+        return
+    raise UnsafeCheckpointError(
+        f"the checkpoint refers to {module}.{name}, which the data-only loader does not build "
+        "(a pickle can run any code through such a reference); save plain data (dict, list, "
+        "numbers, str, bytes, numpy arrays), use torch.load(weights_only=True) through "
+        "gpuscaler.runtime.distributed.torch_load, or, only if nobody else can write the "
+        "checkpoint directory, pass load=gpuscaler.runtime.pickle_load"
+    )
+
+
 _PurePythonUnpickler: Any = pickle._Unpickler
 """The pure-Python unpickler (its opcode methods are not in the type stubs)."""
 
@@ -352,15 +365,8 @@ class DataUnpickler(_PurePythonUnpickler):  # type: ignore[misc]
         self.left = budget_for(size)
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in DATA_GLOBALS or (module == "numpy.dtypes" and name.endswith("DType")):
-            return super().find_class(module, name)
-        raise UnsafeCheckpointError(
-            f"the checkpoint refers to {module}.{name}, which the data-only loader does not build "
-            "(a pickle can run any code through such a reference); save plain data (dict, list, "
-            "numbers, str, bytes, numpy arrays), use torch.load(weights_only=True) through "
-            "gpuscaler.runtime.distributed.torch_load, or, only if nobody else can write the "
-            "checkpoint directory, pass load=gpuscaler.runtime.pickle_load"
-        )
+        _check_name(module, name)
+        return super().find_class(module, name)
 
     def _charge(self, n: int, what: str) -> None:
         self.left -= max(n, 0)
@@ -420,6 +426,15 @@ class DataUnpickler(_PurePythonUnpickler):  # type: ignore[misc]
     dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
     dispatch[pickle.BUILD[0]] = load_build
     dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+
+
+class NamesOnlyUnpickler(pickle.Unpickler):
+    """The C unpickler with :class:`DataUnpickler`'s name check and no budget: for checking a pickle
+    this process just made (:func:`gpuscaler.runtime.checkpoint.data_save`), at C speed."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        _check_name(module, name)
+        return super().find_class(module, name)
 
 
 def _numpy() -> Any:
