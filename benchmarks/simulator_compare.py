@@ -205,7 +205,10 @@ def main() -> None:
     for path in paths:
         base = load_trace(path)
         planner = CachedPlanner(catalog)
+        has_deadlines = any(j.deadline_h(base.start) is not None for j in base.jobs)
         for scale, (sigma, scaling), dl in conditions:
+            if dl != 1 and not has_deadlines:
+                continue  # tight deadlines change nothing on a trace without any
             trace = scale_deadlines(base, dl)
             t0 = time.perf_counter()
             table = _run(trace, catalog, planner, scale, sigma, scaling, seeds, names)
