@@ -25,7 +25,7 @@ from gpuscaler.api import TrainingAmount
 from gpuscaler.catalog import load_catalog
 from gpuscaler.simulator import CachedPlanner, CloudModel, Trace, TraceJob, compare, load_trace, summarize
 from gpuscaler.simulator.report import format_table
-from gpuscaler.simulator.truth import default_throughput_error
+from gpuscaler.simulator.truth import default_scaling_error, default_throughput_error
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 
@@ -56,7 +56,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--interruption-scale", type=float, default=1.0)
     ap.add_argument("--throughput-error", type=float, default=None,
-                    help="sigma of ln(true / model throughput); default the model's cross-validated error")
+                    help="sigma of ln(true / model throughput), no scaling error; default the model's cross-validated errors "
+                    "(throughput and scaling)")
     ap.add_argument("--tracemalloc", action="store_true", help="measure peak Python heap (slower)")
     ap.add_argument("--uncached-sample", type=int, default=100, help="jobs planned without the cache")
     args = ap.parse_args()
@@ -66,9 +67,10 @@ def main() -> None:
     if args.tracemalloc:
         tracemalloc.start()
     sigma = default_throughput_error().sigma if args.throughput_error is None else args.throughput_error
+    scaling = default_scaling_error().sigma if args.throughput_error is None else 0.0
     t0 = time.perf_counter()
     cmp = compare(trace, catalog, cloud=CloudModel(interruption_scale=args.interruption_scale), seed=args.seed,
-                  keep_segments=False, throughput_error=sigma)
+                  keep_segments=False, throughput_error=sigma, scaling_error=scaling)
     elapsed = time.perf_counter() - t0
     peak_heap = tracemalloc.get_traced_memory()[1] if args.tracemalloc else None
     if args.tracemalloc:
@@ -78,7 +80,7 @@ def main() -> None:
     print(format_table(rows))
     n_strat = len(cmp.results)
     events = sum(r.events for r in cmp.results)
-    print(f"\nthroughput error {sigma:g}; {args.jobs:,} jobs ({distinct} distinct specs) x {n_strat} strategies = {args.jobs * n_strat:,} job runs "
+    print(f"\nthroughput error {sigma:g}, scaling error {scaling:g}; {args.jobs:,} jobs ({distinct} distinct specs) x {n_strat} strategies = {args.jobs * n_strat:,} job runs "
           f"in {elapsed:.1f} s: {args.jobs * n_strat / elapsed:,.0f} jobs planned and simulated per second; "
           f"{events:,} events")
     print(f"planner: {cmp.planner.calls:,} plans asked, {cmp.planner.misses:,} computed "
