@@ -30,7 +30,7 @@ from gpuscaler.planner import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MS = 30.0
-"""The median re-plan time per job the planner is held to (README "Planning speed")."""
+"""The median re-plan time per job the planner is held to (docs/benchmarks.md, "Planning speed")."""
 
 
 def jobs() -> list[tuple[str, TrainingJobSpec]]:

@@ -6,7 +6,7 @@ An architecture fact the memory model reads from ``catalog/data/workloads.csv``
 (``activation_bytes_per_sample``, at 16 bits): with the micro-batch it sets the activation memory
 per GPU, so it decides which micro-batches fit. (The DRAM traffic of the memory-bound layers is
 counted in the row's ``traffic_bytes_per_sample``, which for the rows measured here is still the
-estimate the model was fitted on: the header of workloads.csv and the README say why.)
+estimate the model was fitted on: the header of workloads.csv and docs/model-notes.md say why.)
 
 How it measures: ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd saves for
 the backward pass during the forward pass of one micro-batch. Their storages are summed once each

@@ -84,7 +84,7 @@ EXIT_CODES = {
     EXIT_INTERNAL: "internal error: a bug in gpuscaler or a broken install, please report it "
     "(GPUSCALER_DEBUG=1 shows the traceback)",
 }
-"""The exit codes of every command, as ``gpuscaler --help`` and the README list them."""
+"""The exit codes of every command, as ``gpuscaler --help`` and docs/inputs.md list them."""
 
 EXTRAS = {
     "kopf": "operator",

@@ -2,7 +2,7 @@
 
 The operator plans a job once per spec generation, and a burst of jobs often carries the same
 spec (a sweep's copies, a team's template): the planner is pure, so the same inputs give the same
-plan, and planning one (tens of milliseconds of CPU, see README "Planning speed") for each copy
+plan, and planning one (tens of milliseconds of CPU, see docs/benchmarks.md, "Planning speed") for each copy
 is wasted work while the API server needs the CPU it shares with the operator. The key is every
 input of :func:`gpuscaler.planner.plan`: the spec, the policy in force (its price overrides
 included), the hours left to the deadline, the offerings short of capacity, the observed
