@@ -725,14 +725,7 @@ def main() -> int:
     args = ap.parse_args()
     n = args.jobs
     provider = args.provider or ("static" if args.nodes else "kwok")
-    if n < 1 or args.nodes < 0:
-        ap.error(f"--jobs must be at least 1 and --nodes at least 0 (got --jobs {n}, --nodes {args.nodes})")
-    if args.baseline == "ideal" and (args.nodes or args.spot_notice or provider != "kwok"):
-        ap.error("--baseline ideal makes a kwok node per job: it takes no --nodes, --provider static or --spot-notice")
-    if args.spot_notice and provider != "kwok":
-        ap.error(
-            "--spot-notice needs the kwok provider: the operator sees notices on the nodes it made (add --provider kwok)"
-        )
+    _check_args(ap, args, provider)
     ns = f"bench-{os.getpid()}"
     ns_without = f"{ns}-no-operator"
     from kubernetes import client, config
@@ -752,13 +745,7 @@ def main() -> int:
         (op_port,) = free_ports(1)
         probe = Probe(api, op_port, pids)
         core = client.CoreV1Api(api)
-        if args.nodes:
-            t_nodes = time.monotonic()
-            pool = create_node_pool(api, "bench-nodes", INSTANCE_TYPE, args.nodes)
-            wait_nodes_ready(api, pool.node_names, timeout=max(120.0, args.nodes / 5))
-            print(
-                f"{args.nodes} Ready {INSTANCE_TYPE} nodes in {time.monotonic() - t_nodes:.1f}s", flush=True
-            )
+        _node_pool(api, args.nodes)
         load_start = os.getloadavg()
         apply_crds(env, [ROOT / "crds" / "trainingjob.yaml"], ["trainingjobs.gpuscaler.io"])
         run("create", "namespace", ns)
@@ -786,56 +773,23 @@ def main() -> int:
             GPUSCALER_RECONCILE_INTERVAL_S=args.interval,
             GPUSCALER_PROVIDER_NAME=provider,
         )
-        if args.apf is not None:
-            op_env["KUBECONFIG"] = operator_identity(run, env, kubeconfig, args.apf)
-            print(
-                f"operator identity: ServiceAccount {APF_NAMESPACE}/{APF_RELEASE}-gpuscaler (token kubeconfig), "
-                f"the chart's FlowSchema and PriorityLevelConfiguration with nominalConcurrencyShares {args.apf}",
-                flush=True,
-            )
+        _apf_identity(op_env, run, env, kubeconfig, args.apf)
         log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
-        op: subprocess.Popen[bytes] | None = None
-        baseline: IdealOperator | None = None
-        if ideal:
-            ideal_api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-            ideal_api.user_agent = IDEAL_AGENT
-            baseline = IdealOperator(ideal_api, ns, float(args.delay))
-            baseline.start()
-            baseline.ready.wait(30)
-            watcher: JobWatcher = PodWatcher(core, ns)
-        else:
-            op = subprocess.Popen(
-                [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log
-            )
-            probe.op_pid = op.pid
-            watcher = JobWatcher(client.CustomObjectsApi(api), ns)
+        op, baseline, watcher = _launch(ideal, kubeconfig, api, ns, args.delay, op_env, log, probe)
 
         def alive() -> bool:
             return op is None or op.poll() is None
 
         startup_cpu = 0.0
         try:
-            t_start = time.monotonic()
-            while op is not None and time.monotonic() - t_start < 60:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{op_port}/metrics", timeout=2).close()
-                    break
-                except OSError:
-                    time.sleep(0.2)
             if op is not None:
-                time.sleep(2)  # kopf's watches start after the startup handler
-                startup_cpu = cpu_seconds(op.pid)
+                startup_cpu = _started(op, op_port)
             watcher.start()
             watcher.ready.wait(30)
             notice: NoticeProbe | None = None
             if args.spot_notice:
                 notice = NoticeProbe(
-                    core,
-                    ns,
-                    VICTIM,
-                    victim_node(run, ns, watcher, args.timeout),
-                    args.notice_after,
-                    args.timeout,
+                    core, ns, VICTIM, victim_node(run, ns, watcher, args.timeout), args.notice_after, args.timeout
                 )
             load_apply = os.getloadavg()
 
@@ -859,31 +813,14 @@ def main() -> int:
             peak, rss_end = (rss_mib(op.pid), rss_mib(op.pid, "VmRSS")) if op is not None else (0.0, 0.0)
             lat = sorted(v for k, v in watcher.running.items() if k != VICTIM)
         finally:
-            if op is not None:
-                op.terminate()
-                op.wait(30)
-            if baseline is not None:
-                baseline.stop.set()
+            _stop(op, baseline)
         load_end = os.getloadavg()
         time.sleep(2)  # the audit log is written in batches: the last requests' records
 
         if not lat:
             print("no job reached Running; operator log:", log.name)
             return 1
-        nodes_note = f", on {args.nodes} pre-created nodes" if args.nodes else ""
-        if ideal:
-            print(
-                f"ideal baseline (no gpuscaler): {n} one-node TrainingJobs, each answered by one kwok node and one "
-                f"pod and nothing else; kwok provisioning delay {args.delay}s"
-                + (f"; errors: {baseline.errors[:3]}" if baseline is not None and baseline.errors else "")
-            )
-        else:
-            overrides = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("GPUSCALER_"))
-            print(
-                f"operator scale: {n} one-node TrainingJobs{nodes_note}, provider {provider}, "
-                f"kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
-                + (f"; settings from the environment: {', '.join(overrides)}" if overrides else "")
-            )
+        _print_header(args, provider, baseline)
         print(
             f"machine: {os.cpu_count()} cores; load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_start)} "
             f"at start, {' '.join(f'{x:.2f}' for x in load_apply)} before the apply, "
@@ -901,30 +838,14 @@ def main() -> int:
             f"without first, before {who} started)"
         )
         if ideal:
-            above = ratio > APPLY_RATIO_TARGET
-            print(
-                f"floor: the least an operator must do (one node and one pod per job) makes the apply {ratio:.1f}x "
-                f"slower here, {'above' if above else 'within'} the {APPLY_RATIO_TARGET:g}x target"
-                + (
-                    ": the target is below what the control plane's own reaction to the nodes and pods costs "
-                    "on these cores, which the apply shares"
-                    if above
-                    else ""
-                )
-            )
+            _print_floor(ratio)
         if op is not None:
             print(
                 f"operator peak RSS {peak:.0f} MiB, {rss_end:.0f} MiB at the end (VmHWM, VmRSS; {n} jobs, "
                 f"{args.nodes + (n if provider == 'kwok' else 0)} nodes); log {log.name}"
             )
         if notice is not None:
-            got = (
-                f"{notice.answered:.2f}s" if notice.answered is not None else f"not within {args.timeout:g}s"
-            )
-            print(
-                f"spot notice on {VICTIM}'s node {notice.after:g}s into the apply of {n} jobs: checkpoint requested "
-                f"after {got} (budget {NOTICE_BUDGET_S:g}s){'; ' + notice.error if notice.error else ''}"
-            )
+            _print_notice(notice, n, args.timeout)
         print()
         print(
             f"API requests: {REQUESTS} (by verb and resource) and {FLOWS} (by client identity) from the API\n"
@@ -1054,40 +975,172 @@ def main() -> int:
             f"{op_own - kwok}, {(op_own - kwok) / n:.1f} per job for the operator (an upper bound: kwok's reads remain)"
         )
 
-        if audit_log:
-            print_audit(Path(audit_log), s0.wall, s2.wall, n, wait.seconds + with_op.seconds)
+        print_audit(audit_log, s0.wall, s2.wall, n, wait.seconds + with_op.seconds)
         if op is None:
             print_cpu(pids, idle, without, with_op, wait, None)
-            if args.kubeconfig:
-                run("delete", "namespace", ns, ns_without, "--wait=false")
-            return 0 if len(lat) == n else 1
-        sw_apply, sw_wait = caused_apply[STATUS_WRITE], caused_wait[STATUS_WRITE]
-        print(
-            f"\noperator status writes (PATCH trainingjobs/status; no other client writes it): "
-            f"{sw_apply} during the apply, {sw_wait} after, {(sw_apply + sw_wait) / n:.1f} per job"
-        )
-        pc = [p.op(f"{PLANNER}_count") for p in (with_op, wait)]
-        ps = [p.op(f"{PLANNER}_sum") for p in (with_op, wait)]
-        rc = [p.op(f"{RECONCILE}_count") for p in (with_op, wait)]
-        rs = [p.op(f"{RECONCILE}_sum") for p in (with_op, wait)]
-        print(
-            f"planner calls ({PLANNER}_count on the operator's /metrics): {fmt(pc[0])} during the apply, "
-            f"{fmt(pc[1])} after, {sum(pc) / n:.1f} per job; {sum(ps):.1f}s in the planner"
-        )
-        print(
-            f"reconcile steps ({RECONCILE}_count): {fmt(rc[0])} during the apply, {fmt(rc[1])} after, "
-            f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time summed over the step threads)"
-        )
-        print(
-            f"operator CPU seconds (/proc/{op.pid}/stat utime+stime): start-up {startup_cpu:.1f}, "
-            f"apply {with_op.op_cpu:.1f} ({with_op.op_cpu / with_op.seconds:.2f} cores), "
-            f"apply -> all Running {wait.op_cpu:.1f} ({wait.op_cpu / wait.seconds:.2f} cores), "
-            f"{(with_op.op_cpu + wait.op_cpu) / n:.2f} per job"
-        )
-        print_cpu(pids, idle, without, with_op, wait, (with_op.op_cpu, wait.op_cpu))
+        else:
+            _print_operator(op, caused_apply, caused_wait, with_op, wait, n, startup_cpu)
+            print_cpu(pids, idle, without, with_op, wait, (with_op.op_cpu, wait.op_cpu))
         if args.kubeconfig:
             run("delete", "namespace", ns, ns_without, "--wait=false")
+        # (the ideal baseline takes no --spot-notice: notice is None there)
         return 0 if len(lat) == n and (notice is None or notice.answered is not None) else 1
+
+
+def _print_operator(
+    op: subprocess.Popen[bytes],
+    caused_apply: Counter[tuple[str, str]],
+    caused_wait: Counter[tuple[str, str]],
+    with_op: Phase,
+    wait: Phase,
+    n: int,
+    startup_cpu: float,
+) -> None:
+    """The operator's status writes, planner calls, reconcile steps and CPU seconds."""
+    sw_apply, sw_wait = caused_apply[STATUS_WRITE], caused_wait[STATUS_WRITE]
+    print(
+        f"\noperator status writes (PATCH trainingjobs/status; no other client writes it): "
+        f"{sw_apply} during the apply, {sw_wait} after, {(sw_apply + sw_wait) / n:.1f} per job"
+    )
+    pc = [p.op(f"{PLANNER}_count") for p in (with_op, wait)]
+    ps = [p.op(f"{PLANNER}_sum") for p in (with_op, wait)]
+    rc = [p.op(f"{RECONCILE}_count") for p in (with_op, wait)]
+    rs = [p.op(f"{RECONCILE}_sum") for p in (with_op, wait)]
+    print(
+        f"planner calls ({PLANNER}_count on the operator's /metrics): {fmt(pc[0])} during the apply, "
+        f"{fmt(pc[1])} after, {sum(pc) / n:.1f} per job; {sum(ps):.1f}s in the planner"
+    )
+    print(
+        f"reconcile steps ({RECONCILE}_count): {fmt(rc[0])} during the apply, {fmt(rc[1])} after, "
+        f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time summed over the step threads)"
+    )
+    print(
+        f"operator CPU seconds (/proc/{op.pid}/stat utime+stime): start-up {startup_cpu:.1f}, "
+        f"apply {with_op.op_cpu:.1f} ({with_op.op_cpu / with_op.seconds:.2f} cores), "
+        f"apply -> all Running {wait.op_cpu:.1f} ({wait.op_cpu / wait.seconds:.2f} cores), "
+        f"{(with_op.op_cpu + wait.op_cpu) / n:.2f} per job"
+    )
+
+
+def _launch(
+    ideal: bool, kubeconfig: str, api: Any, ns: str, delay: str, op_env: dict[str, str], log: Any, probe: Probe
+) -> tuple[subprocess.Popen[bytes] | None, IdealOperator | None, JobWatcher]:
+    """Start the operator process (or, ``--baseline ideal``, the ideal baseline's thread) and the
+    watcher that sees jobs reach Running (TrainingJobs, or the baseline's pods); the probe reads the
+    operator process's CPU."""
+    from kubernetes import client, config
+
+    if ideal:
+        ideal_api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        ideal_api.user_agent = IDEAL_AGENT
+        baseline = IdealOperator(ideal_api, ns, float(delay))
+        baseline.start()
+        baseline.ready.wait(30)
+        return None, baseline, PodWatcher(client.CoreV1Api(api), ns)
+    op = subprocess.Popen(
+        [sys.executable, "-m", "gpuscaler.cli", "run", "--standalone"], env=op_env, stdout=log, stderr=log
+    )
+    probe.op_pid = op.pid
+    return op, None, JobWatcher(client.CustomObjectsApi(api), ns)
+
+
+def _node_pool(api: Any, nodes: int) -> None:
+    """``--nodes``: that many Ready fake nodes, before anything is applied."""
+    if not nodes:
+        return
+    t_nodes = time.monotonic()
+    pool = create_node_pool(api, "bench-nodes", INSTANCE_TYPE, nodes)
+    wait_nodes_ready(api, pool.node_names, timeout=max(120.0, nodes / 5))
+    print(f"{nodes} Ready {INSTANCE_TYPE} nodes in {time.monotonic() - t_nodes:.1f}s", flush=True)
+
+
+def _apf_identity(op_env: dict[str, str], run: Any, env: Mapping[str, str], kubeconfig: str, apf: int | None) -> None:
+    """``--apf``: the operator runs with the chart's ServiceAccount's kubeconfig (:func:`operator_identity`)."""
+    if apf is None:
+        return
+    op_env["KUBECONFIG"] = operator_identity(run, env, kubeconfig, apf)
+    print(
+        f"operator identity: ServiceAccount {APF_NAMESPACE}/{APF_RELEASE}-gpuscaler (token kubeconfig), "
+        f"the chart's FlowSchema and PriorityLevelConfiguration with nominalConcurrencyShares {apf}",
+        flush=True,
+    )
+
+
+def _print_header(args: argparse.Namespace, provider: str, baseline: IdealOperator | None) -> None:
+    """What ran: the ideal baseline, or the operator with its provider and settings."""
+    n = args.jobs
+    if args.baseline == "ideal":
+        print(
+            f"ideal baseline (no gpuscaler): {n} one-node TrainingJobs, each answered by one kwok node and one "
+            f"pod and nothing else; kwok provisioning delay {args.delay}s"
+            + (f"; errors: {baseline.errors[:3]}" if baseline is not None and baseline.errors else "")
+        )
+        return
+    nodes_note = f", on {args.nodes} pre-created nodes" if args.nodes else ""
+    overrides = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("GPUSCALER_"))
+    print(
+        f"operator scale: {n} one-node TrainingJobs{nodes_note}, provider {provider}, "
+        f"kwok provisioning delay {args.delay}s, reconcile interval {args.interval}s"
+        + (f"; settings from the environment: {', '.join(overrides)}" if overrides else "")
+    )
+
+
+def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, provider: str) -> None:
+    """Refuse (``ap.error``) option combinations the benchmark cannot run."""
+    if args.jobs < 1 or args.nodes < 0:
+        ap.error(f"--jobs must be at least 1 and --nodes at least 0 (got --jobs {args.jobs}, --nodes {args.nodes})")
+    if args.baseline == "ideal" and (args.nodes or args.spot_notice or provider != "kwok"):
+        ap.error("--baseline ideal makes a kwok node per job: it takes no --nodes, --provider static or --spot-notice")
+    if args.spot_notice and provider != "kwok":
+        ap.error(
+            "--spot-notice needs the kwok provider: the operator sees notices on the nodes it made (add --provider kwok)"
+        )
+
+
+def _started(op: subprocess.Popen[bytes], op_port: int) -> float:
+    """Wait (up to 60 s) until the operator serves /metrics, and its watches start; its CPU seconds then."""
+    t_start = time.monotonic()
+    while time.monotonic() - t_start < 60:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{op_port}/metrics", timeout=2).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    time.sleep(2)  # kopf's watches start after the startup handler
+    return cpu_seconds(op.pid)
+
+
+def _stop(op: subprocess.Popen[bytes] | None, baseline: IdealOperator | None) -> None:
+    """Stop the operator process (or the ideal baseline's thread)."""
+    if op is not None:
+        op.terminate()
+        op.wait(30)
+    if baseline is not None:
+        baseline.stop.set()
+
+
+def _print_floor(ratio: float) -> None:
+    """The ideal baseline's apply ratio against the target."""
+    above = ratio > APPLY_RATIO_TARGET
+    print(
+        f"floor: the least an operator must do (one node and one pod per job) makes the apply {ratio:.1f}x "
+        f"slower here, {'above' if above else 'within'} the {APPLY_RATIO_TARGET:g}x target"
+        + (
+            ": the target is below what the control plane's own reaction to the nodes and pods costs "
+            "on these cores, which the apply shares"
+            if above
+            else ""
+        )
+    )
+
+
+def _print_notice(notice: NoticeProbe, n: int, timeout: float) -> None:
+    """How long the operator took to ask for a checkpoint after the spot notice."""
+    got = f"{notice.answered:.2f}s" if notice.answered is not None else f"not within {timeout:g}s"
+    print(
+        f"spot notice on {VICTIM}'s node {notice.after:g}s into the apply of {n} jobs: checkpoint requested "
+        f"after {got} (budget {NOTICE_BUDGET_S:g}s){'; ' + notice.error if notice.error else ''}"
+    )
 
 
 def operator_identity(run: Any, env: Mapping[str, str], kubeconfig: str, shares: int) -> str:
@@ -1148,9 +1201,12 @@ def print_cpu(
     print(table(["component", "", "background", "apply w/o op", "apply with op", "wait"], rows))
 
 
-def print_audit(path: Path, start: float, end: float, n: int, seconds: float) -> None:
+def print_audit(audit_log: str | None, start: float, end: float, n: int, seconds: float) -> None:
     """Requests by client, and by (client, verb, resource), from the audit log: from the apply's start
-    to all Running, every client, each request once (:func:`audit_request`)."""
+    to all Running, every client, each request once (:func:`audit_request`); nothing without a log."""
+    if not audit_log:
+        return
+    path = Path(audit_log)
     with path.open(encoding="utf-8") as fh:
         counts, failed = audit_counts(fh, start, end)
     clients: Counter[str] = Counter()

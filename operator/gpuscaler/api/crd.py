@@ -131,13 +131,8 @@ def _inline(node: Any, defs: dict[str, Any], owner: str, path: str) -> Any:
     return out
 
 
-def _structural(node: Any, field: str = "") -> Any:
-    """Rewrite one (inlined) JSON schema node into structural OpenAPI v3."""
-    if isinstance(node, list):
-        return [_structural(x) for x in node]
-    if not isinstance(node, dict):
-        return node
-    node = dict(node)
+def _single_type(node: dict[str, Any], field: str) -> dict[str, Any]:
+    """``anyOf``/``oneOf`` of one type and null -> that type, ``nullable``; several types: an error."""
     for variant in ("anyOf", "oneOf"):
         if variant in node:
             alternatives = node.pop(variant)
@@ -147,6 +142,12 @@ def _structural(node: Any, field: str = "") -> Any:
             node = {**options[0], **node}
             if len(options) < len(alternatives):
                 node["nullable"] = True
+    return node
+
+
+def _openapi_keywords(node: dict[str, Any]) -> dict[str, Any]:
+    """JSON schema keywords -> their OpenAPI v3 forms (no title, no null default, const as enum,
+    exclusive bounds as booleans); ``additionalProperties: false`` dropped (the server prunes)."""
     node.pop("title", None)
     if node.get("additionalProperties") is False:
         node.pop("additionalProperties")  # unknown fields: pruned by the server, refused by kubectl (strict)
@@ -158,23 +159,35 @@ def _structural(node: Any, field: str = "") -> Any:
         if bound in node and not isinstance(node[bound], bool):
             node[plain] = node.pop(bound)
             node[bound] = True
+    return node
+
+
+def _structural_property(v: dict[str, Any], name: str) -> Any:
+    """One property of a model: structural, or free-form where :data:`PRESERVE_UNKNOWN` names it."""
+    if name not in PRESERVE_UNKNOWN:
+        return _structural(v, name)
+    out: dict[str, Any] = {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "description": v.get("description", ""),
+    }
+    if any(o.get("type") == "null" for o in v.get("anyOf", [])):
+        out["nullable"] = True
+    return out
+
+
+def _structural(node: Any, field: str = "") -> Any:
+    """Rewrite one (inlined) JSON schema node into structural OpenAPI v3."""
+    if isinstance(node, list):
+        return [_structural(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    node = _openapi_keywords(_single_type(dict(node), field))
     model = node.pop("x-gpuscaler-model", None)
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key == "properties":
-            out[key] = {}
-            for p, v in value.items():
-                name = f"{model}.{p}"
-                if name in PRESERVE_UNKNOWN:
-                    out[key][p] = {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                        "description": v.get("description", ""),
-                    }
-                    if any(o.get("type") == "null" for o in v.get("anyOf", [])):
-                        out[key][p]["nullable"] = True
-                else:
-                    out[key][p] = _structural(v, name)
+            out[key] = {p: _structural_property(v, f"{model}.{p}") for p, v in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _structural(value, field)
         else:

@@ -172,6 +172,29 @@ def _breaks(
     return tuple(kinds)
 
 
+def _nothing_to_plan(job: ResolvedJob, rejected: list[Rejection]) -> Binding:
+    """The rule that binds when no plan was even evaluated: memory when an offering was rejected for
+    memory, batch or precision; else the policy when it rejected one; else the job's constraints."""
+    categories = {r.category for r in rejected}
+    if categories & {Reason.MEMORY, Reason.BATCH, Reason.PRECISION}:
+        kind = Kind.MEMORY
+        what = (
+            f"memory binds: no allowed instance fits {job.workload.id} in memory at global batch "
+            f"{job.global_batch}: allow larger-memory GPUs, or change the global batch so it divides by the "
+            "GPU count"
+        )
+    elif Reason.POLICY in categories:
+        kind, what = Kind.POLICY, "the policy binds: it allows no offering for this job; ask the platform team"
+    else:
+        kind = Kind.CONSTRAINT
+        left = ", ".join(sorted(c.value for c in categories)) or "none"
+        what = (
+            f"the job's constraints bind: no offering is left to plan ({left}); widen the GPU or instance "
+            "types, providers, regions or spot setting"
+        )
+    return Binding(kind, (kind,), what)
+
+
 def explain(
     job: ResolvedJob,
     spec: TrainingJobSpec,
@@ -202,24 +225,7 @@ def explain(
         The binding rule and up to :data:`CLOSEST` closest plans, closest first.
     """
     if not fitting and not over_cap:
-        categories = {r.category for r in rejected}
-        if categories & {Reason.MEMORY, Reason.BATCH, Reason.PRECISION}:
-            kind = Kind.MEMORY
-            what = (
-                f"memory binds: no allowed instance fits {job.workload.id} in memory at global batch "
-                f"{job.global_batch}: allow larger-memory GPUs, or change the global batch so it divides by the "
-                "GPU count"
-            )
-        elif Reason.POLICY in categories:
-            kind, what = Kind.POLICY, "the policy binds: it allows no offering for this job; ask the platform team"
-        else:
-            kind = Kind.CONSTRAINT
-            left = ", ".join(sorted(c.value for c in categories)) or "none"
-            what = (
-                f"the job's constraints bind: no offering is left to plan ({left}); widen the GPU or instance "
-                "types, providers, regions or spot setting"
-            )
-        return Binding(kind, (kind,), what), []
+        return _nothing_to_plan(job, rejected), []
     cap_kind = Kind.POLICY if cap_source.startswith("policy") else Kind.CONSTRAINT  # or gpuscaler's default
     rows = [(c, _breaks(c, job, spec, policy, None)) for c in fitting]
     rows += [(c, _breaks(c, job, spec, policy, cap_kind)) for c in over_cap]

@@ -337,20 +337,7 @@ def scores(
                             "missed": out.chosen is not None and deadline is not None and out.hours > deadline * (1 + 1e-9),
                             "moved": out.moved,
                         })  # fmt: skip
-                everyone = all(out.chosen is not None for out in outcomes.values())
-                for name, out in outcomes.items():
-                    tight = "none" if k is None else f"{k:g}x"
-                    for t in (tallies[scheme][name], tallies["pooled"][name], tallies[f"deadline {tight}"][name]):
-                        if everyone:
-                            t.common.append(out.cost / best - 1.0)
-                        if deadline is not None:
-                            t.deadline_decisions += 1
-                        if out.chosen is None:
-                            t.no_plan += deadline is not None
-                            continue
-                        t.regrets.append(out.cost / best - 1.0)
-                        t.misses += deadline is not None and out.hours > deadline * (1 + 1e-9)
-                        t.moves += out.moved
+                _count(tallies, scheme, k, deadline, best, outcomes)
     pooled = {c: t.to_dict() for c, t in tallies.pop("pooled").items()}
     by_tightness = {key.split(" ", 1)[1]: {c: t.to_dict() for c, t in tallies.pop(key).items()}
                     for key in [key for key in tallies if key.startswith("deadline ")]}  # fmt: skip
@@ -368,6 +355,33 @@ def scores(
         "by_tightness": by_tightness,
         "targets": targets(pooled),
     }
+
+
+def _count(
+    tallies: dict[str, dict[str, Tally]],
+    scheme: str,
+    k: float | None,
+    deadline: float | None,
+    best: float,
+    outcomes: dict[str, Outcome],
+) -> None:
+    """Count one decision's outcomes in the scheme's, the pooled and the tightness's tallies: the
+    regret ``cost / best - 1`` (in ``common`` too when every chooser found a plan), a miss when
+    ``hours > deadline``, a plan missing where one was feasible, and the moves."""
+    everyone = all(out.chosen is not None for out in outcomes.values())
+    tight = "none" if k is None else f"{k:g}x"
+    for name, out in outcomes.items():
+        for t in (tallies[scheme][name], tallies["pooled"][name], tallies[f"deadline {tight}"][name]):
+            if everyone:
+                t.common.append(out.cost / best - 1.0)
+            if deadline is not None:
+                t.deadline_decisions += 1
+            if out.chosen is None:
+                t.no_plan += deadline is not None
+                continue
+            t.regrets.append(out.cost / best - 1.0)
+            t.misses += deadline is not None and out.hours > deadline * (1 + 1e-9)
+            t.moves += out.moved
 
 
 def _outcome(index: int | None, options: dict[int, Option], samples: float) -> Outcome:

@@ -146,6 +146,121 @@ def _zoned(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """What the offering rules read: the job's constraints and deadline, and the policy."""
+
+    job: ResolvedJob
+    spec: TrainingJobSpec
+    policy: Policy
+    gpu_ids_user: frozenset[str]
+    """GPU ids of the job's ``constraints.gpuTypes`` (empty: any)."""
+    gpu_ids_policy: frozenset[str]
+    """GPU ids of the policy's ``allowedGpuTypes`` (empty: any)."""
+
+
+Verdict = tuple[Reason, str] | None
+"""A rule's verdict on one offering: why it is left out, or None (this rule keeps it)."""
+OfferingRule = Callable[[_Scope, InstanceType, CapacityType], Verdict]
+
+
+def job_gpu_types(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``gpu(i) in constraints.gpuTypes`` (when set)."""
+    if sc.gpu_ids_user and inst.gpu_id not in sc.gpu_ids_user:
+        return Reason.CONSTRAINT, f"GPU {inst.gpu_id} not in constraints.gpuTypes"
+    return None
+
+
+def job_instance_types(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``i in constraints.instanceTypes`` (when set; names compared normalised)."""
+    wanted = sc.spec.constraints.instance_types
+    if wanted and not _matches(inst.name, wanted):
+        return Reason.CONSTRAINT, "not in constraints.instanceTypes"
+    return None
+
+
+def job_providers(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``provider(i) in constraints.providers`` (when set)."""
+    if sc.spec.constraints.providers and inst.provider not in sc.spec.constraints.providers:
+        return Reason.CONSTRAINT, f"provider {inst.provider} not in constraints.providers"
+    return None
+
+
+def job_regions(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``region(i) in constraints.regions`` (when set)."""
+    if sc.spec.constraints.regions and inst.region not in sc.spec.constraints.regions:
+        return Reason.CONSTRAINT, f"region {inst.region} not in constraints.regions"
+    return None
+
+
+def policy_gpu_types(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``gpu(i) in policy.allowedGpuTypes`` (when set)."""
+    if sc.gpu_ids_policy and inst.gpu_id not in sc.gpu_ids_policy:
+        return Reason.POLICY, f"policy {sc.policy.name}: GPU {inst.gpu_id} not in allowedGpuTypes"
+    return None
+
+
+def policy_instance_types(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``i in policy.allowedInstanceTypes`` (when set; names compared normalised)."""
+    allowed = sc.policy.allowed_instance_types
+    if allowed and not _matches(inst.name, allowed):
+        return Reason.POLICY, f"policy {sc.policy.name}: not in allowedInstanceTypes"
+    return None
+
+
+def policy_providers(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``provider(i) in policy.providers`` (when set)."""
+    if sc.policy.providers and inst.provider not in sc.policy.providers:
+        return Reason.POLICY, f"policy {sc.policy.name}: provider {inst.provider} not allowed"
+    return None
+
+
+def policy_regions(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """``region(i) in policy.regions`` (when set)."""
+    if sc.policy.regions and inst.region not in sc.policy.regions:
+        return Reason.POLICY, f"policy {sc.policy.name}: region {inst.region} not allowed"
+    return None
+
+
+def spot_never(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """No spot when the policy's ``spot.mode`` is ``never`` (said as the policy's), else when the
+    job's ``constraints.spot`` is ``never``."""
+    if cap is not CapacityType.SPOT:
+        return None
+    if sc.policy.spot.mode == "never":
+        return Reason.POLICY, f"policy {sc.policy.name}: spot is never used"
+    if sc.spec.constraints.spot is SpotPolicy.NEVER:
+        return Reason.CONSTRAINT, "constraints.spot: spot is never used"
+    return None
+
+
+def spot_deadline(sc: _Scope, inst: InstanceType, cap: CapacityType) -> Verdict:
+    """No spot when ``hours to the deadline < policy.spot.minHoursToDeadline``."""
+    left, need = sc.job.deadline_h, sc.policy.spot.min_hours_to_deadline
+    if cap is CapacityType.SPOT and left is not None and left < need:
+        return Reason.POLICY, f"policy {sc.policy.name}: spot needs >= {need:g} h to the deadline, {left:.1f} h left"
+    return None
+
+
+OFFERING_RULES: tuple[OfferingRule, ...] = (
+    # The job's own constraints first: a rejection then names what the user wrote.
+    job_gpu_types,
+    job_instance_types,
+    job_providers,
+    job_regions,
+    # Then the policy's allow lists: what the cluster's owner allows, whatever the job asks.
+    policy_gpu_types,
+    policy_instance_types,
+    policy_providers,
+    policy_regions,
+    # Spot rules last: they depend on the capacity type (and the deadline), not on the instance.
+    spot_never,
+    spot_deadline,
+)
+"""The rules an offering must pass, in order; it is rejected once, with the first that fails. The
+zones (:func:`_zoned`) and a flagged price (:func:`flagged_price`) are checked after them, per zone."""
+
+
 def offerings(
     job: ResolvedJob,
     spec: TrainingJobSpec,
@@ -157,9 +272,10 @@ def offerings(
 
     The offerings ``O = {(i, c) : i in catalog, c in {on-demand, spot}, price(i, c) exists}``
     minus those a rule leaves out, each rejected once with the first rule that does, checked in
-    this order: the job's ``gpuTypes``, ``instanceTypes``, ``providers``, ``regions``; the
-    policy's ``allowedGpuTypes``, ``allowedInstanceTypes``, ``providers``, ``regions``; spot
-    ``never`` (job or policy) and the policy's ``minHoursToDeadline`` for spot; a flagged price.
+    the order of :data:`OFFERING_RULES`: the job's ``gpuTypes``, ``instanceTypes``, ``providers``,
+    ``regions``; the policy's ``allowedGpuTypes``, ``allowedInstanceTypes``, ``providers``,
+    ``regions``; spot ``never`` (job or policy) and the policy's ``minHoursToDeadline`` for spot;
+    then the zones (:func:`_zoned`) and a flagged price.
     A price the catalog flags (:func:`flagged_price`) is rejected (``Reason.PRICE``) unless
     ``allow_flagged_prices``; a policy price override replaces it and so is never flagged.
 
@@ -175,12 +291,15 @@ def offerings(
         node-hour, the price's source (:data:`POLICY_OVERRIDE` when a policy set it) and date,
         and the rejections of the rest.
     """
-    c = spec.constraints
+    sc = _Scope(
+        job,
+        spec,
+        policy,
+        frozenset(catalog.gpu(g).id for g in spec.constraints.gpu_types),
+        frozenset(catalog.gpu(g).id for g in policy.allowed_gpu_types),
+    )
     allowed: list[Offering] = []
     rejected: list[Rejection] = []
-    gpu_ids_user = {catalog.gpu(g).id for g in c.gpu_types}
-    gpu_ids_policy = {catalog.gpu(g).id for g in policy.allowed_gpu_types}
-    spot_mode = SpotPolicy(policy.spot.mode) if policy.spot.mode == "never" else c.spot
     for inst in catalog.instances:
         for cap in (CapacityType.ON_DEMAND, CapacityType.SPOT):
 
@@ -192,48 +311,20 @@ def offerings(
             price = policy.price(inst, cap)
             if price is None:
                 continue  # the capacity type does not exist for this instance; not worth a line
-            if gpu_ids_user and inst.gpu_id not in gpu_ids_user:
-                reject(Reason.CONSTRAINT, f"GPU {inst.gpu_id} not in constraints.gpuTypes")
-            elif c.instance_types and not _matches(inst.name, c.instance_types):
-                reject(Reason.CONSTRAINT, "not in constraints.instanceTypes")
-            elif c.providers and inst.provider not in c.providers:
-                reject(Reason.CONSTRAINT, f"provider {inst.provider} not in constraints.providers")
-            elif c.regions and inst.region not in c.regions:
-                reject(Reason.CONSTRAINT, f"region {inst.region} not in constraints.regions")
-            elif gpu_ids_policy and inst.gpu_id not in gpu_ids_policy:
-                reject(Reason.POLICY, f"policy {policy.name}: GPU {inst.gpu_id} not in allowedGpuTypes")
-            elif policy.allowed_instance_types and not _matches(inst.name, policy.allowed_instance_types):
-                reject(Reason.POLICY, f"policy {policy.name}: not in allowedInstanceTypes")
-            elif policy.providers and inst.provider not in policy.providers:
-                reject(Reason.POLICY, f"policy {policy.name}: provider {inst.provider} not allowed")
-            elif policy.regions and inst.region not in policy.regions:
-                reject(Reason.POLICY, f"policy {policy.name}: region {inst.region} not allowed")
-            elif cap is CapacityType.SPOT and spot_mode is SpotPolicy.NEVER:
-                who = f"policy {policy.name}" if policy.spot.mode == "never" else "constraints.spot"
-                reject(
-                    Reason.POLICY if policy.spot.mode == "never" else Reason.CONSTRAINT, f"{who}: spot is never used"
-                )
-            elif (
-                cap is CapacityType.SPOT
-                and job.deadline_h is not None
-                and job.deadline_h < policy.spot.min_hours_to_deadline
-            ):
-                reject(
-                    Reason.POLICY,
-                    f"policy {policy.name}: spot needs >= {policy.spot.min_hours_to_deadline:g} h to the deadline, "
-                    f"{job.deadline_h:.1f} h left",
-                )
-            else:
-                for offer in _zoned(inst, cap, price, c.zones, policy, reject):
-                    if not allow_flagged_prices and (caveat := flagged_price(offer)):
-                        reject(
-                            Reason.PRICE,
-                            f"{caveat}; left out (set a policy priceOverride for it, or plan with "
-                            "--allow-flagged-prices)",
-                            offer.zone,
-                        )
-                    else:
-                        allowed.append(offer)
+            verdict = next((v for rule in OFFERING_RULES if (v := rule(sc, inst, cap)) is not None), None)
+            if verdict is not None:
+                reject(*verdict)
+                continue
+            for offer in _zoned(inst, cap, price, spec.constraints.zones, policy, reject):
+                if not allow_flagged_prices and (caveat := flagged_price(offer)):
+                    reject(
+                        Reason.PRICE,
+                        f"{caveat}; left out (set a policy priceOverride for it, or plan with "
+                        "--allow-flagged-prices)",
+                        offer.zone,
+                    )
+                else:
+                    allowed.append(offer)
     return allowed, rejected
 
 

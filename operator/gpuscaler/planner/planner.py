@@ -127,6 +127,25 @@ class PlanResult:
 
 
 
+def _with_contingency(
+    evaluated: list[Candidate], cap: int, pol: Policy, job: ResolvedJob, spec: TrainingJobSpec
+) -> tuple[list[Candidate], Candidate | None]:
+    """The contingency's fallback of the plans that fit, and every plan with its risk and cost with
+    recourse to it (:func:`with_recourse`; unchanged without a deadline)."""
+    target = fallback_of(evaluated, cap, pol)
+    if job.deadline_h is not None:
+        at = next(i for i, c in enumerate(evaluated) if c is target) if target is not None else -1
+        evaluated = with_recourse(evaluated, target, job.deadline_h, spec)
+        target = evaluated[at] if target is not None else None  # with its own (empty) contingency
+    return evaluated, target
+
+
+def _in_backoff(offer: Offering, unavailable: frozenset[tuple[str, ...]]) -> bool:
+    """The offering lacks capacity right now: in every zone ``(type, capacity)`` or in its own zone
+    ``(type, capacity, zone)``."""
+    return offer.key in unavailable or (*offer.key, offer.zone) in unavailable
+
+
 def plan(
     spec: TrainingJobSpec,
     catalog: Catalog,
@@ -189,7 +208,7 @@ def plan(
     evaluated: list[Candidate] = []
     for offer in offers:
         inst, offering = offer.instance, offer.key
-        if offering in unavailable or (*offering, offer.zone) in unavailable:
+        if _in_backoff(offer, unavailable):
             rejected.append(
                 Rejection(*offering, Reason.CAPACITY, "no capacity right now (recent shortage)", offer.zone)
             )
@@ -205,11 +224,7 @@ def plan(
                 # 3. evaluate
                 evaluated.append(evaluate(job, spec, pol, offer, run, caveat))
     # 3b. the contingency: the fallback of the plans that fit, each plan's risk and cost with it
-    target = fallback_of(evaluated, cap, pol)
-    if job.deadline_h is not None:
-        at = next(i for i, c in enumerate(evaluated) if c is target) if target is not None else -1
-        evaluated = with_recourse(evaluated, target, job.deadline_h, spec)
-        target = evaluated[at] if target is not None else None  # with its own (empty) contingency
+    evaluated, target = _with_contingency(evaluated, cap, pol, job, spec)
     for c in evaluated:
         outcomes.add(c, job, spec, pol)
     # held capacity (the policy's reservations, blocks, flex-start: gpuscaler.planner.held)
@@ -218,7 +233,7 @@ def plan(
     rejected += held_rejected
     pools: dict[str, HeldOffer] = {}
     for h in held:
-        if h.offer.key in unavailable or (*h.offer.key, h.offer.zone) in unavailable:
+        if _in_backoff(h.offer, unavailable):
             rejected.append(
                 Rejection(*h.offer.key, Reason.CAPACITY, "no capacity right now (recent shortage)", h.offer.zone)
             )

@@ -252,8 +252,213 @@ fastest_sensible = contingency.fallback
 contingency's own rule (:func:`gpuscaler.planner.contingency.fallback`), the same function object."""
 
 
+@dataclass
+class _Draft(Generic[R]):
+    """The decision as the rules build it: what is known of the rest, and the plan chosen so far."""
+
+    s: Situation
+    spec: TrainingJobSpec
+    """The job's spec without its deadline (the hours left go to the planner)."""
+    left: float | None
+    """Hours to the deadline (None: no deadline)."""
+    budget_left: float | None
+    """``max(budgetUsd - spent, 0)`` (None: no budget)."""
+    what: str
+    """The head of the decision's one line (what was re-planned, in what, within what)."""
+    reasons: list[str] = field(default_factory=list)
+    on_demand: bool = False
+    over_budget: bool = False
+    result: R | None = None
+    chosen: Candidate | None = None
+
+    @property
+    def late(self) -> bool:
+        """The deadline has passed, or is within :data:`LATE_H`."""
+        return self.left is not None and self.left <= LATE_H
+
+    def budget(self) -> float | bool | None:
+        """The budget of the rest: none once it runs over budget, else what is left (False: no budget)."""
+        if self.over_budget:
+            return None
+        return self.budget_left if self.budget_left is not None else False
+
+    def rest(self, *, od: bool, budget: float | bool | None) -> TrainingJobSpec:
+        """The spec of the rest (:func:`remaining_spec`)."""
+        return remaining_spec(self.spec, self.s.total_samples, self.s.done_samples, on_demand_only=od, budget_usd=budget)
+
+    def decided(self, result: R | None, chosen: Candidate | None, action: str, kind: str) -> Recovery[R]:
+        """The decision with this draft's flags and reasons."""
+        return Recovery(result, chosen, action, kind, self.on_demand, self.over_budget, self.budget_left,
+                        tuple(self.reasons))
+
+
+def _draft(s: Situation) -> _Draft[R]:
+    """What the rules start from: the spec without its deadline, ``budget_left = max(budget - spent, 0)``
+    and the remaining ``max(total - done, global batch)`` samples in the decision's words."""
+    spec = without_deadline(s.spec)
+    left = s.deadline_h
+    budget_left = max(spec.budget_usd - s.spent_usd, 0.0) if spec.budget_usd is not None else None
+    left_samples = max(s.total_samples - s.done_samples, float(spec.global_batch))
+    what = f"re-planned the remaining {left_samples:,.0f} samples"
+    if left is not None:
+        what += f" in {left:.2f} h"
+    if budget_left is not None and s.spent_usd > 0:
+        what += f" within ${budget_left:,.2f} of the ${spec.budget_usd:,.0f} budget left"
+    return _Draft(s, spec, left, budget_left, what)
+
+
+class _Rule(Protocol):
+    """One rule of the decision: it refines the draft, or decides (returns the recovery)."""
+
+    def __call__(self, d: _Draft[R], planner: PlanFn[R], /) -> Recovery[R] | None: ...
+
+
+def spot_or_not(d: _Draft[R], planner: PlanFn[R]) -> Recovery[R] | None:
+    """Rule 1: on-demand only when ``interruptions >= spot.maxInterruptions`` (and > 0), or when
+    ``hours left < spot.minHoursToDeadline``; else spot stays allowed."""
+    s, rules = d.s, d.s.rules
+    if s.interruptions >= rules.max_interruptions and s.interruptions > 0:
+        d.on_demand = True
+        d.reasons.append(
+            f"{s.interruptions} interruption(s) reached policy spot.maxInterruptions {rules.max_interruptions}"
+        )
+    elif d.left is not None and d.left < rules.min_hours_to_deadline:
+        d.on_demand = True
+        d.reasons.append(
+            f"{d.left:.2f} h to the deadline < policy spot.minHoursToDeadline {rules.min_hours_to_deadline:g} h"
+        )
+    return None
+
+
+def plan_the_rest(d: _Draft[R], planner: PlanFn[R]) -> Recovery[R] | None:
+    """Rule 3: plan ``max(total - done, global batch)`` samples in the hours left within
+    ``budget_left``, without the offerings in back-off (not when late: rule 6 plans then)."""
+    if not d.late:
+        d.result = planner(d.rest(od=d.on_demand, budget=d.budget()), d.left, d.s.unavailable)
+        d.chosen = d.result.chosen
+    return None
+
+
+def over_budget_fallback(d: _Draft[R], planner: PlanFn[R]) -> Recovery[R] | None:
+    """Rule 2: when no plan fits ``budget_left``, the cheapest plan that meets the deadline without
+    a budget runs the rest, over budget (the money spent is gone either way)."""
+    if d.late or d.chosen is not None or d.budget_left is None:
+        return None
+    free = planner(d.rest(od=d.on_demand, budget=None), d.left, d.s.unavailable)
+    if free.chosen is not None:
+        d.over_budget = True
+        d.reasons.append(
+            f"no plan fits the ${d.budget_left:,.2f} left of the budget: the rest runs over budget at the "
+            f"cheapest plan that meets the deadline"
+        )
+        d.result, d.chosen = free, free.chosen
+    return None
+
+
+def deadline_risk(d: _Draft[R], planner: PlanFn[R]) -> Recovery[R] | None:
+    """Rule 4: a spot plan that could not absorb one more reclaim,
+    ``expected_h + (restart_s + checkpoint interval_s) / 3600 > hours left``, gives way to an
+    on-demand plan when one is feasible."""
+    chosen, left = d.chosen, d.left
+    if d.late or d.on_demand or chosen is None or chosen.capacity is not CapacityType.SPOT or left is None:
+        return None
+    worst = chosen.expected_hours + (d.s.spec.checkpoint.restart_seconds + chosen.outlook.interval_s) / 3600
+    if worst > left:
+        safe = planner(d.rest(od=True, budget=d.budget()), left, d.s.unavailable)
+        if safe.chosen is not None:
+            d.reasons.append(
+                f"spot would put the deadline at risk: another reclaim makes {worst:.2f} h > {left:.2f} h left"
+            )
+            d.result, d.chosen, d.on_demand = safe, safe.chosen, True
+    return None
+
+
+def elastic_continuation(d: _Draft[R], planner: PlanFn[R]) -> Recovery[R] | None:
+    """Rule 5: with ``0 < survivors < nodes`` of the interrupted plan up (spot still allowed), plan
+    the rest on the survivors alone (the same global batch, more accumulation) and let
+    :func:`choose_recovery` pick between them and the replacement."""
+    it = d.s.interrupted
+    if d.late or it is None or not 0 < d.s.survivors < it.nodes or d.on_demand:
+        return None
+    back = d.s.unavailable - {(it.instance_type, it.capacity_type)}
+    small = survivors_spec(d.rest(od=False, budget=d.budget()), it.instance_type, CapacityType(it.capacity_type),
+                           d.s.survivors, it.gpus_per_node)
+    alt = planner(small, d.left, back)
+    choice = choose_recovery(d.chosen, alt.chosen, d.spec.objective)
+    if choice.elastic and alt.chosen is not None:
+        d.reasons.append(choice.why)
+        return Recovery(alt, alt.chosen, f"{d.what}: {choice.why}", "survivors", False, d.over_budget,
+                        d.budget_left, tuple(d.reasons))
+    d.reasons.append(choice.why)
+    return None
+
+
+def fastest_finish(d: _Draft[R], planner: PlanFn[R]) -> Recovery[R] | None:
+    """Rule 6: no plan meets the deadline (or it has passed): the fastest on-demand plan costing at
+    most ``FALLBACK_COST_FACTOR x`` the cheapest (:func:`contingency.fallback`), without deadline or
+    budget; avoiding the capacity in back-off first, then not."""
+    if d.chosen is not None:
+        return None
+    why = "the deadline has passed" if d.late else "no plan meets the deadline"
+    fallback = d.rest(od=True, budget=None)
+    for avoid in (d.s.unavailable, frozenset()):
+        res = planner(fallback, None, avoid)
+        fast = contingency.fallback(res.pareto) if res.chosen is not None else None
+        if fast is not None:
+            d.reasons.append(f"{why}: the fastest on-demand plan costing at most {FALLBACK_COST_FACTOR:g}x the cheapest")
+            return Recovery(res, fast, f"{d.what}: {fast.label} (fastest finish; {'; '.join(d.reasons)})",
+                            "fastest", True, d.budget_left is not None and fast.expected_cost_usd > d.budget_left,
+                            d.budget_left, tuple(d.reasons))
+        if not avoid:
+            break
+    return None
+
+
+def no_plan(d: _Draft[R], planner: PlanFn[R]) -> Recovery[R] | None:
+    """Rule 7: nothing at all: no plan (the caller waits for the back-off to end)."""
+    if d.chosen is None:
+        return d.decided(d.result, None, f"{d.what}: no feasible plan", "none")
+    return None
+
+
+RULES: tuple[_Rule, ...] = (
+    # Decided first: whether spot is allowed shapes every plan below.
+    spot_or_not,
+    # The plan for the rest within the budget left; the rules after it only revise it.
+    plan_the_rest,
+    # Before the risk check, so that an over-budget plan is checked for deadline risk too.
+    over_budget_fallback,
+    # A spot plan that another reclaim would make late moves to on-demand before survivors are weighed.
+    deadline_risk,
+    # The survivors compete with the plan the rules above settled on (it may be on-demand).
+    elastic_continuation,
+    # Only when every rule above found nothing that meets the deadline.
+    fastest_finish,
+    # The last word when even the fallback found nothing.
+    no_plan,
+)
+"""The recovery rules, in the order :func:`recover` applies them (the module docstring's numbers)."""
+
+
+def _replacement(d: _Draft[R]) -> Recovery[R]:
+    """The plan the rules settled on, on replacement (or on-demand) capacity, with the move it makes."""
+    chosen, it = d.chosen, d.s.interrupted
+    assert chosen is not None  # no_plan decided otherwise
+    if it is None:
+        moved = "first plan"
+    elif (chosen.instance.name, chosen.capacity.value) == (it.instance_type, it.capacity_type):
+        moved = "same offering"
+    else:
+        moved = f"moved from {it.instance_type} {it.capacity_type}"
+    head = "on-demand fallback" if d.on_demand else f"{chosen.capacity.value}, {moved}"
+    why_text = "; ".join(d.reasons) or f"{d.spec.objective.value} plan for the rest"
+    kind = "on-demand" if d.on_demand else "replacement"
+    return d.decided(d.result, chosen, f"{d.what}: {chosen.label} ({head}; {why_text})", kind)
+
+
 def recover(s: Situation, planner: PlanFn[R]) -> Recovery[R]:
-    """Decide how to run the rest of the job (the rule is in the module docstring).
+    """Decide how to run the rest of the job: the :data:`RULES` in order (the module docstring says
+    why each), the first that decides wins; else the plan they settled on runs the rest.
 
     Args:
         s: The situation after the interruption.
@@ -262,99 +467,9 @@ def recover(s: Situation, planner: PlanFn[R]) -> Recovery[R]:
     Returns:
         The decision: ``chosen`` runs the rest; ``result`` is the planner call it came from.
     """
-    spec = without_deadline(s.spec)
-    left = s.deadline_h
-    reasons: list[str] = []
-    on_demand = False
-    if s.interruptions >= s.rules.max_interruptions and s.interruptions > 0:
-        on_demand = True
-        reasons.append(
-            f"{s.interruptions} interruption(s) reached policy spot.maxInterruptions {s.rules.max_interruptions}"
-        )
-    elif left is not None and left < s.rules.min_hours_to_deadline:
-        on_demand = True
-        reasons.append(f"{left:.2f} h to the deadline < policy spot.minHoursToDeadline {s.rules.min_hours_to_deadline:g} h")
-    late = left is not None and left <= LATE_H
-    budget_left: float | None = None
-    if spec.budget_usd is not None:
-        budget_left = max(spec.budget_usd - s.spent_usd, 0.0)
-    left_samples = max(s.total_samples - s.done_samples, float(spec.global_batch))
-    what = f"re-planned the remaining {left_samples:,.0f} samples"
-    if left is not None:
-        what += f" in {left:.2f} h"
-    if budget_left is not None and s.spent_usd > 0:
-        what += f" within ${budget_left:,.2f} of the ${spec.budget_usd:,.0f} budget left"
-
-    def rest(*, od: bool, budget: float | bool | None) -> TrainingJobSpec:
-        return remaining_spec(spec, s.total_samples, s.done_samples, on_demand_only=od, budget_usd=budget)
-
-    over_budget = False
-    result: R | None = None
-    chosen: Candidate | None = None
-    if not late:
-        result = planner(rest(od=on_demand, budget=budget_left if budget_left is not None else False), left,
-                         s.unavailable)
-        chosen = result.chosen
-        if chosen is None and budget_left is not None:
-            free = planner(rest(od=on_demand, budget=None), left, s.unavailable)
-            if free.chosen is not None:
-                over_budget = True
-                reasons.append(
-                    f"no plan fits the ${budget_left:,.2f} left of the budget: the rest runs over budget at the "
-                    f"cheapest plan that meets the deadline"
-                )
-                result, chosen = free, free.chosen
-        if not on_demand and chosen is not None and chosen.capacity is CapacityType.SPOT and left is not None:
-            restart = s.spec.checkpoint.restart_seconds
-            worst = chosen.expected_hours + (restart + chosen.outlook.interval_s) / 3600
-            if worst > left:
-                budget: float | bool | None = None if over_budget else (budget_left if budget_left is not None else False)
-                safe = planner(rest(od=True, budget=budget), left, s.unavailable)
-                if safe.chosen is not None:
-                    reasons.append(
-                        f"spot would put the deadline at risk: another reclaim makes {worst:.2f} h > {left:.2f} h left"
-                    )
-                    result, chosen, on_demand = safe, safe.chosen, True
-        it = s.interrupted
-        if it is not None and 0 < s.survivors < it.nodes and not on_demand:
-            back = s.unavailable - {(it.instance_type, it.capacity_type)}
-            budget = None if over_budget else (budget_left if budget_left is not None else False)
-            small = survivors_spec(rest(od=False, budget=budget), it.instance_type, CapacityType(it.capacity_type),
-                                   s.survivors, it.gpus_per_node)
-            alt = planner(small, left, back)
-            choice = choose_recovery(chosen, alt.chosen, spec.objective)
-            if choice.elastic and alt.chosen is not None:
-                return Recovery(alt, alt.chosen, f"{what}: {choice.why}", "survivors", False, over_budget,
-                                budget_left, (*reasons, choice.why))
-            reasons.append(choice.why)
-    if chosen is None:
-        # The deadline cannot be met (or has passed): the fastest sensible on-demand plan.
-        why = "the deadline has passed" if late else "no plan meets the deadline"
-        fallback = rest(od=True, budget=None)
-        for avoid in (s.unavailable, frozenset()):
-            res = planner(fallback, None, avoid)
-            fast = contingency.fallback(res.pareto) if res.chosen is not None else None
-            if fast is not None:
-                reasons.append(
-                    f"{why}: the fastest on-demand plan costing at most {FALLBACK_COST_FACTOR:g}x the cheapest"
-                )
-                return Recovery(res, fast, f"{what}: {fast.label} (fastest finish; {'; '.join(reasons)})",
-                                "fastest", True, budget_left is not None and fast.expected_cost_usd > budget_left,
-                                budget_left, tuple(reasons))
-            if not avoid:
-                break
-        return Recovery(result, None, f"{what}: no feasible plan", "none", on_demand, over_budget, budget_left,
-                        tuple(reasons))
-    moved = (
-        "same offering"
-        if s.interrupted is not None
-        and (chosen.instance.name, chosen.capacity.value) == (s.interrupted.instance_type, s.interrupted.capacity_type)
-        else f"moved from {s.interrupted.instance_type} {s.interrupted.capacity_type}"
-        if s.interrupted is not None
-        else "first plan"
-    )
-    head = "on-demand fallback" if on_demand else f"{chosen.capacity.value}, {moved}"
-    why_text = "; ".join(reasons) or f"{spec.objective.value} plan for the rest"
-    kind = "on-demand" if on_demand else "replacement"
-    return Recovery(result, chosen, f"{what}: {chosen.label} ({head}; {why_text})", kind, on_demand, over_budget,
-                    budget_left, tuple(reasons))
+    d: _Draft[R] = _draft(s)
+    for rule in RULES:
+        decided = rule(d, planner)
+        if decided is not None:
+            return decided
+    return _replacement(d)

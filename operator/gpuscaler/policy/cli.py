@@ -26,6 +26,26 @@ def _close(value: str, known: list[str]) -> str:
     return f"; did you mean {', '.join(close)}?" if close else ""
 
 
+def _unknown_instance_types(policy: Policy, catalog: Catalog) -> list[str]:
+    """Errors for the instance types the policy names (allow list, price overrides, held capacity)
+    that the catalog does not know, each with the closest names it does."""
+    names = {normalize(i.name): i.name for i in catalog.instances}
+
+    def instance(t: str) -> str:
+        close = difflib.get_close_matches(normalize(t), list(names), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(names[c] for c in close)}?" if close else ""
+        return f"unknown instance type {shown(t)}{hint}"
+
+    named = [(f"allowedInstanceTypes.{i}", t) for i, t in enumerate(policy.allowed_instance_types)]
+    named += [
+        (f"priceOverrides.{i}.instanceType", o.instance_type)
+        for i, o in enumerate(policy.price_overrides)
+        if o.instance_type != "*"
+    ]
+    named += [(f"capacity.{i}.instanceType", pool.instance_type) for i, pool in enumerate(policy.capacity)]
+    return [f"{where}: {instance(t)}" for where, t in named if normalize(t) not in names]
+
+
 def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
     """Errors for GPU types, instance types, providers, regions or zones the catalog does not know."""
     errors = []
@@ -34,22 +54,7 @@ def unknown_ids(policy: Policy, catalog: Catalog) -> list[str]:
             catalog.gpu(g)
         except UnknownIdError as err:
             errors.append(f"allowedGpuTypes.{i}: {err.args[0] if err.args else g}")
-    names = {normalize(i.name): i.name for i in catalog.instances}
-
-    def instance(t: str) -> str:
-        close = difflib.get_close_matches(normalize(t), list(names), n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(names[c] for c in close)}?" if close else ""
-        return f"unknown instance type {shown(t)}{hint}"
-
-    for i, t in enumerate(policy.allowed_instance_types):
-        if normalize(t) not in names:
-            errors.append(f"allowedInstanceTypes.{i}: {instance(t)}")
-    for i, o in enumerate(policy.price_overrides):
-        if o.instance_type != "*" and normalize(o.instance_type) not in names:
-            errors.append(f"priceOverrides.{i}.instanceType: {instance(o.instance_type)}")
-    for i, pool in enumerate(policy.capacity):
-        if normalize(pool.instance_type) not in names:
-            errors.append(f"capacity.{i}.instanceType: {instance(pool.instance_type)}")
+    errors += _unknown_instance_types(policy, catalog)
     providers = sorted({i.provider for i in catalog.instances})
     for i, p in enumerate(policy.providers):
         if p not in providers:

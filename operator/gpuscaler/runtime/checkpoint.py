@@ -527,10 +527,7 @@ class CheckpointStore:
             error = self._write_error(f"{action}: save callback failed on rank {rank}: {err}", err)
         vote("writing its shard")
         try:
-            names = _payload_files(staging)
-            mine = [_digest_file(staging / rel, rel) for i, rel in enumerate(names) if i % world == rank]
-            doc = [{"path": d.path, "size": d.size, "sha256": d.sha256} for d in mine]
-            atomic_write_text(staging / f"shard-{rank}.json", json.dumps(doc))
+            _hash_share(staging, rank, world)
         except OSError as err:
             error = storage_error(f"{action} (rank {rank} hashing its share)", self.directory, err, kept=None)
         vote("hashing its share")
@@ -538,10 +535,7 @@ class CheckpointStore:
         files: list[FileDigest] = []
         if self.writer:
             try:
-                for r in range(world):
-                    for item in json.loads((staging / f"shard-{r}.json").read_text(encoding="utf-8")):
-                        files.append(FileDigest(item["path"], int(item["size"]), item["sha256"]))
-                files.sort(key=lambda d: d.path)
+                files = _gather_shares(staging, world)
                 for dirpath, _, _ in os.walk(staging / PAYLOAD_NAME):
                     fsync_dir(dirpath)
                 body = self._manifest_body(
@@ -775,6 +769,24 @@ class CheckpointStore:
             log.warning("could not quarantine corrupt checkpoint %s: %s", path, err)
             return None
         return target
+
+
+def _hash_share(staging: Path, rank: int, world: int) -> None:
+    """Hash and fsync this rank's share of the payload (file ``i`` of the sorted list belongs to
+    rank ``i % world``) into ``shard-<rank>.json``."""
+    names = _payload_files(staging)
+    mine = [_digest_file(staging / rel, rel) for i, rel in enumerate(names) if i % world == rank]
+    doc = [{"path": d.path, "size": d.size, "sha256": d.sha256} for d in mine]
+    atomic_write_text(staging / f"shard-{rank}.json", json.dumps(doc))
+
+
+def _gather_shares(staging: Path, world: int) -> list[FileDigest]:
+    """Every rank's ``shard-<rank>.json``, as one file list sorted by path."""
+    files: list[FileDigest] = []
+    for r in range(world):
+        for item in json.loads((staging / f"shard-{r}.json").read_text(encoding="utf-8")):
+            files.append(FileDigest(item["path"], int(item["size"]), item["sha256"]))
+    return sorted(files, key=lambda d: d.path)
 
 
 def _payload_files(staging: Path) -> list[str]:
