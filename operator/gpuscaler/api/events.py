@@ -11,15 +11,31 @@ from datetime import datetime
 
 from gpuscaler.api.status import Condition, TrainingJobStatus
 
+MESSAGE_CHARS = 1000
+"""An Event's message is cut to this many characters (the API server refuses messages over 1 KiB)."""
+
+
+def capped(text: str) -> str:
+    """``text`` cut to :data:`MESSAGE_CHARS`: a status or condition message kept as short as an Event's."""
+    return text[:MESSAGE_CHARS]
+
 
 @dataclass(frozen=True)
 class Event:
-    """A Kubernetes Event to post on the TrainingJob."""
+    """A Kubernetes Event to post on the TrainingJob: the one place Events are built.
+
+    The message is cut to :data:`MESSAGE_CHARS` here, so no caller cuts it.
+    """
 
     type: str
     """Normal or Warning."""
     reason: str
+    """A :class:`gpuscaler.names.EventReason` (the observer's findings post their own types)."""
     message: str
+
+    def __post_init__(self) -> None:
+        if len(self.message) > MESSAGE_CHARS:
+            object.__setattr__(self, "message", capped(self.message))
 
 
 def set_condition(

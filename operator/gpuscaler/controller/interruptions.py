@@ -54,6 +54,7 @@ from gpuscaler.cloud.nodes import (
 from gpuscaler.controller.policy import Governance
 from gpuscaler.kube.reports import asked_step, trusted_report
 from gpuscaler.kube.workers import PodState
+from gpuscaler.names import EventReason
 from gpuscaler.planner import Interrupted, PlanResult, Situation, recover
 from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy.models import SpotRules
@@ -222,8 +223,8 @@ def begin_handshake(
                 annotate(p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid})
     st.message = f"node {notice.node}: {notice.describe()}; {when}"
     if notice.source.kind == "window":  # the end of a held capacity window: planned, not a failure
-        return [Event("Normal", "PlannedMove", st.message)]
-    return [Event("Warning", "Interrupted", st.message)]
+        return [Event("Normal", EventReason.PLANNED_MOVE, st.message)]
+    return [Event("Warning", EventReason.INTERRUPTED, st.message)]
 
 
 def handshake_done(
@@ -300,7 +301,7 @@ def record(
         if acked
         else f"resuming from the last checkpoint (step {step or 0})"
     )
-    return [Event("Normal" if acked else "Warning", "Checkpointed" if acked else "CheckpointMissed", text)]
+    return [Event("Normal" if acked else "Warning", EventReason.CHECKPOINTED if acked else "CheckpointMissed", text)]
 
 
 def open_record(st: TrainingJobStatus) -> InterruptionRecord | None:

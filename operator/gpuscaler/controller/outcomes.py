@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from gpuscaler.api.events import Event, set_condition
+from gpuscaler.api.events import Event, capped, set_condition
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.controller.policy import PolicyUnavailableError
 from gpuscaler.controller.reconcile import Outcome
 from gpuscaler.inputs import format_validation, iter_fields
-from gpuscaler.names import ConditionType
+from gpuscaler.names import ConditionType, EventReason
 
 
 def invalid_spec(current: TrainingJobStatus, err: ValidationError, generation: int) -> Outcome:
@@ -32,12 +32,12 @@ def invalid_spec(current: TrainingJobStatus, err: ValidationError, generation: i
     was = any(c.type == ConditionType.FAILED and c.reason == "InvalidSpec" and c.status == "True" for c in st.conditions)
     st.phase = Phase.FAILED
     st.completion_time = st.completion_time or now
-    st.message = f"invalid spec ({fields}): {message}"[:1000]
+    st.message = capped(f"invalid spec ({fields}): {message}")
     set_condition(st, ConditionType.PLANNED, False, "InvalidSpec", message, now, generation)
     set_condition(st, ConditionType.FAILED, True, "InvalidSpec", message, now, generation)
     st.observed_generation = generation
     if not was:
-        out.events.append(Event("Warning", "InvalidSpec", st.message))
+        out.events.append(Event("Warning", EventReason.INVALID_SPEC, st.message))
     return out
 
 
@@ -48,10 +48,10 @@ def policy_invalid(st: TrainingJobStatus, errors: Mapping[str, str], out: Outcom
     it turns true."""
     was = any(c.type == ConditionType.POLICY_INVALID and c.status == "True" for c in st.conditions)
     if errors:
-        message = "; ".join(errors.values()).replace("\n  ", " ")[:1000]
+        message = capped("; ".join(errors.values()).replace("\n  ", " "))
         set_condition(st, ConditionType.POLICY_INVALID, True, "InvalidPolicy", message, datetime.now(UTC), generation)
         if not was:
-            out.events.append(Event("Warning", "InvalidPolicy", message))
+            out.events.append(Event("Warning", EventReason.INVALID_POLICY, message))
     elif was:
         set_condition(st, ConditionType.POLICY_INVALID, False, "PoliciesValid", "every policy source is valid", datetime.now(UTC), generation)
 
@@ -62,6 +62,6 @@ def policy_unavailable(current: TrainingJobStatus, err: PolicyUnavailableError, 
     out = Outcome(st)
     if st.phase in (Phase.PENDING, Phase.PLANNING):
         st.phase = Phase.PENDING
-        st.message = f"not planned: no valid policy in force: {err}"[:1000]
+        st.message = capped(f"not planned: no valid policy in force: {err}")
     st.observed_generation = generation
     return out

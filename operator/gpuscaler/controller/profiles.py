@@ -30,12 +30,7 @@ from gpuscaler.api.events import Event
 from gpuscaler.api.status import TrainingJobStatus
 from gpuscaler.catalog import Catalog, UnknownIdError
 from gpuscaler.errors import GpuscalerError
-from gpuscaler.names import (
-    PROFILE_NOT_PRUNED_EVENT,
-    PROFILE_NOT_RECORDED_EVENT,
-    PROFILE_RECORDED_EVENT,
-    ConditionType,
-)
+from gpuscaler.names import ConditionType, EventReason
 from gpuscaler.planner.correction import CorrectionConfig, ProgressPoint
 from gpuscaler.planner.job import resolve_workload
 from gpuscaler.planner.profile_docs import from_document, profile_name, to_document
@@ -50,9 +45,6 @@ from gpuscaler.planner.profiles import (
     updated,
 )
 from gpuscaler.settings import Settings
-
-EVENT_MESSAGE_CHARS = 1000
-"""Event messages are cut to this many characters (as the loop's)."""
 
 
 class ProfileApi(Protocol):
@@ -223,24 +215,24 @@ class Recorder:
         )
         if isinstance(got, NotMeasured):
             kind = "Warning" if got.suspect else "Normal"
-            return [Event(kind, PROFILE_NOT_RECORDED_EVENT, f"no performance profile from this run: {got.text}"[:EVENT_MESSAGE_CHARS])]
+            return [Event(kind, EventReason.PROFILE_NOT_RECORDED, f"no performance profile from this run: {got.text}")]
         try:
             workload = resolve_workload(spec.workload, self.catalog)
         except UnknownIdError as err:
-            return [Event("Warning", PROFILE_NOT_RECORDED_EVENT, f"no performance profile: {err}"[:EVENT_MESSAGE_CHARS])]
+            return [Event("Warning", EventReason.PROFILE_NOT_RECORDED, f"no performance profile: {err}")]
         sig = signature_of(spec.workload, workload.id)
         key = ProfileKey(sig.id, plan.gpu_type, plan.gpus, plan.nodes, plan.micro_batch, plan.accumulation, plan.precision)
         try:
             profile, name = self._write(namespace, key, got, sig.workload, sig.shape, plan.instance_type, workload.unit)
         except GpuscalerError as err:
-            return [Event("Warning", PROFILE_NOT_RECORDED_EVENT, f"writing the performance profile: {err}"[:EVENT_MESSAGE_CHARS])]
+            return [Event("Warning", EventReason.PROFILE_NOT_RECORDED, f"writing the performance profile: {err}")]
         events = [
             Event(
                 "Normal",
-                PROFILE_RECORDED_EVENT,
+                EventReason.PROFILE_RECORDED,
                 f"PerformanceProfile {name}: {got.throughput:,.1f} {workload.unit}/s measured over {got.window_s:.0f} s "
                 f"on {key.describe()} ({got.throughput / model:.2f}x the model); {profile.source()}, "
-                f"{profile.throughput:,.1f}/s +-{profile.log_sigma(self.config.memory_runs):.0%}"[:EVENT_MESSAGE_CHARS],
+                f"{profile.throughput:,.1f}/s +-{profile.log_sigma(self.config.memory_runs):.0%}",
             )
         ]
         gone = [*self.book.put(namespace, profile), *self.book.take_stale(namespace)]
@@ -251,7 +243,7 @@ class Recorder:
             try:
                 self.api.delete(namespace, old_name)
             except GpuscalerError as err:
-                events.append(Event("Warning", PROFILE_NOT_PRUNED_EVENT, f"{err}"[:EVENT_MESSAGE_CHARS]))
+                events.append(Event("Warning", EventReason.PROFILE_NOT_PRUNED, f"{err}"))
         return events
 
     def _write(

@@ -34,6 +34,7 @@ from gpuscaler.cloud import NodeRequest
 from gpuscaler.kube import jobset as js
 from gpuscaler.kube import kueue
 from gpuscaler.kube.workers import WorkerPlan
+from gpuscaler.names import EventReason
 
 if TYPE_CHECKING:
     from gpuscaler.controller.reconcile import Job, StepContext
@@ -116,7 +117,7 @@ def enqueue(
     )
     start_jobset(gangs, ctx.job, wp, queue, max_restarts)
     st.message = kueue.queued_message(queue, None)
-    ctx.event("Normal", "Queued", f"gang submitted to LocalQueue {queue} as JobSet {js.jobset_name(ctx.job.name, st.attempt)}")
+    ctx.event("Normal", EventReason.QUEUED, f"gang submitted to LocalQueue {queue} as JobSet {js.jobset_name(ctx.job.name, st.attempt)}")
     return True
 
 
@@ -132,7 +133,7 @@ def admission(gangs: GangClient | None, ctx: StepContext) -> bool:
         return False
     ctx.event(
         "Normal",
-        "Admitted",
+        EventReason.ADMITTED,
         f"Kueue admitted the gang in ClusterQueue {state.cluster_queue} on flavor {state.flavor}"
         + (f" (the plan's is {st.queue.expected_flavor})" if st.queue.expected_flavor not in (None, state.flavor) else ""),
     )
@@ -151,7 +152,7 @@ def evicted(gangs: GangClient | None, ctx: StepContext) -> bool:
     st.interruptions += 1
     st.phase = Phase.RECOVERING
     st.message = f"Kueue {state.reason}; the workers checkpoint on SIGTERM and the gang goes back into {st.queue.name}"
-    ctx.event("Warning", "Evicted", st.message[:1000])
+    ctx.event("Warning", EventReason.EVICTED, st.message)
     return True
 
 

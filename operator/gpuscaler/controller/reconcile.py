@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from gpuscaler.api import TrainingJobSpec
-from gpuscaler.api.events import Event, set_condition
+from gpuscaler.api.events import Event, capped, set_condition
 from gpuscaler.api.status import (
     Phase,
     PlanStatus,
@@ -65,7 +65,7 @@ from gpuscaler.kube.workers import (
     worker_pod,
     worker_rbac,
 )
-from gpuscaler.names import DO_NOT_DISRUPT_ANNOTATION, ConditionType
+from gpuscaler.names import DO_NOT_DISRUPT_ANNOTATION, ConditionType, EventReason
 from gpuscaler.observe.controller import JobContext, Observer
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult, remaining_spec
@@ -332,7 +332,7 @@ class Reconciler:
             st.message = f"not provisioned: {err}"
         st.observed_generation = job.generation
         if not was:
-            out.events.append(Event("Warning", "PolicyViolation", str(err)[:1000]))
+            out.events.append(Event("Warning", EventReason.POLICY_VIOLATION, str(err)))
         return out
 
     def _step(self, ctx: StepContext) -> None:
@@ -348,7 +348,7 @@ class Reconciler:
         if job.spec.suspend and st.phase not in (Phase.PENDING, Phase.PLANNING):
             self._stop_gang(ctx, ctx.nodes)
             st.phase = Phase.PENDING
-            ctx.event("Normal", "Suspended", "spec.suspend is true: workers and nodes released")
+            ctx.event("Normal", EventReason.SUSPENDED, "spec.suspend is true: workers and nodes released")
 
         replan = st.plan is None or (
             st.phase in (Phase.PENDING, Phase.PLANNING) and st.plan.generation != job.generation
@@ -417,7 +417,7 @@ class Reconciler:
             st.message = f"cannot plan: {err}"
             ctx.condition(ConditionType.PLANNED, False, "InvalidSpec", str(err))
             ctx.condition(ConditionType.FAILED, True, "InvalidSpec", str(err))
-            ctx.event("Warning", "InvalidSpec", st.message[:1000])
+            ctx.event("Warning", EventReason.INVALID_SPEC, st.message)
             return False
         ctx.out.plan_seconds = time.perf_counter() - t0
         ctx.out.planned = True
@@ -433,14 +433,14 @@ class Reconciler:
             st.completion_time = now
             st.message = f"infeasible: {why}"
             ctx.condition(ConditionType.FAILED, True, "Infeasible", why)
-            ctx.event("Warning", "Infeasible", why[:1000])
+            ctx.event("Warning", EventReason.INFEASIBLE, why)
             return False
         plan = self._adopt(ctx, result, "Planned")
         msg = (
             f"{plan.summary}: expected {plan.expected_hours:.2f} h, ${plan.expected_cost_usd:,.2f} "
             f"at ${plan.usd_per_hour:,.2f}/h; {result.why}"
         )
-        ctx.event("Normal", "Planned", msg[:1000])
+        ctx.event("Normal", EventReason.PLANNED, msg)
         if st.phase is Phase.PLANNING:
             st.phase = Phase.PENDING
         return True
@@ -477,7 +477,7 @@ class Reconciler:
             was = any(c.type == ConditionType.PRICES_STALE and c.status == "True" for c in st.conditions)
             ctx.condition(ConditionType.PRICES_STALE, fresh.stale, fresh.reason, fresh.message)
             if fresh.stale and not was:
-                ctx.event("Warning", "PricesStale", f"{plan.summary} planned on stale prices: {fresh.message}"[:1000])
+                ctx.event("Warning", EventReason.PRICES_STALE, f"{plan.summary} planned on stale prices: {fresh.message}")
         return plan
 
     def _planner(self, ctx: StepContext) -> Planner:
@@ -556,8 +556,8 @@ class Reconciler:
             return False
         st.message = f"not starting workers: {why}"
         if had is None or had.status == "True":
-            ctx.event("Warning", "WorkerAdmissionPolicyMissing", st.message[:1000])
-        ctx.condition(ConditionType.WORKER_ADMISSION, False, "PolicyMissing", why[:1000])
+            ctx.event("Warning", EventReason.WORKER_ADMISSION_POLICY_MISSING, st.message)
+        ctx.condition(ConditionType.WORKER_ADMISSION, False, "PolicyMissing", capped(why))
         return True
 
     def _begin_gang(self, ctx: StepContext) -> None:
@@ -594,7 +594,7 @@ class Reconciler:
         st.phase = Phase.PLANNING
         if self._plan(ctx) and st.plan is not None:
             st.plan.why = f"chosen within the Kueue quota left: {before} has none ({why}); {st.plan.why}"
-            ctx.event("Normal", "ReplannedWithinQuota", f"{before} -> {st.plan.summary}: {why}"[:1000])
+            ctx.event("Normal", EventReason.REPLANNED_WITHIN_QUOTA, f"{before} -> {st.plan.summary}: {why}")
             self._begin_gang(ctx)
 
     def _back_off(self, ctx: StepContext, nodes: list[NodeState], reason: str) -> None:
@@ -657,7 +657,7 @@ class Reconciler:
         self._back_off(ctx, nodes, why)
         ctx.event(
             "Warning",
-            "GangTimeout",
+            EventReason.GANG_TIMEOUT,
             f"{why}; released {len(nodes)} node(s) and {len(ctx.pods)} worker(s); "
             f"{st.plan.instance_type} {st.plan.capacity_type} left out for {self.config.capacity_backoff_s:g}s",
         )
@@ -677,7 +677,7 @@ class Reconciler:
         if created:
             ctx.event(
                 "Normal",
-                "ScaledUp",
+                EventReason.SCALED_UP,
                 f"requested {len(created)} x {request.instance.name} ({request.capacity.value}) "
                 f"for {request.count} planned node(s): {', '.join(created[:5])}",
             )
@@ -693,7 +693,7 @@ class Reconciler:
         st.nodes = sorted({n.name for n in nodes} | set(created))
         if len(ready) >= request.count:
             ctx.condition(ConditionType.NODES_READY, True, "NodesReady", f"{len(ready)} node(s) Ready")
-            ctx.event("Normal", "NodesReady", f"all {request.count} node(s) Ready")
+            ctx.event("Normal", EventReason.NODES_READY, f"all {request.count} node(s) Ready")
             st.phase = Phase.STARTING
             self._starting(ctx, request, nodes)
             return
@@ -759,7 +759,7 @@ class Reconciler:
             st.phase = Phase.RUNNING
             st.message = f"{request.count} worker(s) running"
             ctx.condition(ConditionType.RUNNING, True, "Started", st.message)
-            reason, verb = ("Started", "started") if first else ("Recovered", "recovered and resumed")
+            reason, verb = (EventReason.STARTED, "started") if first else (EventReason.RECOVERED, "recovered and resumed")
             after = "" if first else spot.recovered(st, ctx.now)
             ctx.event(
                 "Normal",
@@ -782,7 +782,7 @@ class Reconciler:
         if events and events[-1].reason == "NodesReady":
             events[-1] = replace(events[-1], message=f"{events[-1].message}; {text}")
         else:
-            ctx.event("Normal", "WorkersCreated", text)
+            ctx.event("Normal", EventReason.WORKERS_CREATED, text)
 
     def _nodes_for_pods(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
         """While the workers wait for nodes a provider launches for them: status.nodes, NodesReady."""
@@ -798,7 +798,7 @@ class Reconciler:
             f"{ready}/{request.count} node(s) Ready",
         )
         if ready >= request.count and not was:
-            ctx.event("Normal", "NodesReady", f"all {request.count} node(s) Ready")
+            ctx.event("Normal", EventReason.NODES_READY, f"all {request.count} node(s) Ready")
 
     def _preempted(self, pod: PodState, nodes: list[NodeState], now: datetime) -> str | None:
         """Why a failed worker counts as preempted (None: a failure), from what the operator knows."""
@@ -828,11 +828,11 @@ class Reconciler:
                 st.message = f"{why}; backoff limit {self.config.backoff_limit} reached"
                 ctx.condition(ConditionType.FAILED, True, "BackoffLimitExceeded", st.message)
                 ctx.condition(ConditionType.RUNNING, False, "Failed", why)
-                ctx.event("Warning", "Failed", st.message)
+                ctx.event("Warning", EventReason.FAILED, st.message)
                 return True
             st.phase = Phase.RECOVERING
             st.message = f"{why}; restarting the gang (failure {st.failures} of {self.config.backoff_limit} allowed)"
-            ctx.event("Warning", "WorkerFailed", st.message)
+            ctx.event("Warning", EventReason.WORKER_FAILED, st.message)
             ctx.condition(ConditionType.RUNNING, False, "WorkerFailed", why)
             return True
         if preempted or orphaned:
@@ -840,7 +840,7 @@ class Reconciler:
             st.phase = Phase.RECOVERING
             how = f"was preempted ({why_preempted[preempted[0].name]})" if preempted and not orphaned else "lost its node"
             st.message = f"interrupted: {names} {how}; resuming from the last checkpoint"
-            ctx.event("Warning", "Interrupted", st.message)
+            ctx.event("Warning", EventReason.INTERRUPTED, st.message)
             ctx.condition(ConditionType.RUNNING, False, "Interrupted", st.message)
             lost = (orphaned or preempted)[0]
             signal = NODE_DELETED if orphaned else WORKER_PREEMPTED
@@ -863,7 +863,7 @@ class Reconciler:
             ctx.condition(ConditionType.COMPLETE, True, "Succeeded", st.message)
             self._release(ctx, nodes)
             took = format_duration((now - (st.start_time or now)).total_seconds())
-            ctx.event("Normal", "Succeeded", f"training done in {took}; nodes released")
+            ctx.event("Normal", EventReason.SUCCEEDED, f"training done in {took}; nodes released")
             return
         if queueing.evicted(self.gangs, ctx):  # first: the workers Kueue stops fail, and that is no failure
             return
@@ -873,7 +873,7 @@ class Reconciler:
             st.interruptions += 1
             st.phase = Phase.RECOVERING
             st.message = f"{request.count - len(live)} worker(s) disappeared; restarting the gang"
-            ctx.event("Warning", "Interrupted", st.message)
+            ctx.event("Warning", EventReason.INTERRUPTED, st.message)
             return
         measured = preemption_cost.measured_write_s(st, pods, self.config.spot.checkpoint_write_max_s)
         notice = spot.detect(nodes, now, self.config.spot) or window_closing(st, nodes, now, measured)
@@ -945,10 +945,10 @@ class Reconciler:
             st.phase = Phase.PLANNING
             st.plan = None
             st.message = f"no plan for the rest right now: {rp.action}"
-            ctx.event("Warning", "Infeasible", st.message[:1000])
+            ctx.event("Warning", EventReason.INFEASIBLE, st.message)
             return False
         self._adopt(ctx, rp.result, "Replanned", total_samples=st.plan.total_samples, why=rp.action)
-        ctx.event("Normal", "Replanned", rp.action[:1000])
+        ctx.event("Normal", EventReason.REPLANNED, rp.action)
         return True
 
     def _recovering(self, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
@@ -992,7 +992,7 @@ class Reconciler:
         self._worker_identity(ctx, wp)
         if queueing.start_jobset(self.gangs, ctx.job, wp, None, self.config.backoff_limit):
             ctx.event(
-                "Normal", "WorkersCreated",
+                "Normal", EventReason.WORKERS_CREATED,
                 f"created JobSet {jobset_name(wp.job_name, wp.attempt)} of {request.count} worker(s) (attempt {wp.attempt})",
             )
 
@@ -1016,7 +1016,7 @@ class Reconciler:
         st.released_cost_usd = round(st.released_cost_usd, 4)
         st.nodes = sorted(set(st.nodes) - deleted)
         if deleted:
-            ctx.event("Normal", "ScaledDown", f"released {len(deleted)} node(s): {', '.join(sorted(deleted)[:5])}")
+            ctx.event("Normal", EventReason.SCALED_DOWN, f"released {len(deleted)} node(s): {', '.join(sorted(deleted)[:5])}")
 
     def _progress(self, ctx: StepContext) -> None:
         """status.progress from the writer's checked reports (gpuscaler.kube.reports); what was
@@ -1055,9 +1055,9 @@ class Reconciler:
             if had is not None and had.status == "False":
                 ctx.condition(ConditionType.WORKER_REPORTS, True, "Valid", "the workers' reports pass every check")
             return
-        text = report_summary(rep.rejected)[:1000]
+        text = capped(report_summary(rep.rejected))
         if had is None or had.status == "True" or had.message != text:
-            ctx.event("Warning", "ReportRejected", text)
+            ctx.event("Warning", EventReason.REPORT_REJECTED, text)
         ctx.condition(ConditionType.WORKER_REPORTS, False, "Rejected", text)
 
     def _cost(self, ctx: StepContext) -> None:

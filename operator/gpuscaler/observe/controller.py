@@ -39,7 +39,7 @@ from typing import Protocol
 from gpuscaler.api.events import Event, set_condition
 from gpuscaler.api.status import ObservedStatus, ProgressSample, TrainingJobStatus
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
-from gpuscaler.names import ConditionType
+from gpuscaler.names import ConditionType, EventReason
 from gpuscaler.observe.assess import (
     Assessment,
     Expectation,
@@ -209,7 +209,7 @@ class Observer:
             except PrometheusError as err:
                 text = f"Prometheus unavailable: {err}"
                 if not obs.message.startswith(text):
-                    out.events.append(Event("Warning", "ObserveFailed", text[:1000]))
+                    out.events.append(Event("Warning", EventReason.OBSERVE_FAILED, text))
                 obs.message = text
                 metrics = None
             if metrics is not None:
@@ -299,7 +299,7 @@ class Observer:
             out.events.append(
                 Event(
                     "Normal",
-                    "ModelCorrected",
+                    EventReason.MODEL_CORRECTED,
                     f"{c.reason}: efficiency factor on {gpu} {current:.2f} -> {c.factor:.2f} (from the progress "
                     "annotations; applied when re-planning)",
                 )
@@ -390,7 +390,7 @@ class Observer:
             out.events.append(
                 Event(
                     "Normal",
-                    "ModelCorrected",
+                    EventReason.MODEL_CORRECTED,
                     f"{a.summary}: efficiency factor on {gpu} {before:.2f} -> {a.factor:.2f} (applied when re-planning)",
                 )
             )
@@ -400,7 +400,7 @@ class Observer:
             was = next((c for c in st.conditions if c.type == f.type), None)
             set_condition(st, f.type, True, f.reason, f.message, now, generation)
             if was is None or was.status != "True":
-                out.events.append(Event("Warning", f.type, f.message[:1000]))
+                out.events.append(Event("Warning", f.type, f.message))
         for c in list(st.conditions):
             if c.type in BOTTLENECKS and c.type not in found and c.status == "True":
                 set_condition(st, c.type, False, "NotObserved", f"no longer observed: {a.summary}", now, generation)
@@ -449,7 +449,7 @@ class Observer:
         obs.replan_reason = decision.reason
         obs.replan_after_checkpoint_step = checkpoint_step
         at = f"after checkpoint step {checkpoint_step}" if checkpoint_step is not None else "at the first checkpoint"
-        out.events.append(Event("Normal", "ReplanPending", f"{decision.reason}; moving {at}"[:1000]))
+        out.events.append(Event("Normal", EventReason.REPLAN_PENDING, f"{decision.reason}; moving {at}"))
 
     def _checkpoint_reached(self, obs: ObservedStatus, checkpoint_step: int | None) -> bool:
         if checkpoint_step is None:
@@ -472,13 +472,13 @@ class Observer:
         obs.replan_after_checkpoint_step = None
         obs.replan_reason = decision.reason
         if not decision.replan or result.chosen is None:
-            out.events.append(Event("Normal", "ReplanCancelled", f"at checkpoint step {checkpoint_step}: {decision.reason}"[:1000]))
+            out.events.append(Event("Normal", EventReason.REPLAN_CANCELLED, f"at checkpoint step {checkpoint_step}: {decision.reason}"))
             return
         obs.last_replan = now
         obs.replans += 1
         out.replan = result
         out.events.append(
-            Event("Normal", "Replanned", f"at checkpoint step {checkpoint_step}: {decision.reason}"[:1000])
+            Event("Normal", EventReason.REPLANNED, f"at checkpoint step {checkpoint_step}: {decision.reason}")
         )
 
 
