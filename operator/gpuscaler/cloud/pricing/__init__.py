@@ -65,8 +65,9 @@ class PriceSourceError(TemporaryError, RuntimeError):
         self.kind = kind
 
 
-class RetryableError(Exception):
-    """Raised inside :func:`with_retries` by a call that may pass if tried again."""
+class RetryableError(TemporaryError):
+    """Raised inside :func:`with_retries` by a call that may pass if tried again (temporary: it never
+    leaves :func:`with_retries`, which turns the last one into a :class:`PriceSourceError`)."""
 
 
 class PriceSource(Protocol):
