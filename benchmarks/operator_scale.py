@@ -87,6 +87,7 @@ from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
 from gpuscaler.handlers.trainingjob import USER_AGENT as OPERATOR_AGENT
 from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
 from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
+from gpuscaler.testing import pinned, training_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -143,17 +144,7 @@ NOTICE_BUDGET_S = 2.0
 
 
 def job(i: int | str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuscaler.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": i if isinstance(i, str) else f"bench-{i}"},
-        "spec": {
-            "workload": {"model": "resnet50"},
-            "globalBatch": 256,
-            "training": {"epochs": 1},
-            "constraints": {"instanceTypes": [INSTANCE_TYPE], "minGpus": 1, "maxGpus": 1, "spot": "never"},
-        },
-    }
+    return training_job(i if isinstance(i, str) else f"bench-{i}", constraints=pinned(INSTANCE_TYPE))
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from gpuscaler.devcluster.cluster import apply_crds, existing_or_private
+from gpuscaler.testing import pinned, training_job, worker_template
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e"))
@@ -40,27 +41,14 @@ NOTICE_S = 30.0
 
 
 def job(name: str, steps: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuscaler.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workload": {"model": "resnet50"},
-            "globalBatch": 256,
-            "training": {"steps": steps},
-            "maxDuration": "4h",
-            "constraints": {
-                "instanceTypes": ["g4dn.xlarge", "g5.xlarge", "g6.xlarge"],
-                "minGpus": 1,
-                "maxGpus": 1,
-                "spot": "preferred",
-            },
-            "checkpoint": {"intervalSeconds": 10, "restartSeconds": 30},
-            "template": {
-                "spec": {"containers": [{"name": "train", "image": "registry.invalid/trainer:bench"}]}
-            },
-        },
-    }
+    return training_job(
+        name,
+        training={"steps": steps},
+        maxDuration="4h",
+        constraints=pinned(["g4dn.xlarge", "g5.xlarge", "g6.xlarge"], 1, "preferred"),
+        checkpoint={"intervalSeconds": 10, "restartSeconds": 30},
+        template=worker_template("registry.invalid/trainer:bench"),
+    )
 
 
 def wait(pred: Any, timeout: float, what: str, interval: float = 0.05) -> Any:

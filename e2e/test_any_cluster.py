@@ -17,8 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import any_cluster
+import operator_helpers
 import test_kind_manifests
-import test_operator
 from e2e_helpers import E2ECluster
 from gpuscaler.cloud import JOB_LABEL, job_label_value
 from gpuscaler.names import FINALIZER
@@ -155,10 +155,10 @@ def test_sweep_removes_what_a_failed_test_left_and_nothing_else(
     those, and not what belongs to a namespace outside the swept session."""
     left = f"left-{uuid.uuid4().hex[:5]}"
     core.create_namespace({"metadata": {"name": left, "labels": {any_cluster.SESSION_LABEL: existing.session}}})
-    job = test_operator.job_manifest("stuck")
+    job = operator_helpers.job_manifest("stuck")
     job["metadata"]["finalizers"] = [FINALIZER]
     custom: Any = client.CustomObjectsApi(existing.api)
-    custom.create_namespaced_custom_object(test_operator.GROUP, test_operator.VERSION, left, test_operator.PLURAL, job)
+    custom.create_namespaced_custom_object(operator_helpers.GROUP, operator_helpers.VERSION, left, operator_helpers.PLURAL, job)
     nodes, roles = {}, {}
     rbac: Any = client.RbacAuthorizationV1Api(existing.api)
     for ns in (left, namespace):  # the second belongs to this test, not to the swept session

@@ -20,16 +20,13 @@ from typing import Any
 
 import pytest
 
-import test_operator
 import test_spot
 from e2e_helpers import E2ECluster, wait_for
+from operator_helpers import OperatorProcess, apply, event_reasons, get_job, job_nodes, wait_phase
 from spot_harness import Harness
-from test_operator import OperatorProcess, apply, event_reasons, get_job, job_nodes, wait_phase
 
 pytestmark = pytest.mark.timeout(720)
 
-custom = test_operator.custom
-operator = test_operator.operator
 harness = test_spot.harness
 
 STEP_S = 0.02

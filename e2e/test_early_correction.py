@@ -20,15 +20,13 @@ from typing import Any
 
 import pytest
 
-import test_operator
 from e2e_helpers import E2ECluster, wait_for
+from gpuscaler.testing import pinned, training_job, worker_template
+from operator_helpers import OperatorProcess, apply, event_reasons, get_job, wait_phase
 from spot_harness import Harness
-from test_operator import OperatorProcess, apply, event_reasons, get_job, wait_phase
 
 pytestmark = pytest.mark.timeout(240)
 
-custom = test_operator.custom
-operator = test_operator.operator
 
 SLOWER = 0.7
 """Real throughput / predicted: the workers run 30% below the plan."""
@@ -44,23 +42,17 @@ POLICY = "name: e2e-correction\nminCheckpointIntervalS: 10\n"
 
 
 def job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuscaler.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workload": {"model": "resnet50"},
-            "globalBatch": SAMPLES_PER_STEP,
-            "training": {"steps": 20000},
-            # g5.xlarge's predicted 2.19 h meets 2.7 h within the 30% P(miss) this job accepts (the
-            # model's error on a GDDR GPU); at 70% of that speed it needs 3.1 h (as tests/test_observe_correction.py)
-            "maxDuration": "2.7h",
-            "constraints": {"instanceTypes": ["g5.xlarge", "p3.2xlarge"], "minGpus": 1, "maxGpus": 1,
-                            "spot": "never", "maxDeadlineRisk": 0.3},
-            "checkpoint": {"intervalSeconds": 10, "restartSeconds": 30, "writeSeconds": 0.1, "dir": "/checkpoints"},
-            "template": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/gpuscaler/trainer:e2e"}]}},
-        },
-    }
+    return training_job(
+        name,
+        globalBatch=SAMPLES_PER_STEP,
+        training={"steps": 20000},
+        # g5.xlarge's predicted 2.19 h meets 2.7 h within the 30% P(miss) this job accepts (the
+        # model's error on a GDDR GPU); at 70% of that speed it needs 3.1 h (as tests/test_observe_correction.py)
+        maxDuration="2.7h",
+        constraints={**pinned(["g5.xlarge", "p3.2xlarge"]), "maxDeadlineRisk": 0.3},
+        checkpoint={"intervalSeconds": 10, "restartSeconds": 30, "writeSeconds": 0.1, "dir": "/checkpoints"},
+        template=worker_template(),
+    )
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.api import TrainingJob
 from gpuscaler.catalog import load_catalog
 from gpuscaler.planner import plan
-from test_operator import OperatorProcess, get_job, kubectl
+from operator_helpers import OperatorProcess, get_job, kubectl
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if yaml.safe_load(p.read_text()).get("kind") == "TrainingJob")

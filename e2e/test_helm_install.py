@@ -27,6 +27,7 @@ from kubernetes import client
 import test_providers_crds as upstream
 from e2e_helpers import E2ECluster, rbac_checked, service_account_kubeconfig, wait_for
 from gpuscaler.devcluster.cluster import wait_established
+from gpuscaler.testing import pinned, training_job, worker_template
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("helm")]
 
@@ -366,20 +367,9 @@ def test_operator_runs_a_job_with_the_charts_credentials(
                 return False
 
         wait_for(healthy, timeout=60, interval=0.5, what="the operator's /healthz (the chart's probes)")
-        job = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TrainingJob",
-            "metadata": {"name": "rbac"},
-            "spec": {
-                "workload": {"model": "resnet50"},
-                "globalBatch": 256,
-                "training": {"epochs": 1},
-                "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"},
-                "template": {
-                    "spec": {"containers": [{"name": "train", "image": "registry.invalid/trainer:e2e"}]}
-                },
-            },
-        }
+        job = training_job(
+            "rbac", constraints=pinned("p3.2xlarge"), template=worker_template("registry.invalid/trainer:e2e")
+        )
         run(dev_cluster, "kubectl", "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(job))
 
         def phase() -> str:

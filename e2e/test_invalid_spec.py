@@ -22,7 +22,8 @@ from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.devcluster.cluster import apply_crds
-from test_operator import OperatorProcess, kubectl
+from gpuscaler.testing import training_job
+from operator_helpers import OperatorProcess, kubectl
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP, VERSION, PLURAL = "gpuscaler.io", "v1alpha1", "trainingjobs"
@@ -51,7 +52,7 @@ def loose(dev_cluster: E2ECluster, crd: None, tmp_path: Path) -> Iterator[None]:
 
 
 def job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name}, "spec": spec}
+    return training_job(name, **spec)
 
 
 BASE = {"workload": {"model": "resnet50"}, "globalBatch": 256, "training": {"epochs": 1},

@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.cloud import JobRef
 from karpenter_helpers import NODE_CLASS, job_nodes, run_karpenter, tail
-from test_operator import (
+from operator_helpers import (
     OperatorProcess,
     apply,
     event_reasons,

@@ -38,9 +38,7 @@ from gpuscaler.kube import kueue
 from gpuscaler.kube.workers import WorkerPlan
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOBSET_NAME_LABEL
 from gpuscaler.runtime import constants as rc
-from spot_harness import Harness
-from test_helm_install import install, sa_kubeconfig
-from test_operator import (
+from operator_helpers import (
     ROOT,
     OperatorProcess,
     apply,
@@ -51,6 +49,8 @@ from test_operator import (
     kubectl,
     wait_phase,
 )
+from spot_harness import Harness
+from test_helm_install import install, sa_kubeconfig
 from test_spot import POLICY, STEP_S, finish, progressed, running_node, spot_job, taint
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")

@@ -30,7 +30,7 @@ import yaml
 from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
-from test_operator import OperatorProcess, get_job, job_manifest, kubectl
+from operator_helpers import OperatorProcess, get_job, job_manifest, kubectl
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
-from test_operator import OperatorProcess, apply, event_reasons, get_job, job_manifest, kubectl, wait_phase
+from operator_helpers import OperatorProcess, apply, event_reasons, get_job, job_manifest, kubectl, wait_phase
 
 if TYPE_CHECKING:  # imported by pytest as a plugin; importing it here too would skip its assert rewriting
     from prometheus_fixture import PrometheusServer

@@ -31,15 +31,13 @@ from typing import Any
 import pytest
 import yaml
 
-import test_operator
 from e2e_helpers import E2ECluster, wait_for
+from gpuscaler.testing import pinned, training_job, worker_template
+from operator_helpers import OperatorProcess, apply, event_reasons, get_job, job_pods, kubectl, wait_phase
 from spot_harness import Harness, Harnesses
-from test_operator import OperatorProcess, apply, event_reasons, get_job, job_pods, kubectl, wait_phase
 
 pytestmark = pytest.mark.timeout(420)
 
-custom = test_operator.custom
-operator = test_operator.operator
 
 GROUP, VERSION, PROFILES = "gpuscaler.io", "v1alpha1", "performanceprofiles"
 SLOWER = 0.7
@@ -57,19 +55,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def job(name: str, steps: int = STEPS) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuscaler.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workload": {"model": "resnet50"},
-            "globalBatch": SAMPLES_PER_STEP,
-            "training": {"steps": steps},
-            "constraints": {"instanceTypes": ["g5.xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"},
-            "checkpoint": {"restartSeconds": 30, "writeSeconds": 0.1, "dir": "/checkpoints"},
-            "template": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/gpuscaler/trainer:e2e"}]}},
-        },
-    }
+    return training_job(
+        name,
+        globalBatch=SAMPLES_PER_STEP,
+        training={"steps": steps},
+        constraints=pinned("g5.xlarge"),
+        checkpoint={"restartSeconds": 30, "writeSeconds": 0.1, "dir": "/checkpoints"},
+        template=worker_template(),
+    )
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ import yaml
 from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
-from test_operator import OperatorProcess, kubectl
+from gpuscaler.testing import pinned, training_job, worker_template
+from operator_helpers import OperatorProcess, kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -53,18 +54,7 @@ def test_namespace_budget_stops_a_job_and_a_policy_change_lets_it_through(
     name = f"budget-{uuid.uuid4().hex[:5]}"
     kubectl(dev_cluster, "apply", "-f", "-", stdin=yaml.safe_dump(policy(name, namespace, 0.01)))
     try:
-        job = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TrainingJob",
-            "metadata": {"name": "capped"},
-            "spec": {
-                "workload": {"model": "resnet50"},
-                "globalBatch": 256,
-                "training": {"epochs": 1},
-                "constraints": {"instanceTypes": ["p3.2xlarge"], "minGpus": 1, "maxGpus": 1, "spot": "never"},
-                "template": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/t:e2e"}]}},
-            },
-        }
+        job = training_job("capped", constraints=pinned("p3.2xlarge"), template=worker_template("registry.invalid/t:e2e"))
         kubectl(dev_cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(job))
 
         def status() -> dict[str, Any]:

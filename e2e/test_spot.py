@@ -23,15 +23,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-import test_operator
 from e2e_helpers import E2ECluster, wait_for
+from gpuscaler.testing import pinned, training_job, worker_template
+from operator_helpers import OperatorProcess, apply, event_reasons, get_job, job_nodes, wait_phase
 from spot_harness import Harness, reference_weights
-from test_operator import OperatorProcess, apply, event_reasons, get_job, job_nodes, wait_phase
 
 pytestmark = pytest.mark.timeout(240)
 
-custom = test_operator.custom
-operator = test_operator.operator
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
 
 INTERVAL_S = 10
@@ -44,21 +42,15 @@ SPOT_TYPES = ["g4dn.xlarge", "g5.xlarge", "g6.xlarge", "p3.2xlarge"]
 
 
 def spot_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuscaler.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "workload": {"model": "resnet50"},
-            "globalBatch": 256,
-            "training": {"steps": steps},
-            "maxDuration": "4h",
-            "constraints": {"instanceTypes": SPOT_TYPES, "minGpus": 1, "maxGpus": 1, "spot": "preferred"},
-            "checkpoint": {"intervalSeconds": INTERVAL_S, "restartSeconds": 30, "dir": "/checkpoints"},
-            "template": {"spec": {"containers": [{"name": "train", "image": "registry.invalid/gpuscaler/trainer:e2e"}]}},
-            **spec,
-        },
-    }
+    return training_job(
+        name,
+        training={"steps": steps},
+        maxDuration="4h",
+        constraints=pinned(SPOT_TYPES, 1, "preferred"),
+        checkpoint={"intervalSeconds": INTERVAL_S, "restartSeconds": 30, "dir": "/checkpoints"},
+        template=worker_template(),
+        **spec,
+    )
 
 
 @pytest.fixture

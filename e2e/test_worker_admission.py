@@ -21,12 +21,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-import test_operator
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.kube import admission
 from gpuscaler.runtime import KubeReporter
 from gpuscaler.runtime.progress import Progress
-from test_operator import (
+from operator_helpers import (
     OperatorProcess,
     apply,
     event_reasons,
@@ -38,8 +37,6 @@ from test_operator import (
 )
 from test_worker_rbac import WORKER, refused, token_client, two_running_jobs, wait_enforced
 
-custom = test_operator.custom
-operator = test_operator.operator
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
 
 POLICY = admission.POLICY_NAME

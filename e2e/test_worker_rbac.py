@@ -27,14 +27,11 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-import test_operator
 from e2e_helpers import E2ECluster, service_account_kubeconfig, wait_for
 from gpuscaler.runtime import KubeReporter
 from gpuscaler.runtime.progress import Progress
-from test_operator import OperatorProcess, apply, get_job, job_manifest, job_pods, kubectl, wait_phase
+from operator_helpers import OperatorProcess, apply, get_job, job_manifest, job_pods, kubectl, wait_phase
 
-custom = test_operator.custom
-operator = test_operator.operator
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
 
 WORKER = "gpuscaler-worker"

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from e2e_helpers import E2ECluster
-from test_operator import OperatorProcess, apply, job_manifest, job_nodes, job_pods, kubectl, wait_phase
+from operator_helpers import OperatorProcess, apply, job_manifest, job_nodes, job_pods, kubectl, wait_phase
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ from gpuscaler.kube.workers import WORKER_SERVICE_ACCOUNT
 from gpuscaler.names import ConditionType
 from gpuscaler.runtime.constants import REPORTED_ANNOTATIONS
 from gpuscaler.settings import Settings
+from helm_helpers import CHART, env_of, one, render
 from loop_harness import World, make_job
-from test_helm_chart import CHART, env_of, one, render
 
 # ------------------------------------------------------------------------------ one set of rules
 

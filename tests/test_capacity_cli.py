@@ -18,6 +18,7 @@ from gpuscaler.cli import main
 from gpuscaler.cloud.capacity import USABLE_STATES, CapacityReadError, read_aws
 from gpuscaler.errors import ErrorKind
 from gpuscaler.policy import Policy
+from gpuscaler.testing import training_job
 
 START = datetime(2026, 12, 6, 18, 0, tzinfo=UTC)
 RESERVATIONS = [
@@ -105,8 +106,7 @@ def test_plan_prints_the_segments_of_a_plan_into_a_block(tmp_path: Path, capsys:
     block = {"name": "blk", "type": "capacityBlock", "instanceType": "p5.48xlarge", "count": 1,
              "start": (now - timedelta(minutes=5)).isoformat(), "end": (now + timedelta(minutes=55)).isoformat()}  # fmt: skip
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump({"capacity": [block]}))
-    job = {"apiVersion": "gpuscaler.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "r"},
-           "spec": {"workload": {"model": "resnet50"}, "globalBatch": 256, "training": {"epochs": 90}, "maxDuration": "48h"}}  # fmt: skip
+    job = training_job("r", training={"epochs": 90}, maxDuration="48h")
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     assert main(["plan", str(tmp_path / "job.yaml"), "--policy", str(tmp_path / "policy.yaml")]) == 0
     text = capsys.readouterr().out

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuscaler.cli import main
+from gpuscaler.testing import training_job
 
 EXIT_CODES = {0, 1, 2}
 MAX_SECONDS = 60.0
@@ -42,19 +43,9 @@ FUZZ = settings(
     database=None,
 )
 
-JOB: dict[str, Any] = {
-    "apiVersion": "gpuscaler.io/v1alpha1",
-    "kind": "TrainingJob",
-    "metadata": {"name": "fuzz"},
-    "spec": {
-        "workload": {"model": "resnet50"},
-        "globalBatch": 256,
-        "training": {"epochs": 1},
-        "maxDuration": "24h",
-        "budgetUsd": 500,
-        "constraints": {"providers": ["aws"], "maxGpus": 16},
-    },
-}
+JOB: dict[str, Any] = training_job(
+    "fuzz", maxDuration="24h", budgetUsd=500, constraints={"providers": ["aws"], "maxGpus": 16}
+)
 JOB_FIELDS = [
     ("kind",), ("metadata",), ("spec",), ("spec", "workload"), ("spec", "workload", "model"),
     ("spec", "workload", "transformer"), ("spec", "workload", "params"), ("spec", "workload", "flopsPerSample"),

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import EXAMPLE, JOB, invalid, job_file
 from gpuscaler.simulator.trace import MAX_TRACE_JOBS
-from test_cli_errors import EXAMPLE, JOB, invalid, job_file
 
 pytestmark = pytest.mark.timeout(120)  # a FIFO opened blocking would hang: fail instead
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_a_deadline_must_carry_a_time_zone(
 def test_a_zoned_deadline_is_read(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from test_cli_errors import run
+    from cli_helpers import run
 
     at = (datetime.now(UTC) + timedelta(days=30)).astimezone().strftime("%Y-%m-%dT%H:%M:%S%z")  # an offset, not Z
     text = JOB.replace("  maxDuration: 24h\n", f"  deadline: '{at}'\n")

@@ -236,8 +236,8 @@ def test_the_operator_s_observer_moves_a_late_job_to_the_fallback_when_nothing_m
     stayed; now it moves, at the next checkpoint, to the contingency's fallback, the V100 plan."""
     from datetime import timedelta
 
+    from correction_helpers import CATALOG, CFG, SPEC, T0, planner, running
     from gpuscaler.observe.controller import JobContext, Observer
-    from test_observe_correction import CATALOG, CFG, SPEC, T0, planner, running
 
     st = running(SPEC)
     assert st.plan is not None and st.plan.gpu_type == "A10G"

@@ -13,6 +13,7 @@ from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cli import main
 from gpuscaler.planner import plan
 from gpuscaler.policy import Policy
+from gpuscaler.testing import training_job
 
 CATALOG = load_catalog()
 
@@ -84,9 +85,8 @@ def test_a_deadline_within_the_band_is_a_risk_the_exact_model_missed() -> None:
 
 
 def test_plan_cli_prints_p50_p90_and_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = {"apiVersion": "gpuscaler.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "az"},
-           "spec": azure_spec().model_dump(mode="json", by_alias=True, exclude_none=True)}
-    doc["spec"]["maxDuration"] = "48h"
+    spec = azure_spec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc = training_job("az", **{**spec, "maxDuration": "48h"})
     f = tmp_path / "job.yaml"
     f.write_text(yaml.safe_dump(doc))
     assert main(["plan", str(f)]) == 0

@@ -40,6 +40,7 @@ from gpuscaler.planner.profiles import (
     transfer_sigmas,
     updated,
 )
+from gpuscaler.testing import training_job
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 SPEC = {
@@ -255,8 +256,7 @@ def test_plan_profiles_file_offline(tmp_path: Path, capsys: pytest.CaptureFixtur
     f = tmp_path / "profiles.yaml"
     f.write_text(dump_profiles([to_document(p, "team-a") for p in store.profiles()]))
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({"apiVersion": "gpuscaler.io/v1alpha1", "kind": "TrainingJob",
-                                   "metadata": {"name": "nightly"}, "spec": SPEC}))
+    job.write_text(yaml.safe_dump(training_job("nightly", **SPEC)))
     assert main(["plan", str(job), "--profiles", str(f), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     source = out["chosen"]["throughputSource"]

@@ -34,6 +34,7 @@ from gpuscaler.simulator.registry import make_strategies
 from gpuscaler.simulator.spot_prices import SpotPriceHistory
 from gpuscaler.simulator.strategies import Gpuscaler
 from gpuscaler.simulator.trace import TraceError
+from gpuscaler.testing import training_job
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "examples" / "traces"
@@ -266,9 +267,7 @@ def test_trace_errors(tmp_path: Path) -> None:
 
 
 def test_jsonl_with_full_documents(tmp_path: Path) -> None:
-    doc = {"apiVersion": "gpuscaler.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "a"},
-           "arrivalHours": 2, "spec": {"workload": {"model": "resnet50"}, "globalBatch": 256,
-                                       "training": {"epochs": 1}}}
+    doc = {**training_job("a"), "arrivalHours": 2}
     p = tmp_path / "t.jsonl"
     other = {**doc, "metadata": {"name": "b"}}
     p.write_text(json.dumps({"trace": {"name": "tiny"}}) + "\n" + json.dumps(doc) + "\n" + json.dumps(other) + "\n",
