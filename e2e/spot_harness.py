@@ -1,8 +1,10 @@
 """Plays the kubelet and the training container for the spot e2e tests and benchmark.
 
-kwok never runs a worker's image, so this harness does what the node would: when kwok marks a
-worker pod Running, it starts a local process (``python e2e/spot_harness.py worker ...``) that
-runs the real runtime library: a deterministic numpy SGD loop under :class:`TrainingGuard`, with
+kwok never runs a worker's image, so the dev cluster's worker runner
+(:mod:`gpuscaler.devcluster.workers`, what ``gpuscaler dev-cluster workers`` and the demo run) does
+what the node would, with this module's worker as the command: when kwok marks a worker pod
+Running, it starts a local process (``python e2e/spot_harness.py worker ...``) that runs the real
+runtime library: a deterministic numpy SGD loop under :class:`TrainingGuard`, with
 the pod's ``GPUSCALER_*`` env, a shared checkpoint directory (the "persistent volume"), and the
 :class:`~gpuscaler.runtime.kube_reporter.KubeReporter` patching the pod's annotations through the
 API server, as the pod would. The harness keeps a downward-API-like ``annotations`` file per pod
@@ -27,20 +29,19 @@ end with the same weights, bit for bit, as :func:`reference_weights`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from gpuscaler.devcluster.workers import Process, RunnerConfig, WorkerRunner, signal_tree
 
 HERE = Path(__file__).resolve()
 JOB_LABEL = "gpuscaler.io/job"
@@ -124,31 +125,11 @@ def worker_main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------ the harness
 
 
-def annotations_file(annotations: dict[str, str]) -> str:
-    """The downward API projection: ``key="value"`` lines sorted by key, values quoted like Go's %q."""
-    return "".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(annotations.items()))
-
-
-@dataclass
-class Played:
-    """One pod played by one local process."""
-
-    uid: str
-    name: str
-    rank: int
-    node: str
-    proc: subprocess.Popen[bytes]
-    podinfo: Path
-    log: Path
-    started: float
-    signalled: str = ""
-    last_annotations: str = ""
-    exit_code: int | None = None
-
-
 @dataclass
 class Harness:
-    """Runs one process per Running worker pod of a job, until stopped."""
+    """Runs one process per Running worker pod of a job, until stopped: the dev cluster's worker
+    runner (:class:`gpuscaler.devcluster.workers.WorkerRunner`, the code ``gpuscaler dev-cluster
+    workers`` runs) with this module's worker as every pod's command."""
 
     core: Any
     namespace: str
@@ -161,10 +142,7 @@ class Harness:
     poll_s: float = 0.1
     torchrun: bool = False
     """Launch each worker under ``torchrun --nproc-per-node 1`` (needs torch)."""
-    played: dict[str, Played] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    runner: WorkerRunner | None = None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -174,32 +152,56 @@ class Harness:
     def weights(self) -> Path:
         return self.work / "weights.npy"
 
+    @property
+    def played(self) -> dict[str, Process]:
+        return self.runner.processes if self.runner else {}
+
+    @property
+    def errors(self) -> list[str]:
+        return self.runner.errors if self.runner else []
+
+    def _events_log(self, name: str, uid: str) -> Path:
+        return self.work / f"worker-{name}-{uid[:8]}.jsonl"
+
+    def _command(self, pod: Any, argv: list[str], env: dict[str, str]) -> list[str]:
+        """The harness's worker instead of the pod's image, with the shared checkpoint directory."""
+        env["GPUSCALER_CHECKPOINT_DIR"] = str(self.ckpt_dir)
+        rank = int((pod.metadata.labels or {}).get("gpuscaler.io/rank", "0"))
+        launcher = (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "--max-restarts", "0"]
+            if self.torchrun
+            else [sys.executable]
+        )
+        return [
+            *launcher, str(HERE), "worker",
+            "--total-steps", str(self.total_steps), "--out", str(self.weights), "--rank", str(rank),
+            "--samples-per-step", str(self.samples_per_step), "--step-sleep", str(self.step_sleep),
+            "--events-log", str(self._events_log(pod.metadata.name, pod.metadata.uid)),
+        ]
+
     def start(self) -> Harness:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._loop, name="spot-harness", daemon=True)
-        self._thread.start()
+        config = RunnerConfig(
+            work_dir=self.work / "runner",
+            kubeconfig=Path(self.kubeconfig),
+            namespace=self.namespace,
+            selector=f"{JOB_LABEL}={self.namespace}.{self.job}",
+            poll_s=self.poll_s,
+            env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+            command=self._command,
+        )
+        self.runner = WorkerRunner(self.core, config).start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(10)
-        for p in self.played.values():
-            if p.proc.poll() is None:
-                p.proc.kill()
-                p.proc.wait(5)
-            self._kill_worker(p)
+        if self.runner:
+            self.runner.stop(grace_s=0.0)
+            logs = sorted(self.work.glob("runner/*/pods/*/container.log"))
+            with (self.work / "workers.stderr").open("a") as out:
+                for log in logs:
+                    out.write(f"--- {log.parent.name}\n{log.read_text(errors='replace')}")
 
-    def _kill_worker(self, played: Played) -> None:
-        """torchrun starts its worker in a session of its own: kill it too (by the pid it logged)."""
-        if not self.torchrun:
-            return
-        for e in self.events(played):
-            if e["e"] == "resume":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(e["pid"]), signal.SIGKILL)
-
-    def terminate(self, played: Played) -> None:
+    def terminate(self, played: Process) -> None:
         """SIGTERM a process whose pod is not deleted, as a kubelet's graceful node shutdown does:
         the pod first gets the ``DisruptionTarget`` condition (reason ``TerminationByKubelet``,
         Kubernetes >= 1.26), the cluster's evidence that the stop is no failure of the worker."""
@@ -208,102 +210,14 @@ class Harness:
                 "message": "Pod was terminated in response to imminent node shutdown.", "lastTransitionTime": stamp}
         self.core.patch_namespaced_pod_status(played.name, self.namespace, {"status": {"conditions": [cond]}})
         played.signalled = "TERM"
-        played.proc.send_signal(signal.SIGTERM)
+        assert played.proc is not None
+        signal_tree(played.proc, signal.SIGTERM)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception as err:  # keep playing; the test reads errors
-                self.errors.append(repr(err))
-            time.sleep(self.poll_s)
-
-    def events(self, played: Played) -> list[dict[str, Any]]:
-        if not played.log.exists():
+    def events(self, played: Process) -> list[dict[str, Any]]:
+        log = self._events_log(played.name, played.uid)
+        if not log.exists():
             return []
-        return [json.loads(line) for line in played.log.read_text().splitlines() if line.strip()]
-
-    def tick(self) -> None:
-        label = f"{JOB_LABEL}={self.namespace}.{self.job}"
-        pods = {p.metadata.uid: p for p in self.core.list_namespaced_pod(self.namespace, label_selector=label).items}
-        nodes = {n.metadata.name for n in self.core.list_node(label_selector=JOB_LABEL).items}
-        for uid, pl in list(self.played.items()):
-            pod = pods.get(uid)
-            alive = pl.proc.poll() is None
-            if alive and pl.node not in nodes and pl.signalled != "KILL":
-                pl.proc.kill()  # the machine is gone: no SIGTERM, no last checkpoint
-                self._kill_worker(pl)
-                pl.signalled = "KILL"
-            elif alive and (pod is None or pod.metadata.deletion_timestamp) and not pl.signalled:
-                pl.proc.send_signal(signal.SIGTERM)  # the kubelet stops a deleted pod
-                pl.signalled = "TERM"
-            elif alive and pod is not None:
-                text = annotations_file(dict(pod.metadata.annotations or {}))
-                if text != pl.last_annotations:
-                    tmp = pl.podinfo / ".annotations.tmp"
-                    tmp.write_text(text)
-                    os.replace(tmp, pl.podinfo / "annotations")
-                    pl.last_annotations = text
-            if not alive and pl.exit_code is None:
-                pl.exit_code = pl.proc.returncode
-                if pod is not None and not pod.metadata.deletion_timestamp and pl.node in nodes:
-                    self._finish(pod, pl.exit_code)
-        busy = {pl.rank for pl in self.played.values() if pl.proc.poll() is None}
-        for uid, pod in pods.items():
-            if uid in self.played or pod.metadata.deletion_timestamp or pod.status.phase != "Running":
-                continue
-            rank = int(pod.metadata.labels.get("gpuscaler.io/rank", "0"))
-            if rank in busy or pod.spec.node_name not in nodes:
-                continue  # the previous process of this rank still runs (shared volume: one at a time)
-            self._spawn(pod, rank)
-
-    def _spawn(self, pod: Any, rank: int) -> None:
-        uid = pod.metadata.uid
-        podinfo = self.work / "podinfo" / uid
-        podinfo.mkdir(parents=True, exist_ok=True)
-        text = annotations_file(dict(pod.metadata.annotations or {}))
-        (podinfo / "annotations").write_text(text)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSCALER_")}
-        for e in pod.spec.containers[0].env or []:
-            if e.value is not None:
-                env[e.name] = e.value
-        env.update(
-            GPUSCALER_CHECKPOINT_DIR=str(self.ckpt_dir),
-            GPUSCALER_PODINFO_DIR=str(podinfo),
-            POD_NAME=pod.metadata.name,
-            POD_NAMESPACE=self.namespace,
-            KUBECONFIG=self.kubeconfig,
-            OMP_NUM_THREADS="1",
-            OPENBLAS_NUM_THREADS="1",
-        )
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        log = self.work / f"worker-{pod.metadata.name}-{uid[:8]}.jsonl"
-        launcher = (
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "--max-restarts", "0"]
-            if self.torchrun
-            else [sys.executable]
-        )
-        cmd = [
-            *launcher, str(HERE), "worker",
-            "--total-steps", str(self.total_steps), "--out", str(self.weights), "--rank", str(rank),
-            "--samples-per-step", str(self.samples_per_step), "--step-sleep", str(self.step_sleep), "--events-log", str(log),
-        ]
-        out = (self.work / "workers.stderr").open("ab")
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
-        self.played[uid] = Played(uid, pod.metadata.name, rank, pod.spec.node_name, proc, podinfo, log, time.time(),
-                                  last_annotations=text)
-
-    def _finish(self, pod: Any, code: int) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": stamp, "finishedAt": stamp}
-        statuses = [
-            {"name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 0, "state": {"terminated": term}}
-            for c in pod.spec.containers
-        ]
-        phase = "Succeeded" if code == 0 else "Failed"
-        self.core.patch_namespaced_pod_status(
-            pod.metadata.name, self.namespace, {"status": {"phase": phase, "containerStatuses": statuses}}
-        )
+        return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
     # --- what the tests read
 
@@ -317,8 +231,8 @@ class Harness:
             out.append((done, start))
         return out
 
-    def rank0_running(self) -> Played | None:
-        live = [p for p in self.played.values() if p.rank == 0 and p.proc.poll() is None]
+    def rank0_running(self) -> Process | None:
+        live = [p for p in self.played.values() if p.rank == 0 and p.alive]
         return live[-1] if live else None
 
     def rank0_step(self) -> int:

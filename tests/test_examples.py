@@ -102,6 +102,8 @@ def test_training_jobs_run_the_example_image_and_script() -> None:
     dockerfile = (EXAMPLES / "train" / "Dockerfile").read_text()
     assert f"-t {image['image']} " in dockerfile  # the build command in its header
     assert re.search(rf"^COPY examples/train/train_ddp.py {re.escape(image['script'])}$", dockerfile, re.M)
+    scripts = set(re.findall(r"^COPY examples/train/\S+\.py (/app/\S+)$", dockerfile, re.M))
+    assert image["script"] in scripts and "/app/demo_train.py" in scripts
     with_template = 0
     for path in training_jobs():
         template = yaml.safe_load(path.read_text())["spec"].get("template")
@@ -110,7 +112,7 @@ def test_training_jobs_run_the_example_image_and_script() -> None:
         with_template += 1
         containers = template["spec"]["containers"]
         assert [c["image"] for c in containers] == [image["image"]], path.name
-        assert image["script"] in containers[0]["command"], path.name
+        assert scripts & set(containers[0]["command"]), f"{path.name} runs none of the image's scripts {scripts}"
     assert with_template >= 3
 
 
@@ -118,3 +120,5 @@ def test_training_script_is_run_by_the_test_it_names() -> None:
     _, pairs = expectation(EXAMPLES / "train" / "train_ddp.py")
     runner = (ROOT / pairs["run-by"]).read_text()
     assert '"examples" / "train" / "train_ddp.py"' in runner and "str(EXAMPLE)" in runner
+    _, pairs = expectation(EXAMPLES / "train" / "demo_train.py")
+    assert "demo-spot.yaml" in (ROOT / pairs["run-by"]).read_text()

