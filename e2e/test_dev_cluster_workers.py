@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+import test_operator
 from e2e_helpers import E2ECluster, gpu_pod, wait_for
 from gpuscaler.devcluster.demo import job_args
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
@@ -38,6 +39,9 @@ from gpuscaler.names import AWS_SPOT_ITN_TAINT, JOB_LABEL
 from test_operator import OperatorProcess, apply, get_job, wait_phase
 
 pytestmark = pytest.mark.timeout(420)
+
+custom = test_operator.custom
+"""The custom-objects API (the operator suite's fixture)."""
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "demo-spot.yaml"
@@ -161,7 +165,7 @@ def test_deleting_the_job_stops_every_process_it_started(
     dev_cluster: E2ECluster, crd: None, kwok: None, core: Any, custom: Any, namespace: str, tmp_path: Path,
     runner: WorkerRunner,
 ) -> None:
-    doc = demo_job(steps=100000)
+    doc = demo_job(steps=3000)  # 5 minutes at the pace here: deleted long before
     name = doc["metadata"]["name"]
     claim = doc["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
     bind_claim(core, namespace, claim, runner.claim_dir(namespace, claim))
