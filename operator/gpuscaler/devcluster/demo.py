@@ -184,76 +184,124 @@ def run_demo(args: argparse.Namespace, log: Callable[[str], None]) -> int:
         c.stop()
 
 
+@dataclass
+class Watch:
+    """What the demo follows of one job, and what it has seen so far."""
+
+    tl: Timeline
+    core: Any
+    runner: WorkerRunner
+    name: str
+    steps: int
+    notice_step: int
+    noticed: bool = False
+    last_pct: int = -1
+
+    @property
+    def label(self) -> str:
+        return f"{names.JOB_LABEL}={NAMESPACE}.{self.name}"
+
+    def plan_and_nodes(self, st: dict[str, Any]) -> None:
+        """Say each new plan and each node that became Ready."""
+        plan = st.get("plan") or {}
+        key = f"plan {plan.get('plannedAt')}"
+        if plan and key not in self.tl.said:
+            what = "re-planned" if any(k.startswith("plan ") for k in self.tl.said) else "planned"
+            self.tl.say(
+                f"{what}: {plan.get('summary')} at ${plan.get('usdPerHour', 0):.2f}/h; {plan.get('why', '')[:160]}",
+                key=key,
+            )
+        for node in self.core.list_node(label_selector=self.label).items:
+            if any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or []):
+                labels = node.metadata.labels
+                self.tl.say(
+                    f"node {node.metadata.name} Ready ({labels.get(names.INSTANCE_TYPE_LABEL)}, "
+                    f"{labels.get(names.CAPACITY_TYPE_LABEL)})",
+                    key=f"node {node.metadata.name}",
+                )
+
+    def progress_and_notice(self, st: dict[str, Any]) -> None:
+        """Say the progress every 20%, and taint the running node once the notice step is reached."""
+        progress = st.get("progress") or {}
+        step = int(progress.get("step") or 0)
+        pct = int(100 * step / self.steps) // 20 * 20
+        if step and pct != self.last_pct:
+            self.last_pct = pct
+            self.tl.say(
+                f"training: step {step}/{self.steps}, newest checkpoint at step {progress.get('checkpointStep')}",
+                key=f"progress {pct}",
+            )
+        if self.noticed or step < self.notice_step:
+            return
+        node = _running_node(self.core, self.label)
+        if node:
+            body = self.core.read_node(node)
+            taints = [*(body.spec.taints or []), {"key": names.AWS_SPOT_ITN_TAINT, "effect": "NoSchedule"}]
+            self.core.patch_node(node, {"spec": {"taints": taints}})
+            self.noticed = True
+            self.tl.say(f"spot notice: node {node} tainted {names.AWS_SPOT_ITN_TAINT} at step {step} (AWS: 2 minutes to go)")
+
+    def interruptions(self, st: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """Say the acknowledged checkpoints, the recoveries and the resumed steps; return (resumed, acked)."""
+        history = st.get("interruptionHistory") or []
+        for rec in history:
+            if rec.get("checkpointAcked"):
+                self.tl.say(
+                    f"checkpoint acknowledged at step {rec.get('checkpointStep')} (step reached "
+                    f"{rec.get('stepReached')}); {rec.get('action', '')[:120]}",
+                    key=f"ack {rec.get('time')}",
+                )
+            if rec.get("recoverySeconds") is not None:
+                self.tl.say(
+                    f"running again {rec['recoverySeconds']:.0f} s after the notice; {rec.get('lostSteps')} steps "
+                    "trained again",
+                    key=f"rec {rec.get('time')}",
+                )
+        resumed = _resumed_at(self.runner, f"{NAMESPACE}.{self.name}")
+        acked = [int(r["checkpointStep"]) for r in history if r.get("checkpointAcked") and r.get("checkpointStep") is not None]
+        if len(resumed) > 1:
+            extra = ""
+            if acked and resumed[-1] > acked[-1]:
+                extra = (f" (it trained on after the acknowledged step {acked[-1]} until its pod was deleted, "
+                         "and checkpointed again on SIGTERM)")
+            self.tl.say(f"resumed at step {resumed[-1]} on the new node{extra}", key=f"resumed {len(resumed)}")
+        return resumed, acked
+
+    def verdict(self, st: dict[str, Any], resumed: list[int], acked: list[int], steps_per_interval: float) -> bool:
+        """Whether a Succeeded job is the story told: noticed, resumed from the acknowledged checkpoint
+        or a newer one, at most one interval trained again."""
+        lost = int(st.get("lostSteps") or 0)
+        per_interval = int(steps_per_interval) + 1
+        self.tl.say(
+            f"Succeeded: cost ${st.get('costUsd', 0):.4f}, {st.get('interruptions', 0)} interruption(s), "
+            f"{lost} steps trained again (one interval is about {per_interval})"
+        )
+        if not self.noticed:
+            self.tl.say("the job finished before the notice could be sent")
+            return False
+        if len(resumed) < 2 or not acked or resumed[-1] < acked[-1]:
+            self.tl.say(f"the job did not resume from the acknowledged checkpoint (resumed at {resumed}, acked {acked})")
+            return False
+        return lost <= per_interval
+
+
 def _watch(
     tl: Timeline, core: Any, custom: Any, runner: WorkerRunner, name: str, steps: int, steps_per_interval: float,
     args: argparse.Namespace,
 ) -> bool:
-    """Follow the job to its end, sending the spot notice part-way; True when it Succeeded in time."""
-    job_label = f"{names.JOB_LABEL}={NAMESPACE}.{name}"
-    notice_step = int(steps * args.notice_at)
-    noticed = False
-    last_pct = -1
+    """Follow the job to its end, sending the spot notice part-way; True when it Succeeded as told."""
+    w = Watch(tl, core, runner, name, steps, int(steps * args.notice_at))
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         job = custom.get_namespaced_custom_object(names.GROUP, "v1alpha1", NAMESPACE, "trainingjobs", name)
         st = job.get("status") or {}
-        plan = st.get("plan") or {}
-        if plan and f"plan {plan.get('plannedAt')}" not in tl.said:
-            what = "re-planned" if any(k.startswith("plan ") for k in tl.said) else "planned"
-            tl.say(f"{what}: {plan.get('summary')} at ${plan.get('usdPerHour', 0):.2f}/h; {plan.get('why', '')[:160]}",
-                   key=f"plan {plan.get('plannedAt')}")
-        for node in core.list_node(label_selector=job_label).items:
-            ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-            if ready:
-                tl.say(f"node {node.metadata.name} Ready "
-                       f"({node.metadata.labels.get(names.INSTANCE_TYPE_LABEL)}, "
-                       f"{node.metadata.labels.get(names.CAPACITY_TYPE_LABEL)})", key=f"node {node.metadata.name}")
-        progress = st.get("progress") or {}
-        step = int(progress.get("step") or 0)
-        pct = int(100 * step / steps) // 20 * 20
-        if step and pct != last_pct:
-            last_pct = pct
-            tl.say(f"training: step {step}/{steps}, newest checkpoint at step {progress.get('checkpointStep')}",
-                   key=f"progress {pct}")
-        if not noticed and step >= notice_step:
-            node = _running_node(core, job_label)
-            if node:
-                body = core.read_node(node)
-                taints = [*(body.spec.taints or []), {"key": names.AWS_SPOT_ITN_TAINT, "effect": "NoSchedule"}]
-                core.patch_node(node, {"spec": {"taints": taints}})
-                noticed = True
-                tl.say(f"spot notice: node {node} tainted {names.AWS_SPOT_ITN_TAINT} at step {step} "
-                       "(AWS: 2 minutes to go)")
-        for rec in st.get("interruptionHistory") or []:
-            if rec.get("checkpointAcked"):
-                tl.say(f"checkpoint acknowledged at step {rec.get('checkpointStep')} "
-                       f"(step reached {rec.get('stepReached')}); {rec.get('action', '')[:120]}",
-                       key=f"ack {rec.get('time')}")
-            if rec.get("recoverySeconds") is not None:
-                tl.say(f"running again {rec['recoverySeconds']:.0f} s after the notice; "
-                       f"{rec.get('lostSteps')} steps trained again", key=f"rec {rec.get('time')}")
-        resumed = _resumed_at(runner, f"{NAMESPACE}.{name}")
-        acked = [r.get("checkpointStep") for r in st.get("interruptionHistory") or [] if r.get("checkpointAcked")]
-        if len(resumed) > 1:
-            extra = ""
-            if acked and acked[-1] is not None and resumed[-1] > acked[-1]:
-                extra = (f" (it trained on after the acknowledged step {acked[-1]} until its pod was deleted, "
-                         "and checkpointed again on SIGTERM)")
-            tl.say(f"resumed at step {resumed[-1]} on the new node{extra}", key=f"resumed {len(resumed)}")
+        w.plan_and_nodes(st)
+        w.progress_and_notice(st)
+        resumed, acked = w.interruptions(st)
         phase = st.get("phase", "")
         tl.say(f"phase {phase}" + (f": {st.get('message')}" if st.get("message") else ""), key=f"phase {phase}")
         if phase == "Succeeded":
-            lost = int(st.get("lostSteps") or 0)
-            per_interval = int(steps_per_interval) + 1
-            tl.say(f"Succeeded: cost ${st.get('costUsd', 0):.4f}, {st.get('interruptions', 0)} interruption(s), "
-                   f"{lost} steps trained again (one interval is about {per_interval})")
-            if not noticed:
-                tl.say("the job finished before the notice could be sent")
-                return False
-            if len(resumed) < 2 or not acked or acked[-1] is None or resumed[-1] < acked[-1]:
-                tl.say(f"the job did not resume from the acknowledged checkpoint (resumed at {resumed}, acked {acked})")
-                return False
-            return lost <= per_interval
+            return w.verdict(st, resumed, acked, steps_per_interval)
         if phase == "Failed":
             return False
         time.sleep(0.5)
