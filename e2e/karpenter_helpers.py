@@ -31,7 +31,7 @@ from e2e_helpers import E2ECluster
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.cloud import JOB_LABEL, JobRef
 from gpuscaler.devcluster import build
-from test_providers_crds import KARPENTER_CRDS, KARPENTER_MODULE, KARPENTER_VERSION, install_crds, module_dir
+from upstream_crds import KARPENTER_CRDS, KARPENTER_MODULE, KARPENTER_VERSION, install_crds, module_dir
 
 KARPENTER_KWOK = build.Component("karpenter-kwok", KARPENTER_VERSION, ("karpenter-kwok",))
 """The cache entry of Karpenter's kwok-provider controller (7-8 minutes to build on 2 cores, once)."""

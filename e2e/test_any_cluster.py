@@ -17,13 +17,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import any_cluster
+import kind_manifest_helpers
 import operator_helpers
-import test_kind_manifests
 from e2e_helpers import E2ECluster
 from gpuscaler.cloud import JOB_LABEL, job_label_value
 from gpuscaler.names import FINALIZER
 
-stage_crd = test_kind_manifests.stage_crd
+stage_crd = kind_manifest_helpers.stage_crd
+
 """kwok's Stage CRD, installed for the test if the cluster lacks it."""
 
 

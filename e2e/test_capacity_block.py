@@ -20,14 +20,15 @@ from typing import Any
 
 import pytest
 
-import test_spot
+import spot_helpers
 from e2e_helpers import E2ECluster, wait_for
 from operator_helpers import OperatorProcess, apply, event_reasons, get_job, job_nodes, wait_phase
 from spot_harness import Harness
 
+harness = spot_helpers.harness
+
 pytestmark = pytest.mark.timeout(720)
 
-harness = test_spot.harness
 
 STEP_S = 0.02
 """Sleep per training step (the spot tests' is 0.03): the job outlasts what is left of the window."""
@@ -55,10 +56,10 @@ def test_a_job_in_a_capacity_block_checkpoints_before_its_end_and_continues_on_s
     dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
     harness: Callable[..., Harness], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(test_spot, "STEP_S", STEP_S)  # the spot suite's harness fixture reads it
-    test_spot.start_operator(operator, tmp_path, extra=block_policy(datetime.now(UTC)))
+    monkeypatch.setattr(spot_helpers, "STEP_S", STEP_S)  # the spot suite's harness fixture reads it
+    spot_helpers.start_operator(operator, tmp_path, extra=block_policy(datetime.now(UTC)))
     steps = int((WINDOW_LEFT_S - 30) / STEP_S)  # each step takes longer than its sleep: past the move
-    apply(dev_cluster, namespace, test_spot.spot_job("tj", steps))
+    apply(dev_cluster, namespace, spot_helpers.spot_job("tj", steps))
     h = harness("tj", steps)
     wait_phase(custom, namespace, "tj", "Running", timeout=90)
     st = get_job(custom, namespace, "tj")["status"]
@@ -74,7 +75,7 @@ def test_a_job_in_a_capacity_block_checkpoints_before_its_end_and_continues_on_s
     assert labels["karpenter.sh/capacity-type"] == "capacity-block" and labels["gpuscaler.io/held-capacity"] == "e2e-block"
     assert labels["gpuscaler.io/capacity-window-end"] == str(int(window_end.timestamp())), labels
     # the worker pods carry what a preemption would cost (docs/preemption-cost.md)
-    test_spot.progressed(h, 1000, timeout=90)
+    spot_helpers.progressed(h, 1000, timeout=90)
 
     def published() -> dict[str, str]:
         pods = core.list_namespaced_pod(namespace, label_selector="gpuscaler.io/job").items
@@ -89,7 +90,7 @@ def test_a_job_in_a_capacity_block_checkpoints_before_its_end_and_continues_on_s
     wait_for(lambda: any(r["signal"] == "capacity-window-end" for r in
                          get_job(custom, namespace, "tj")["status"].get("interruptionHistory", [])),
              timeout=WINDOW_LEFT_S + 60, interval=1, what="the planned move before the block closes")  # fmt: skip
-    st = test_spot.finish(custom, h, namespace, "tj", steps, timeout=WINDOW_LEFT_S + 120)
+    st = spot_helpers.finish(custom, h, namespace, "tj", steps, timeout=WINDOW_LEFT_S + 120)
     rec = next(r for r in st["interruptionHistory"] if r["signal"] == "capacity-window-end")
     assert rec["checkpointAcked"] and rec["capacityType"] == "capacity-block", rec
     moved_at = datetime.fromisoformat(rec["time"].replace("Z", "+00:00"))

@@ -12,10 +12,17 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+import upstream_crds
 from e2e_helpers import E2ECluster
 from gpuscaler.cloud.karpenter import capacity_reservation_selector_terms
 from gpuscaler.policy import Policy
-from test_providers_crds import KARPENTER_VERSION, install_crds, karpenter_crds, module_dir
+from upstream_crds import (
+    KARPENTER_VERSION,
+    install_crds,
+    module_dir,
+)
+
+karpenter_crds = upstream_crds.karpenter_crds
 
 AWS_MODULE = "github.com/aws/karpenter-provider-aws"
 AWS_VERSION = KARPENTER_VERSION

@@ -38,6 +38,7 @@ from gpuscaler.kube import kueue
 from gpuscaler.kube.workers import WorkerPlan
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOBSET_NAME_LABEL
 from gpuscaler.runtime import constants as rc
+from helm_install_helpers import install, sa_kubeconfig
 from operator_helpers import (
     ROOT,
     OperatorProcess,
@@ -50,8 +51,7 @@ from operator_helpers import (
     wait_phase,
 )
 from spot_harness import Harness
-from test_helm_install import install, sa_kubeconfig
-from test_spot import POLICY, STEP_S, finish, progressed, running_node, spot_job, taint
+from spot_helpers import POLICY, STEP_S, finish, progressed, running_node, spot_job, taint
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 P4D = load_catalog().instance("p4d.24xlarge")

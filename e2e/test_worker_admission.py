@@ -35,7 +35,7 @@ from operator_helpers import (
     kubectl,
     wait_phase,
 )
-from test_worker_rbac import WORKER, refused, token_client, two_running_jobs, wait_enforced
+from worker_rbac_helpers import WORKER, refused, token_client, two_running_jobs, wait_enforced
 
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
 

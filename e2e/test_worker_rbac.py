@@ -15,42 +15,31 @@ operator run here, without the chart, installs the same policy itself: e2e/test_
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e_helpers import E2ECluster, service_account_kubeconfig, wait_for
+from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.runtime import KubeReporter
 from gpuscaler.runtime.progress import Progress
 from operator_helpers import OperatorProcess, apply, get_job, job_manifest, job_pods, kubectl, wait_phase
+from worker_rbac_helpers import (
+    MANAGED_BY,
+    WORKER,
+    can_i,
+    chart_worker_policy,
+    refused,
+    token_client,
+    two_running_jobs,
+    wait_enforced,
+)
 
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
-
-WORKER = "gpuscaler-worker"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuscaler"}
-
-
-def can_i(cluster: E2ECluster, user: str, verb: str, resource: str, namespace: str) -> bool:
-    """``kubectl auth can-i`` as ``user``; ``resource/sub`` checks a subresource (not a name)."""
-    resource, _, sub = resource.partition("/")
-    extra = ["--subresource", sub] if sub else []
-    res = kubectl(cluster, "auth", "can-i", verb, resource, *extra, "--as", user, "-n", namespace, check=False)
-    return res.stdout.strip() == "yes"
-
-
-def token_client(cluster: E2ECluster, namespace: str, account: str, pod: str | None = None) -> Any:
-    """An ApiClient authenticated with a short-lived token of the ServiceAccount; with ``pod``, the
-    token is bound to that pod, as the kubelet-projected token in the pod is."""
-    return config.new_client_from_config_dict(service_account_kubeconfig(cluster, account, namespace, pod=pod))
-
 
 def test_operator_gives_workers_an_identity_that_can_only_report(
     dev_cluster: E2ECluster,
@@ -138,57 +127,6 @@ def test_operator_gives_workers_an_identity_that_can_only_report(
         assert core.read_namespaced_pod(pod, namespace).metadata.deletion_timestamp is None
     finally:
         api.close()
-
-
-CHART = Path(__file__).resolve().parents[1] / "helm" / "gpuscaler"
-
-
-def two_running_jobs(cluster: E2ECluster, core: Any, custom: Any, namespace: str) -> tuple[str, str]:
-    """Jobs ``a`` and ``b`` (one worker each, as gpuscaler-worker) Running; their pods' names."""
-    for name in ("a", "b"):
-        apply(cluster, namespace, job_manifest(name))
-    for name in ("a", "b"):
-        wait_phase(custom, namespace, name, "Running", timeout=90)
-    (pod_a,) = [p.metadata.name for p in job_pods(core, namespace, "a")]
-    (pod_b,) = [p.metadata.name for p in job_pods(core, namespace, "b")]
-    assert {p.spec.service_account_name for n in "ab" for p in job_pods(core, namespace, n)} == {WORKER}
-    return pod_a, pod_b
-
-
-def refused(call: Callable[[], object]) -> str:
-    """The message of the 403 that ``call`` must raise."""
-    with pytest.raises(ApiException) as err:
-        call()
-    assert err.value.status == 403, err.value
-    message: str = json.loads(err.value.body)["message"]
-    return message
-
-
-def wait_enforced(worker: Any, other_pod: str, namespace: str) -> None:
-    """Wait until a worker's patch of ``other_pod`` is refused (the API server loads a new policy
-    within a moment)."""
-
-    def enforced() -> bool:
-        try:
-            worker.patch_namespaced_pod(other_pod, namespace, {"metadata": {"annotations": {"gpuscaler.io/progress-step": "1"}}})
-        except ApiException as err:
-            return err.status == 403
-        return False
-
-    wait_for(enforced, timeout=30, interval=0.5, what="the admission policy enforced")
-
-
-def chart_worker_policy(cluster: E2ECluster, release: str) -> str:
-    """The chart's worker admission policy and binding, as ``helm template`` renders them."""
-    res = subprocess.run(
-        ["helm", "template", release, str(CHART), "--show-only", "templates/worker-admission-policy.yaml"],
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return res.stdout
 
 
 def test_chart_admission_policy_confines_workers_to_their_own_pod(
