@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import yaml
 
-import test_operator
 from e2e_helpers import E2ECluster, gpu_pod, wait_for
 from gpuscaler.devcluster.demo import job_args
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
@@ -36,11 +35,10 @@ from gpuscaler.devcluster.workers import (
     check_dev_cluster,
 )
 from gpuscaler.names import AWS_SPOT_ITN_TAINT, JOB_LABEL
-from test_operator import OperatorProcess, apply, get_job, wait_phase
+from operator_helpers import OperatorProcess, apply, get_job, wait_phase
 
 pytestmark = pytest.mark.timeout(420)
 
-custom = test_operator.custom
 """The custom-objects API (the operator suite's fixture)."""
 
 ROOT = Path(__file__).resolve().parents[1]
