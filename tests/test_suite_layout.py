@@ -24,3 +24,16 @@ def test_no_test_module_imports_a_conftest() -> None:
         )
     ]
     assert not offenders, f"import shared helpers from a uniquely named module instead: {offenders}"
+
+
+def test_no_test_module_is_imported_as_a_library() -> None:
+    """Helpers live in helper modules (``e2e/operator_helpers.py``, ``tests/cli_helpers.py`` ...), and
+    TrainingJob manifests come from :mod:`gpuscaler.testing`: a test module imports no test module."""
+    offenders = [
+        f"{p.relative_to(ROOT).as_posix()}: {line.strip()}"
+        for folder in ("tests", "e2e", "benchmarks", "scripts")
+        for p in (ROOT / folder).glob("*.py")
+        for line in p.read_text().splitlines()
+        if line.lstrip().startswith(("from test_", "import test_"))
+    ]
+    assert not offenders, f"move the helpers into a helper module: {offenders}"
