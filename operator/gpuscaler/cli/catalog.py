@@ -6,15 +6,9 @@ import argparse
 from dataclasses import asdict
 
 from gpuscaler import prices_cli as pc
-from gpuscaler.catalog import (
-    Workload,
-)
-from gpuscaler.cli.common import (
-    _table,
-)
-from gpuscaler.inputs import (
-    to_json,
-)
+from gpuscaler.catalog import Workload
+from gpuscaler.cli.common import _table
+from gpuscaler.inputs import to_json
 
 
 def _workload_dict(w: Workload) -> dict[str, object]:

@@ -13,21 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuscaler.api import TrainingJob
-from gpuscaler.catalog import (
-    Catalog,
-    CatalogError,
-    UnknownIdError,
-    load_catalog,
-)
+from gpuscaler.catalog import Catalog, CatalogError, UnknownIdError, load_catalog
 from gpuscaler.errors import ErrorKind, GpuscalerError
-from gpuscaler.inputs import (
-    InputError,
-    format_validation,
-    iter_fields,
-    load_yaml,
-    shown,
-    validation_error,
-)
+from gpuscaler.inputs import InputError, format_validation, iter_fields, load_yaml, shown, validation_error
 from gpuscaler.perfmodel.uncertainty import CrossValidationError
 from gpuscaler.policy import Policy, load_policies, policy_for_namespace
 

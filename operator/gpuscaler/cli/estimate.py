@@ -7,16 +7,9 @@ from typing import Any
 
 from gpuscaler import prices_cli as pc
 from gpuscaler.api import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_NODES
-from gpuscaler.catalog import (
-    Precision,
-    Workload,
-)
-from gpuscaler.cli.common import (
-    UsageError,
-)
-from gpuscaler.inputs import (
-    to_json,
-)
+from gpuscaler.catalog import Precision, Workload
+from gpuscaler.cli.common import UsageError
+from gpuscaler.inputs import to_json
 from gpuscaler.perfmodel import ParallelConfig, estimate
 from gpuscaler.perfmodel.uncertainty import throughput_band
 

@@ -10,20 +10,9 @@ from typing import Any
 
 from gpuscaler import capacity_cli
 from gpuscaler import prices_cli as pc
-from gpuscaler.catalog import (
-    CapacityType,
-)
-from gpuscaler.cli.common import (
-    EXIT_INFEASIBLE,
-    _load_policy,
-    _money,
-    _table,
-    load_job,
-)
-from gpuscaler.inputs import (
-    to_json,
-    write_output,
-)
+from gpuscaler.catalog import CapacityType
+from gpuscaler.cli.common import EXIT_INFEASIBLE, _load_policy, _money, _table, load_job
+from gpuscaler.inputs import to_json, write_output
 from gpuscaler.planner import PlanResult, plan
 from gpuscaler.planner.profile_docs import load_profiles
 from gpuscaler.planner.profiles import ProfileStore

@@ -5,12 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpuscaler.cli.common import (
-    _table,
-)
-from gpuscaler.inputs import (
-    to_json,
-)
+from gpuscaler.cli.common import _table
+from gpuscaler.inputs import to_json
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
