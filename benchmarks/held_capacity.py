@@ -1,59 +1,72 @@
 """What planning into held capacity saves on a trace, against using it only when a job happens to fit it.
 
-    python benchmarks/held_capacity.py [--trace examples/traces/research-week.yaml] [--policy FILE]
+    python benchmarks/held_capacity.py [--trace examples/traces/research-week.yaml]
+                                       [--policy examples/policies/research-week-held.yaml] [--seeds 5]
 
-Replays the trace's jobs in arrival order twice with the same pools (``--policy``'s ``capacity``;
-by default the team of :data:`DEFAULT_POOLS`: two reserved p4d.24xlarge for the whole trace and a
-24-hour capacity block of two p5.48xlarge on its second day) and prints each way's expected cost
-and the jobs it ran on held capacity (:func:`gpuscaler.simulator.held.compare_held`): ``planned``
-(gpuscaler plans every job with the pools its predecessors left free) and ``when-it-fits``
-(Karpenter's behaviour: a job's plan lands on a pool only when its instance type matches and it
-ends inside the window). The figures are the planner's expected costs, not a replay in a world off
-the model. Prints figures; asserts nothing.
+Replays the trace in the simulator's world (:mod:`gpuscaler.simulator.engine`, held capacity in
+:mod:`gpuscaler.simulator.pools`) with the policy's pools, the same pools and the same random draws
+(reclaims, shortages, flex-start delays, the hidden throughput factors at the model's own
+cross-validated error) for two strategies, over ``--seeds`` seeds:
+
+* ``gpuscaler``: plans every job, re-plan and planned move into the pools others leave free
+  (reservations first when they meet the job, segmented plans across a block's end, flex-start when
+  its delay still meets the deadline risk);
+* ``when-it-fits`` (Karpenter's behaviour): the same planner, operator loop and handshake, but its
+  plans are bought by the hour; a job lands on a pool only when its plan's instance type has a
+  reservation or an open block with the nodes free, at the pool's marginal price.
+
+Prints each seed's cost, deadline misses and jobs run on held capacity, and what planning into the
+pools saves (mean and range over the seeds). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
+import statistics
 from pathlib import Path
-from typing import Any
 
 from gpuscaler.catalog import load_catalog
-from gpuscaler.policy import Policy, load_policy
-from gpuscaler.simulator.held import compare_held
+from gpuscaler.policy import load_policy
+from gpuscaler.simulator import default_scaling_error, default_throughput_error
+from gpuscaler.simulator.cloud import CloudModel
+from gpuscaler.simulator.compare import compare
+from gpuscaler.simulator.engine import SimulationResult
+from gpuscaler.simulator.planning import CachedPlanner
 from gpuscaler.simulator.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
+WAYS = ("when-it-fits", "gpuscaler")
 
 
-def default_pools(start: Any) -> Policy:
-    """Two reserved p4d.24xlarge and a day-two 24-hour block of two p5.48xlarge, from ``start``."""
-    return Policy.model_validate({"name": "team", "capacity": [
-        {"name": "team-a100", "type": "reserved", "instanceType": "p4d.24xlarge", "count": 2},
-        {"name": "day2-h100", "type": "capacityBlock", "instanceType": "p5.48xlarge", "count": 2,
-         "start": (start + timedelta(hours=24)).isoformat(), "end": (start + timedelta(hours=48)).isoformat()},
-    ]})  # fmt: skip
-
-
-DEFAULT_POOLS = "two reserved p4d.24xlarge; a 24 h block of two p5.48xlarge from hour 24"
+def _row(r: SimulationResult) -> tuple[float, int, int]:
+    """(cost, deadline misses, jobs with a segment on held capacity)."""
+    held = sum(1 for o in r.outcomes if any(s.pool for s in o.segments))
+    return sum(o.cost_usd for o in r.outcomes), sum(o.missed_deadline for o in r.outcomes), held
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=str(ROOT / "examples" / "traces" / "research-week.yaml"))
-    ap.add_argument("--policy", help=f"policy YAML with the pools (default: {DEFAULT_POOLS})")
+    ap.add_argument("--policy", default=str(ROOT / "examples" / "policies" / "research-week-held.yaml"))
+    ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args()
-    trace = load_trace(args.trace)
-    policy = load_policy(args.policy) if args.policy else default_pools(trace.start)
-    cmp = compare_held(trace, load_catalog(), policy)
-    jobs = len(trace.jobs)
-    print(f"{trace.name}: {jobs} jobs; pools: {', '.join(f'{p.name} ({p.type}, {p.count} x {p.instance_type})' for p in policy.capacity)}")
-    for way in ("planned", "when-it-fits"):
-        print(f"  {way:13s} ${cmp.total(way):>10,.2f}  {cmp.on_held(way):3d} of {jobs} jobs on held capacity")
-    base = cmp.total("when-it-fits")
-    share = f" ({cmp.saving_usd / base:.0%})" if base > 0 else ""
-    print(f"  planning into the pools saves ${cmp.saving_usd:,.2f}{share}")
+    trace, policy, catalog = load_trace(args.trace), load_policy(args.policy), load_catalog()
+    sigma, scaling = default_throughput_error().sigma, default_scaling_error().sigma
+    planner = CachedPlanner(catalog, policy)
+    cloud = CloudModel.from_mapping(trace.cloud)
+    pools = ", ".join(f"{p.name} ({p.type}, {p.count} x {p.instance_type})" for p in policy.capacity)
+    print(f"{trace.name}: {len(trace.jobs)} jobs; pools: {pools}; throughput error {sigma:.4f}, scaling error {scaling:.4f}")
+    savings: list[float] = []
+    for seed in range(args.seeds):
+        cmp = compare(trace, catalog, policy=policy, cloud=cloud, seed=seed, strategies=WAYS, keep_segments=True,
+                      throughput_error=sigma, planner=planner, scaling_error=scaling)  # fmt: skip
+        rows = {r.strategy: _row(r) for r in cmp.results}
+        text = "  ".join(f"{w} ${c:>9,.2f} misses {m} on held {h:2d}" for w, (c, m, h) in rows.items())
+        savings.append(rows["when-it-fits"][0] - rows["gpuscaler"][0])
+        base = rows["when-it-fits"][0]
+        print(f"  seed {seed}: {text}  saves ${savings[-1]:,.2f} ({savings[-1] / base:.0%})" if base else f"  seed {seed}: {text}")
+    print(f"planning into the pools saves ${statistics.fmean(savings):,.2f} a run on average "
+          f"(${min(savings):,.2f} to ${max(savings):,.2f} over {args.seeds} seeds)")
 
 
 if __name__ == "__main__":

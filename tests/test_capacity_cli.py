@@ -114,9 +114,10 @@ def test_plan_prints_the_segments_of_a_plan_into_a_block(tmp_path: Path, capsys:
     assert "segment 2:" in text and "held capacity: what the policy declares the team pays at the margin" in text
 
 
-def test_simulate_refuses_a_policy_with_held_capacity_it_does_not_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(POLICY))
-    trace = Path(__file__).resolve().parents[1] / "examples" / "traces" / "research-week.yaml"
-    assert main(["simulate", str(trace), "--policy", str(path)]) == 2
-    assert "capacity (held capacity: team-h100, flex-a100) is not simulated yet" in capsys.readouterr().err
+def test_simulate_replays_a_policy_with_held_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[1]
+    trace, policy = root / "examples" / "traces" / "research-week.yaml", root / "examples" / "policies" / "research-week-held.yaml"
+    argv = ["simulate", str(trace), "--policy", str(policy), "--strategies", "when-it-fits,gpuscaler", "--seeds", "1", "--json"]
+    assert main(argv) == 0
+    rows = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["strategies"]}
+    assert rows["gpuscaler"]["cost_usd"]["mean"] < rows["when-it-fits"]["cost_usd"]["mean"]

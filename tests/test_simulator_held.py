@@ -1,44 +1,145 @@
-"""What planning into held capacity saves against using it only when a job happens to fit it
-(gpuscaler.simulator.held): both ways see the same pools, each keeps its own record of what is taken."""
+"""Held capacity replayed by the simulator's engine (gpuscaler.simulator.pools): every strategy sees the
+same pools; gpuscaler plans into them, ``when-it-fits`` (and every other strategy) lands on a pool only
+when its own plan happens to fit it; a block's end is a planned move after a checkpoint; flex-start's
+delay is drawn once per request, the same under every strategy; the books balance."""
 
 from __future__ import annotations
 
+import math
+import random
 from datetime import timedelta
+from typing import Any
+
+import pytest
 
 from gpuscaler.api import TrainingJobSpec
-from gpuscaler.catalog import load_catalog
+from gpuscaler.catalog import CapacityType, load_catalog
+from gpuscaler.planner import resolve
+from gpuscaler.planner.held import margin_s
 from gpuscaler.policy import Policy
-from gpuscaler.simulator.held import compare_held
+from gpuscaler.simulator import CloudModel, compare
+from gpuscaler.simulator.engine import JobOutcome, Segment, SimulationResult
+from gpuscaler.simulator.pools import HeldPools, flex_delay_h
+from gpuscaler.simulator.registry import ALL_STRATEGIES
 from gpuscaler.simulator.trace import DEFAULT_START, Trace, TraceJob
 
 CATALOG = load_catalog()
+QUIET = CloudModel(interruption_scale=0.0, shortage_scale=0.0, provisioning_jitter=0.0)
 RESNET = TrainingJobSpec.model_validate(
-    {"workload": {"model": "resnet50"}, "globalBatch": 256, "training": {"epochs": 90}, "maxDuration": "48h"}
-)
-POOLS = Policy.model_validate({"name": "team", "capacity": [
-    {"name": "team-h100", "type": "reserved", "instanceType": "p5.48xlarge", "count": 1},
-    {"name": "blk", "type": "capacityBlock", "instanceType": "p5.48xlarge", "count": 1,
-     "start": (DEFAULT_START + timedelta(hours=1)).isoformat(), "end": (DEFAULT_START + timedelta(hours=30)).isoformat()},
-]})  # fmt: skip
+    {"workload": {"model": "resnet50"}, "globalBatch": 256, "training": {"epochs": 90}, "maxDuration": "48h",
+     "constraints": {"providers": ["aws"]}}
+)  # fmt: skip
 
 
-def trace(*arrivals: float) -> Trace:
-    return Trace("t", tuple(TraceJob(f"j{i}", a, RESNET) for i, a in enumerate(arrivals)))
+def at(hours: float) -> str:
+    return (DEFAULT_START + timedelta(hours=hours)).isoformat()
 
 
-def test_planning_into_held_capacity_saves_what_the_jobs_would_have_bought() -> None:
-    cmp = compare_held(trace(0.0, 0.5, 2.0), CATALOG, POOLS)
-    planned = [r for r in cmp.rows if r.way == "planned"]
-    fits = [r for r in cmp.rows if r.way == "when-it-fits"]
-    # j1 finds the reservation taken and waits half an hour for the block; j2 finds both taken
-    assert [r.pool for r in planned] == ["team-h100", "blk", ""]
-    assert cmp.on_held("when-it-fits") == 0  # the cheapest bought plan is no p5: it never happens to fit
-    assert all(r.cost_usd > 0 for r in fits) and planned[0].cost_usd == 0 == planned[1].cost_usd
-    assert cmp.saving_usd == cmp.total("when-it-fits") - cmp.total("planned") > 0
+def policy(*pools: dict[str, Any]) -> Policy:
+    return Policy.model_validate({"name": "team", "capacity": list(pools)})
 
 
-def test_when_the_bought_plan_is_the_pools_type_it_fits_too() -> None:
+RESERVED = {"name": "team-h100", "type": "reserved", "instanceType": "p5.48xlarge", "count": 1}
+BLOCK = {"name": "blk", "type": "capacityBlock", "instanceType": "p5.48xlarge", "count": 1,
+         "start": at(0.0), "end": at(1.0)}  # fmt: skip
+FLEX = {"name": "flex", "type": "flexStart", "instanceType": "p5.48xlarge", "count": 1, "usdPerHour": 1.0,
+        "startDelay": {"p50Minutes": 30, "p90Minutes": 120}}  # fmt: skip
+
+
+def trace(*jobs: tuple[str, float, TrainingJobSpec]) -> Trace:
+    return Trace("t", tuple(TraceJob(n, a, s) for n, a, s in jobs))
+
+
+def run(tr: Trace, pol: Policy, strategies: tuple[str, ...], seed: int = 0, **kw: Any) -> dict[str, SimulationResult]:
+    cmp = compare(tr, CATALOG, policy=pol, cloud=kw.pop("cloud", QUIET), seed=seed, strategies=strategies, **kw)
+    return {r.strategy: r for r in cmp.results}
+
+
+def test_a_free_reservation_is_used_by_gpuscaler_when_it_fits() -> None:
+    res = run(trace(("a", 0.0, RESNET), ("b", 0.5, RESNET)), policy(RESERVED), ("when-it-fits", "gpuscaler"))
+    a, b = res["gpuscaler"].outcomes
+    assert [s.pool for s in a.segments] == ["team-h100"] and a.cost_usd == 0.0  # paid whether used or not
+    assert a.segments[0].capacity is CapacityType.RESERVED and a.status == "finished"
+    assert all(s.pool == "" for s in b.segments) and b.cost_usd > 0  # the one node is a's until it finishes
+    fits = res["when-it-fits"].outcomes
+    assert all(s.pool == "" for o in fits for s in o.segments)  # its cheapest bought plan is no p5: never fits
+    assert res["when-it-fits"].outcomes[0].cost_usd > a.cost_usd
+
+
+def test_when_it_fits_lands_on_a_pool_of_its_plans_type_at_the_pools_price() -> None:
     only_p5 = RESNET.model_copy(update={"constraints": RESNET.constraints.model_copy(update={"instance_types": ["p5.48xlarge"]})})
-    cmp = compare_held(Trace("t", (TraceJob("a", 0.0, only_p5),)), CATALOG, POOLS)
-    assert {r.way: r.pool for r in cmp.rows} == {"planned": "team-h100", "when-it-fits": "team-h100"}
-    assert cmp.saving_usd == 0
+    res = run(trace(("a", 0.0, only_p5)), policy({**RESERVED, "usdPerHour": 3.0}), ("when-it-fits", "gpuscaler"))
+    for r in res.values():
+        (seg,) = r.outcomes[0].segments
+        assert seg.pool == "team-h100" and seg.usd_per_hour == 3.0 * seg.nodes
+        assert r.outcomes[0].cost_usd == pytest.approx((seg.end_h - seg.start_h) * 3.0 * seg.nodes)
+
+
+def test_a_blocks_end_moves_the_job_after_a_checkpoint_before_it() -> None:
+    (out,) = run(trace(("a", 0.0, RESNET)), policy(BLOCK), ("gpuscaler",))["gpuscaler"].outcomes
+    first, *rest = out.segments
+    assert first.pool == "blk" and first.capacity is CapacityType.CAPACITY_BLOCK and rest
+    margin_h = margin_s(first.write_s) / 3600.0
+    # asked for at the margin before the end, written, gone before the nodes go: nothing lost
+    assert first.end_h == pytest.approx(1.0 - margin_h + first.write_s / 3600.0)
+    assert first.end_h < 1.0 and first.lost_s == 0.0 and not first.interrupted and first.samples > 0
+    assert all(s.pool == "" for s in rest) and rest[0].start_h == first.end_h
+    assert out.status == "finished" and out.moves >= 1 and out.gpu_hours_lost == 0.0
+    assert sum(s.samples for s in out.segments) == pytest.approx(resolve(RESNET, CATALOG, "a").total_samples)
+
+
+def test_flex_start_draws_the_same_delay_under_every_strategy() -> None:
+    pol = policy(FLEX)
+    pools = HeldPools.of(pol, DEFAULT_START, seed=3)
+    z = random.Random("3|a|flex|flex").gauss(0.0, 1.0)
+    assert pools.flex_z("a", pol.capacity[0]) == z  # a stream of its own: (seed, job, pool)
+    only_p5 = RESNET.model_copy(update={"constraints": RESNET.constraints.model_copy(update={"instance_types": ["p5.48xlarge"]})})
+    tr = trace(("a", 2.0, only_p5))
+    res = run(tr, pol, ("gpuscaler", "gpuscaler-no-profiles"), seed=3)
+    starts = {name: r.outcomes[0].segments[0] for name, r in res.items()}
+    assert all(s.pool == "flex" for s in starts.values())
+    delay = flex_delay_h(pol.capacity[0], z)
+    assert [s.start_h for s in starts.values()] == pytest.approx([2.0 + delay] * 2) and delay > 0
+    other = run(tr, pol, ("gpuscaler",), seed=4)["gpuscaler"].outcomes[0].segments[0]
+    assert other.start_h != starts["gpuscaler"].start_h  # another seed, another draw
+
+
+def _held_books(out: JobOutcome, pol: Policy) -> None:
+    pools = {p.name: p for p in pol.capacity}
+    assert math.isclose(out.cost_usd, sum((s.end_h - s.start_h) * s.usd_per_hour for s in out.segments), abs_tol=1e-9)
+    for s in out.segments:
+        parts = s.provisioning_s + s.compute_s + s.checkpoint_s + s.idle_s
+        assert math.isclose(s.wall_s, parts, rel_tol=1e-9, abs_tol=1e-6)
+        if s.pool:
+            p = pools[s.pool]
+            assert s.usd_per_hour == (p.usd_per_hour or 0.0) * s.nodes and s.capacity is p.capacity
+            assert not s.interrupted and s.lost_s == 0.0
+            if p.end is not None:  # inside the window (hours from the trace's start)
+                assert s.end_h <= (p.end - DEFAULT_START).total_seconds() / 3600.0 + 1e-9
+
+
+def _never_over(results: list[SimulationResult], pol: Policy) -> None:
+    for r in results:
+        for p in pol.capacity:
+            segs: list[Segment] = [s for o in r.outcomes for s in o.segments if s.pool == p.name]
+            for s in segs:  # at each segment's start, the nodes held are within the pool
+                held = sum(x.nodes for x in segs if x.start_h <= s.start_h < x.end_h)
+                assert held <= p.count, (r.strategy, p.name, s.start_h)
+
+
+def test_books_balance_with_held_capacity_under_every_strategy() -> None:
+    pol = policy({**RESERVED, "count": 2}, {**BLOCK, "count": 2, "start": at(1.0), "end": at(9.0)},
+                 {**FLEX, "usdPerHour": 20.0})  # fmt: skip
+    jobs = [(f"j{i}", 0.7 * i, RESNET) for i in range(6)]
+    cmp = compare(trace(*jobs), CATALOG, policy=pol, cloud=CloudModel(interruption_scale=50.0), seed=1,
+                  strategies=ALL_STRATEGIES, throughput_error=0.26, scaling_error=0.1)
+    assert any(s.pool for r in cmp.results for o in r.outcomes for s in o.segments)
+    for r in cmp.results:
+        for o in r.outcomes:
+            _held_books(o, pol)
+            if o.status == "finished":
+                assert sum(s.samples for s in o.segments) == pytest.approx(resolve(RESNET, CATALOG, o.name).total_samples)
+    _never_over(cmp.results, pol)
+    by = {r.strategy: r for r in cmp.results}
+    assert all(o.status == "finished" for o in by["gpuscaler"].outcomes)
+    assert sum(o.cost_usd for o in by["gpuscaler"].outcomes) < sum(o.cost_usd for o in by["when-it-fits"].outcomes)

@@ -138,12 +138,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         names, sigma, source, scaling = _check_args(args)
         trace = scale_deadlines(load_trace(args.trace), args.deadline_scale)
         policy = load_policy(args.policy) if args.policy else None
-        if policy is not None and policy.capacity:  # windows would be read against the wall clock
-            raise InputError(
-                f"policy {args.policy}: capacity (held capacity: {', '.join(p.name for p in policy.capacity)}) is not "
-                "simulated yet; remove it from the policy the simulator reads (docs/capacity.md)",
-                field="capacity",
-            )
         history = SpotPriceHistory.read(args.spot_prices) if args.spot_prices else None
         cloud = CloudModel.from_mapping(trace.cloud, interruption_scale=args.interruption_scale,
                                         shortage_scale=args.shortage_scale, spot_prices=history)

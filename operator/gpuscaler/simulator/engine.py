@@ -36,20 +36,32 @@ Inside a segment, training runs ``interval`` seconds of compute, then writes a c
 
 A move loses nothing: at a periodic checkpoint (the operator's re-plan after a correction), or now
 after writing one (a strategy leaving on-demand for spot).
+
+Held capacity (a policy's ``capacity``: reservations, capacity blocks, flex-start;
+:mod:`gpuscaler.simulator.pools`): every strategy's run sees the same pools, each keeping who holds
+which nodes. A request for a pool the job may not have yet waits without cost (a block until it
+opens, flex-start for its drawn delay); one whose nodes are taken is a shortage. A held allocation
+is neither reclaimed nor short; where its pool closes before the job ends (a block's end, a
+reservation's expiry, flex-start's run limit), a ``window`` event at ``margin_s`` before the close
+asks the strategy where the rest goes and moves it there after a checkpoint write (nothing lost).
+A held segment is priced at its pool's marginal price (``usd_per_hour`` of its nodes), so the books
+above hold unchanged.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from gpuscaler.catalog import CapacityType, Workload
 from gpuscaler.planner import resolve, resolve_workload
 from gpuscaler.planner.correction import keep_factor
+from gpuscaler.planner.held import margin_s
 from gpuscaler.planner.planner import STARTUP_S
 from gpuscaler.planner.risk import over_risk
+from gpuscaler.policy.capacity import HeldCapacity
 from gpuscaler.simulator.allocation import Allocation
 from gpuscaler.simulator.cloud import Cloud, CloudModel, Draws
 from gpuscaler.simulator.observing import (
@@ -61,6 +73,7 @@ from gpuscaler.simulator.observing import (
     record_profile,
 )
 from gpuscaler.simulator.planning import CachedPlanner, config_key
+from gpuscaler.simulator.pools import HeldPools, flex_delay_h
 from gpuscaler.simulator.strategies import SHORTAGE_HOLD_H, Decision, JobState, Strategy
 from gpuscaler.simulator.trace import Trace
 from gpuscaler.simulator.truth import ThroughputTruth
@@ -71,7 +84,7 @@ strategy that fails over across every spot offering while it waits for spot asks
 MAX_JOB_HOURS = 24.0 * 90
 """Hours after arrival after which a job is abandoned."""
 
-ARRIVE, REQUEST, INTERRUPT, FINISH, REVIEW, OBSERVE, MOVE = range(7)
+ARRIVE, REQUEST, INTERRUPT, FINISH, REVIEW, OBSERVE, MOVE, WINDOW = range(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +118,9 @@ class Segment:
     charges: tuple[tuple[float, float, float], ...] = ()
     """With a spot price history: ``(from_h, to_h, USD per hour of all its nodes)`` pieces covering
     ``[start_h, end_h]``, cut at each price change; empty = ``usd_per_hour`` throughout."""
+    pool: str = ""
+    """The held pool it ran on ('' = capacity bought by the hour); ``usd_per_hour`` is then the pool's
+    marginal price for its nodes."""
 
     @property
     def wall_s(self) -> float:
@@ -224,6 +240,8 @@ class _Active:
     """Hour of the scheduled reclaim or finish."""
     moving: tuple[Decision, float, float, float] | None = None
     """(decision, end hour, compute s, checkpoint s) of a scheduled move."""
+    closes_h: float | None = None
+    """When its held pool's nodes go (None: bought by the hour, or a pool that does not close)."""
 
     def run_s(self, t_h: float) -> float:
         return (t_h - self.start_h) * 3600.0 - self.provisioning_s
@@ -247,6 +265,10 @@ class _Run:
         self.epoch: list[int] = [0] * n
         self.workload: list[Workload | None] = [None] * n
         """Each job's resolved workload (the truth's error is per family; profiles key on its id)."""
+        self.pools = HeldPools.of(planner.policy, trace.start, seed)
+        self.granted: list[float | None] = [None] * n
+        """The hour a job's pending flex-start request gets its nodes (None: none pending)."""
+        planner.start = trace.start
         for i, job in enumerate(trace.jobs):
             self.outcomes.append(JobOutcome(job.name, job.arrival_h, job.deadline_h(trace.start), job.spec.budget_usd))
             self.push(job.arrival_h, ARRIVE, i)
@@ -258,13 +280,15 @@ class _Run:
     def run(self) -> SimulationResult:
         events = 0
         handlers = {ARRIVE: self.arrive, REQUEST: self.request, INTERRUPT: self.interrupt, FINISH: self.finish,
-                    REVIEW: self.review, OBSERVE: self.observe, MOVE: self.move}
+                    REVIEW: self.review, OBSERVE: self.observe, MOVE: self.move, WINDOW: self.window}
         while self.heap:
             t, _, kind, i, epoch = heapq.heappop(self.heap)
             if epoch != self.epoch[i]:
                 continue  # an event of an allocation that has ended
             events += 1
             self.planner.now_h = t  # plans are made at the spot prices in force now
+            if self.pools:  # and with the held nodes others hold now (a job's own are free to it)
+                self.planner.held_in_use = self.pools.in_use(exclude=i)
             handlers[kind](t, i)
         return SimulationResult(self.strategy.name, self.strategy.label, self.seed, self.outcomes, events)
 
@@ -304,12 +328,20 @@ class _Run:
         if out.requests > MAX_REQUESTS or t - st.arrival_h > MAX_JOB_HOURS:
             out.status, out.note = "abandoned", f"gave up after {out.requests - 1} capacity requests"
             return
-        d = st.current
+        d, pool, wait_h = self._held(i, st.current, t)
+        if wait_h is not None:  # a block not open yet, a flex-start queue: no nodes, no cost
+            self.push(t + wait_h, REQUEST, i)
+            return
         cand = d.candidate
         inst, cap, nodes = cand.instance, cand.capacity, cand.nodes
         # One draw from every stream per request keeps the streams aligned across strategies.
         fails = self.cloud.request_fails(inst, cap, nodes, t, draws.capacity_u())
         irq_s = self.cloud.interruption_s(inst, cap, nodes, t, draws.interruption_u())
+        closes_h = None
+        if pool is not None:  # the team's nodes: short only when others hold them, never reclaimed
+            closes_h = self.pools.closes_h(pool, t)
+            fails = self.pools.free(pool, exclude=i) < nodes or (closes_h is not None and closes_h <= t)
+            irq_s = math.inf
         nominal = STARTUP_S if not self.started[i] else st.spec.checkpoint.restart_seconds
         prov_s = draws.provisioning_s(nominal, self.model.provisioning_jitter)
         if fails:
@@ -341,8 +373,12 @@ class _Run:
         interrupted = irq_s < prov_s + wall_s
         end_h = t + (irq_s if interrupted else prov_s + wall_s) / 3600.0
         a = self.active[i] = _Active(d, t, prov_s, work_s, wall_s, writes, rate,
-                                     st.total_samples - st.remaining_samples, end_h)
+                                     st.total_samples - st.remaining_samples, end_h, closes_h=closes_h)
         self.push(end_h, INTERRUPT if interrupted else FINISH, i)
+        if pool is not None:
+            self.pools.take(i, pool, nodes)
+            if closes_h is not None and closes_h < end_h:  # the checkpoint is asked for a margin before the close
+                self.push(max(t, closes_h - margin_s(cand.checkpoint_write_s) / 3600.0), WINDOW, i)
         if self.strategy.corrects:
             at = t + (prov_s + self.rules.first_look_s) / 3600.0
             if at < end_h:
@@ -350,6 +386,57 @@ class _Run:
         review = self.strategy.review_at_h(st, self._view(a, t, st))
         if review is not None and review < end_h:
             self.push(review, REVIEW, i)
+
+    def _held(self, i: int, d: Decision | None, t: float) -> tuple[Decision, HeldCapacity | None, float | None]:
+        """The decision as run, its held pool (None: bought by the hour) and hours to wait for the pool.
+
+        A plan into a pool names it (``candidate.pool``); a strategy that does not plan into the pools
+        lands on one when it happens to fit (:meth:`HeldPools.landing`).
+        """
+        assert d is not None
+        cand = d.candidate
+        if not self.pools:
+            return d, None, None
+        if not cand.pool:
+            landed = None if self.strategy.plans_held else self.pools.landing(i, cand, t)
+            if landed is None:
+                return d, None, None
+            return replace(d, candidate=landed), self.pools.pools[landed.pool], None
+        pool = self.pools.pools[cand.pool]
+        opens = self.pools.opens_h(pool)
+        if opens > t + 1e-9:
+            return d, pool, opens - t
+        if pool.type == "flexStart":
+            granted = self.granted[i]
+            if granted is None:  # queue: the k-th draw of this job on this pool, the same for every strategy
+                delay = flex_delay_h(pool, self.pools.flex_z(self.trace.jobs[i].name, pool))
+                self.granted[i] = t + delay
+                return d, pool, delay
+            self.granted[i] = None
+        return d, pool, None
+
+    def window(self, t: float, i: int) -> None:
+        """A held pool closes soon: checkpoint now and move the rest where the strategy says (planned)."""
+        st, out, a = self._job(i)
+        if a.moving is not None and a.closes_h is not None and a.moving[1] <= a.closes_h:
+            return  # a move already leaves before the close
+        d = a.decision
+        compute, _, _ = progress(max(a.run_s(t), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
+        at_h = t + d.candidate.checkpoint_write_s / 3600.0
+        before = st.remaining_samples
+        st.remaining_samples = max(before - compute * a.rate, 0.0)  # what is left after the checkpoint
+        self.planner.now_h = at_h
+        try:
+            to = self.strategy.after_window(st, self.planner, at_h)
+        finally:
+            st.remaining_samples = before
+            self.planner.now_h = t
+        if to is None:
+            out.note = "no plan for the rest after a held pool closed"
+            to = st.current
+        assert to is not None
+        a.moving = None
+        self._schedule_move(i, a, t, to, at_checkpoint=False)
 
     def interrupt(self, t: float, i: int) -> None:
         st, out, a = self._job(i)
@@ -496,7 +583,8 @@ class _Run:
 
     def move(self, t: float, i: int) -> None:
         st, out, a = self._job(i)
-        assert a.moving is not None
+        if a.moving is None or a.moving[1] != t:
+            return  # a move replaced by an earlier one (a held pool's close)
         to, _, compute, ckpt = a.moving
         prov = min(a.provisioning_s, (t - a.start_h) * 3600.0)  # a move may leave before the nodes are up
         seg = self.close(i, a, t, prov, compute, compute, ckpt, 0.0, interrupted=False)
@@ -526,8 +614,9 @@ class _Run:
             compute_s=compute, kept_s=kept, lost_s=compute - kept, checkpoint_s=ckpt, idle_s=idle,
             samples=kept * a.rate if samples is None else samples,
             interrupted=interrupted, interval_s=a.decision.interval_s,
-            write_s=cand.checkpoint_write_s, zone=zone, charges=charges,
+            write_s=cand.checkpoint_write_s, zone=zone, charges=charges, pool=cand.pool,
         )
+        self.pools.release(i)
         out, st = self.outcomes[i], self.states[i]
         assert st is not None
         out.cost_usd += seg.cost_usd

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from gpuscaler.api import Objective, SpotPolicy, TrainingAmount, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, UnknownIdError
@@ -113,6 +114,12 @@ class CachedPlanner:
     def __init__(self, catalog: Catalog, policy: Policy | None = None, *, cache: bool = True) -> None:
         self.catalog = catalog
         self.policy = policy or Policy()
+        self.bought = self.policy.model_copy(update={"capacity": []}) if self.policy.capacity else self.policy
+        """The policy without its held capacity: what a plan that does not plan into the pools sees."""
+        self.start = datetime(2026, 1, 1, tzinfo=UTC)
+        """The trace's start (simulated hour 0; the engine sets it): the pools' windows are read against it."""
+        self.held_in_use: dict[str, int] = {}
+        """Nodes of each held pool other jobs hold now (the engine sets it per event)."""
         self.spot_prices: SpotPriceHistory | None = None
         """Spot prices that move (the cloud's): plans are made at the prices in force at :attr:`now_h`."""
         self.now_h = 0.0
@@ -137,6 +144,7 @@ class CachedPlanner:
         capacity: CapacityType | None = None,
         fit: Fit | None = None,
         profiles: ProfileStore | None = None,
+        held: bool = False,
     ) -> Choice:
         """Plan ``spec`` with ``deadline_h`` hours left (the spec's own deadline fields are ignored).
 
@@ -154,6 +162,9 @@ class CachedPlanner:
             profiles: performance profiles to plan with (``plan(..., profiles=...)``), as the operator
                 passes its namespace's; the cache keys on the store's fingerprint (it grows with
                 every run recorded).
+            held: plan into the policy's held capacity (its pools less :attr:`held_in_use`, windows
+                read at the simulated :attr:`now_h`), as the operator does; False: the policy
+                without it (capacity bought by the hour only).
 
         Returns:
             The chosen candidate (None when infeasible or unplannable, with ``error``) and the front.
@@ -162,15 +173,19 @@ class CachedPlanner:
         self.calls += 1
         eff = tuple(sorted((g, round(f, 6)) for g, f in (efficiency or {}).items()))
         catalog, epoch = self._catalog()
+        held = held and bool(self.policy.capacity)
+        in_use = tuple(sorted(self.held_in_use.items())) if held else None
+        at = round(self.now_h, 6) if held else None
         key = (spec.model_dump_json(), None if deadline_h is None else round(deadline_h, 6), unavailable, eff,
-               current, rule, capacity, fit, profiles.fingerprint() if profiles else None, epoch)
+               current, rule, capacity, fit, profiles.fingerprint() if profiles else None, epoch, in_use, at)
         if self.cache_enabled and key in self._cache:
             return self._cache[key]
         self.misses += 1
         factors = dict(eff) or None
         try:
-            result = plan(spec, catalog, self.policy, name=name, unavailable=unavailable, efficiency=factors,
-                          deadline_h=deadline_h if rule == "planner" else None, profiles=profiles or None)
+            result = plan(spec, catalog, self.policy if held else self.bought, name=name, unavailable=unavailable,
+                          efficiency=factors, deadline_h=deadline_h if rule == "planner" else None,
+                          profiles=profiles or None, **self._held_args(held))
         except (JobError, UnknownIdError, ValueError) as err:
             choice = Choice(None, (), str(err))
         else:
@@ -179,6 +194,12 @@ class CachedPlanner:
         if self.cache_enabled:
             self._cache[key] = choice
         return choice
+
+    def _held_args(self, held: bool) -> dict[str, Any]:
+        """``plan``'s ``now`` and ``held_in_use`` for a plan into the pools (none otherwise)."""
+        if not held:
+            return {}
+        return {"now": self.start + timedelta(hours=self.now_h), "held_in_use": dict(self.held_in_use)}
 
     def _catalog(self) -> tuple[Catalog, tuple[int, ...] | None]:
         """The catalog at the spot prices in force at :attr:`now_h` (per zone), and their epoch."""

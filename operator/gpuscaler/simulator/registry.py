@@ -10,7 +10,9 @@ Default, in table order (the first is the baseline of the savings column):
 * ``gpuscaler``.
 
 Optional (``--strategies``): ``gpuscaler-no-profiles`` (gpuscaler without performance profiles: what
-they buy), ``cheapest-fits`` (no performance model) and the naive spot
+they buy), ``when-it-fits`` (gpuscaler's plans bought by the hour, on a policy's held capacity only
+when a plan happens to fit a pool: Karpenter's behaviour, what planning into it saves against),
+``cheapest-fits`` (no performance model) and the naive spot
 strategies that plan with the deadline removed, ``deadline-blind-spot-restart`` and
 ``deadline-blind-spot-checkpoint`` (:mod:`gpuscaler.simulator.strategies`).
 """
@@ -39,7 +41,7 @@ from gpuscaler.simulator.strategies import (
 STRATEGIES = ("ondemand-best", "managed-spot", "managed-spot-padded", "uniform-progress", "ondemand-8xa100",
               "managed-spot-padded+correction", "gpuscaler")
 """The default comparison."""
-OPTIONAL = ("gpuscaler-no-profiles", "cheapest-fits", "deadline-blind-spot-restart", "deadline-blind-spot-checkpoint")
+OPTIONAL = ("gpuscaler-no-profiles", "when-it-fits", "cheapest-fits", "deadline-blind-spot-restart", "deadline-blind-spot-checkpoint")
 ALL_STRATEGIES = STRATEGIES + OPTIONAL
 BASELINES = ("ondemand-best", "managed-spot", "managed-spot-padded", "uniform-progress")
 """The careful baselines gpuscaler's targets are measured against."""
@@ -70,6 +72,7 @@ def make_strategies(catalog: Catalog, names: Sequence[str] = STRATEGIES,
         "ondemand-8xa100": OnDemandFixed,
         "gpuscaler": Gpuscaler,
         "gpuscaler-no-profiles": lambda: Gpuscaler(profiles=False),
+        "when-it-fits": lambda: Gpuscaler(held=False),
         "cheapest-fits": lambda: CheapestFits(catalog),
         "deadline-blind-spot-restart": SpotRestart,
         "deadline-blind-spot-checkpoint": lambda: SpotCheckpoint(checkpoint_interval_s),

@@ -123,6 +123,9 @@ class Strategy:
     """Observes running allocations and corrects the model as the operator does (gpuscaler only)."""
     profiles: ProfileStore | None = None
     """Performance profiles it records finished runs into and plans with, as the operator does (gpuscaler)."""
+    plans_held = False
+    """Plans into the policy's held capacity (gpuscaler); False: it buys by the hour and the engine lands
+    a plan on a held pool only when the pool happens to fit it (Karpenter's behaviour, :mod:`~gpuscaler.simulator.pools`)."""
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         """The first decision for a job arriving at ``now_h``; None when it cannot be planned."""
@@ -134,6 +137,11 @@ class Strategy:
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         """The decision after a failed capacity request (the same object: ask again after a back-off)."""
+        return st.current
+
+    def after_window(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        """Where the rest goes when its held pool closes (a planned move; default: its own decision again,
+        bought by the hour unless a pool happens to fit it)."""
         return st.current
 
     def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> Replan:
@@ -255,12 +263,17 @@ class Gpuscaler(Strategy):
     label = "gpuscaler"
     replans_on_shortage = True
     corrects = True
+    plans_held = True
 
-    def __init__(self, profiles: bool = True) -> None:
-        """A fresh strategy; ``profiles`` False: without performance profiles (``gpuscaler-no-profiles``)."""
+    def __init__(self, profiles: bool = True, *, held: bool = True) -> None:
+        """A fresh strategy; ``profiles`` False: without performance profiles (``gpuscaler-no-profiles``);
+        ``held`` False: its plans bought by the hour, on held capacity only when it fits (``when-it-fits``)."""
         self.profiles = ProfileStore() if profiles else None
         if not profiles:
             self.name, self.label = "gpuscaler-no-profiles", "gpuscaler without performance profiles"
+        if not held:
+            self.plans_held = False
+            self.name, self.label = "when-it-fits", "gpuscaler's plans, held capacity when it fits (Karpenter)"
 
     def initial(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         return self._decide(st, planner, now_h).best
@@ -269,6 +282,9 @@ class Gpuscaler(Strategy):
         return self._decide(st, planner, now_h).best
 
     def after_shortage(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
+        return self._decide(st, planner, now_h).best
+
+    def after_window(self, st: JobState, planner: CachedPlanner, now_h: float) -> Decision | None:
         return self._decide(st, planner, now_h).best
 
     def replan(self, st: JobState, planner: CachedPlanner, now_h: float) -> Replan:
@@ -293,7 +309,8 @@ class Gpuscaler(Strategy):
         )
         eff = st.efficiency  # the operator plans with status.observed.efficiencyByGpu
         rec = recover(situation, lambda spec, dl, un: planner.choose(spec, dl, un, st.name, efficiency=eff,
-                                                                     current=current, profiles=self.profiles))
+                                                                     current=current, profiles=self.profiles,
+                                                                     held=self.plans_held))
         found = rec.result.current if rec.result is not None else None
         fallback = rec.result.fallback if rec.result is not None else None
         return Replan(self._decision(rec.chosen, eff), found, self._decision(fallback, eff))
