@@ -38,30 +38,54 @@ Benchmarks and tests call it to measure and to corrupt checkpoints on purpose.
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import io
 import json
 import logging
 import os
-import pickle
-import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any
 
 from gpuscaler.runtime.agreement import Agreement
 from gpuscaler.runtime.atomic import atomic_write_text, fsync_dir, temp_name
+from gpuscaler.runtime.checkpoint_callbacks import (
+    bytes_callbacks,
+    data_load,
+    data_save,
+    pickle_load,
+    pickle_save,
+)
+from gpuscaler.runtime.checkpoint_files import (
+    _CORRUPT_DIR,
+    _LEFTOVER,
+    _NO_SPACE,
+    _NOT_WRITABLE,
+    _STEP_DIR,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    PAYLOAD_NAME,
+    SHARD_STAGING_TAG,
+    STEP_DIGITS,
+    CheckpointInfo,
+    FileDigest,
+    LoadFn,
+    SaveFn,
+    _digest_file,
+    _digest_tree,
+    _errno_of,
+    _free_bytes,
+    _manifest_checksum,
+    step_dir_name,
+    storage_error,
+)
 from gpuscaler.runtime.checkpoint_safety import (
     DATA_GLOBALS,
     HASH_ALGORITHM,
     CheckpointError,
     CorruptCheckpointError,
-    DataUnpickler,
-    NamesOnlyUnpickler,
     UnsafeCheckpointError,
     check_tree,
     open_regular,
@@ -96,171 +120,6 @@ __all__ = [  # the loader's safety checks and errors live in checkpoint_safety; 
 ]
 
 log = logging.getLogger(__name__)
-
-S = TypeVar("S")
-
-SaveFn = Callable[[S, Path], None]
-"""``save(state, path)``: write ``state`` to the file (or new directory) ``path``. The store makes
-it atomic and durable; the callback need not fsync, rename or checksum anything."""
-
-LoadFn = Callable[[Path], S]
-"""``load(path) -> state``: read back what the save callback wrote at ``path``."""
-
-MANIFEST_NAME: Final = "MANIFEST.json"
-PAYLOAD_NAME: Final = "payload"
-FORMAT: Final = "gpuscaler-checkpoint"
-FORMAT_VERSION: Final = 1
-STEP_DIGITS: Final = 12
-
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_CORRUPT_DIR = re.compile(r"^corrupt-step-(\d+)-")
-_LEFTOVER = re.compile(r"^\.step-\d+\.(staging|trash)-")
-SHARD_STAGING_TAG: Final = "staging-sharded"
-"""Suffix of the shared staging directory of a sharded checkpoint (one name all ranks derive)."""
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-def _errno_of(err: BaseException | None) -> int | None:
-    """The errno of the first OSError in an exception's cause/context chain."""
-    seen = 0
-    while err is not None and seen < 10:
-        if isinstance(err, OSError) and err.errno is not None:
-            return err.errno
-        err = err.__cause__ or err.__context__
-        seen += 1
-    return None
-
-
-def _free_bytes(directory: Path) -> int | None:
-    """Free bytes on the file system of ``directory`` (or its nearest existing parent)."""
-    probe = directory
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        return shutil.disk_usage(probe).free
-    except OSError:
-        return None
-
-
-def storage_error(action: str, directory: Path, err: BaseException, *, kept: int | None) -> CheckpointError:
-    """A :class:`CheckpointError` for a failed write that says why, how much room is left and what to do.
-
-    Args:
-        action: What failed, e.g. ``writing checkpoint for step 120``.
-        directory: The checkpoint directory.
-        err: The cause.
-        kept: Step of the newest complete checkpoint still on disk (None: there is none).
-
-    Returns:
-        The error to raise (chain ``err`` as its cause).
-    """
-    code = _errno_of(err)
-    free = _free_bytes(directory)
-    room = f"{free / 2**20:,.1f} MiB free" if free is not None else "free space unknown"
-    full = code in _NO_SPACE or (code not in _NOT_WRITABLE and free is not None and free < DISK_FULL_FREE_BYTES)
-    if full:
-        why = f"the disk is full ({room} on the file system of {directory})"
-        todo = (
-            "free space there, keep fewer checkpoints (GPUSCALER_CHECKPOINT_KEEP / spec.checkpoint.keep) "
-            "or give the checkpoint volume more room"
-        )
-    elif code in _NOT_WRITABLE:
-        why = f"{directory} is not writable ({os.strerror(code) if code else err})"
-        todo = (
-            "mount the checkpoint volume read-write and make the directory writable by this "
-            "container's user"
-        )
-    else:
-        why = f"{err} ({room} in {directory})"
-        todo = "check the checkpoint volume"
-    previous = f"the previous checkpoint (step {kept}) is kept" if kept is not None else "no earlier checkpoint exists"
-    return CheckpointError(f"{action}: {why}; {todo}; {previous}")
-
-
-@dataclass(frozen=True)
-class FileDigest:
-    """Size and checksum of one payload file, as recorded in the manifest."""
-
-    path: str
-    """Path relative to the checkpoint directory, ``/``-separated (``payload`` or ``payload/x``)."""
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A complete, verified checkpoint and its metadata."""
-
-    step: int
-    """Steps completed when the checkpoint was taken; training resumes at this step index."""
-    path: Path
-    """The checkpoint directory ``step-N``."""
-    created_at: float
-    """Unix time the checkpoint was committed."""
-    samples: int = 0
-    """Samples processed up to ``step`` (cumulative over restarts)."""
-    reason: str = "manual"
-    """Why it was taken: ``interval``, ``notice``, ``sigterm``, ``final`` or ``manual``."""
-    request_id: str | None = None
-    """The ``gpuscaler.io/checkpoint-requested`` id it answers, for notice-triggered checkpoints."""
-    payload_bytes: int = 0
-    write_seconds: float = 0.0
-    """Wall time of the save callback plus hashing and syncing."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Caller metadata (JSON-serialisable), stored in the manifest."""
-    files: tuple[FileDigest, ...] = ()
-
-    @property
-    def payload_path(self) -> Path:
-        """Where the save callback wrote; what the load callback receives."""
-        return self.path / PAYLOAD_NAME
-
-
-def step_dir_name(step: int) -> str:
-    """Directory name of the checkpoint taken after ``step`` steps: ``step-000000000123``.
-
-    Args:
-        step: Steps completed, >= 0.
-
-    Returns:
-        The zero-padded name, which sorts in step order.
-    """
-    return f"step-{step:0{STEP_DIGITS}d}"
-
-
-def _digest_file(path: Path, rel: str) -> FileDigest:
-    """Hash a payload file and fsync it (the save callback may not have)."""
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, HASH_ALGORITHM).hexdigest()
-        os.fsync(f.fileno())
-        size = os.fstat(f.fileno()).st_size
-    return FileDigest(rel, size, digest)
-
-
-def _digest_tree(root: Path) -> list[FileDigest]:
-    """Digest every file under ``root / payload`` (a file or a tree); fsync files and directories."""
-    payload = root / PAYLOAD_NAME
-    if payload.is_file():
-        return [_digest_file(payload, PAYLOAD_NAME)]
-    if not payload.is_dir():
-        raise CheckpointError(
-            f"the save callback wrote nothing at {payload}; it must create a file or a directory there"
-        )
-    digests: list[FileDigest] = []
-    for dirpath, dirnames, filenames in os.walk(payload):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = Path(dirpath, name)
-            digests.append(_digest_file(full, full.relative_to(root).as_posix()))
-        fsync_dir(dirpath)
-    return digests
-
-
-def _manifest_checksum(body: Mapping[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
-
 
 class CheckpointStore:
     """Step-numbered checkpoints in one directory, written atomically, verified on load.
@@ -804,94 +663,3 @@ def _payload_files(staging: Path) -> list[str]:
     return sorted(names)
 
 
-# --- ready-made callbacks ---------------------------------------------------------------------
-
-def data_save(state: object, path: Path) -> None:
-    """Default save callback: ``state`` as a pickle that :func:`data_load` can read back.
-
-    Args:
-        state: Plain data: dicts, lists, tuples, numbers, strings, bytes, sets, numpy arrays.
-        path: The payload path.
-
-    Raises:
-        UnsafeCheckpointError: The state holds something :func:`data_load` would refuse (checked
-            before anything is written, so a checkpoint that cannot be resumed is never committed).
-    """
-    blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    try:
-        NamesOnlyUnpickler(io.BytesIO(blob)).load()  # our own pickle: the names matter, not the size
-    except UnsafeCheckpointError as err:
-        raise UnsafeCheckpointError(f"refusing to save a state the default loader could not load back: {err}") from err
-    path.write_bytes(blob)
-
-
-def data_load(path: Path) -> Any:
-    """Default load callback: read a payload that is data only; never runs code from it.
-
-    Args:
-        path: The payload path.
-
-    Returns:
-        The state.
-
-    Raises:
-        UnsafeCheckpointError: The payload names anything outside :data:`DATA_GLOBALS` (e.g.
-            ``os.system``, or a class of your own), or asks to build far more than it holds (a
-            memory bomb: :class:`~gpuscaler.runtime.checkpoint_safety.DataUnpickler`).
-        CorruptCheckpointError: The payload is a symlink or a special file, or larger than this
-            machine's memory (refused before a byte is read).
-    """
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    with open_regular(path.parent, path.name, max_bytes=memory) as f:
-        return DataUnpickler(f, os.fstat(f.fileno()).st_size).load()
-
-
-
-def pickle_save(state: object, path: Path) -> None:
-    """Save callback for any picklable state (pair it with :func:`pickle_load`).
-
-    Args:
-        state: Any picklable object.
-        path: The payload path.
-    """
-    with open(path, "wb") as f:
-        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def pickle_load(path: Path) -> Any:
-    """Load callback that unpickles anything, and so runs whatever code the payload names.
-
-    Pass it explicitly (``load=pickle_load``) only when nobody but your job can write the
-    checkpoint directory: anyone who can write there can then run code in every worker that
-    resumes (the manifest's checksums do not prevent that: they are not a signature).
-
-    Args:
-        path: The payload path.
-
-    Returns:
-        The state object.
-    """
-    with open(path, "rb") as f:
-        return pickle.load(f)
-
-
-def bytes_callbacks(
-    dumps: Callable[[S], bytes], loads: Callable[[bytes], S]
-) -> tuple[Callable[[S, Path], None], Callable[[Path], S]]:
-    """Adapt a ``state -> bytes`` / ``bytes -> state`` codec to path-based save and load callbacks.
-
-    Args:
-        dumps: Serialises a state.
-        loads: Deserialises it.
-
-    Returns:
-        ``(save, load)`` to pass to :class:`gpuscaler.runtime.TrainingGuard`.
-    """
-
-    def save(state: S, path: Path) -> None:
-        path.write_bytes(dumps(state))
-
-    def load(path: Path) -> S:
-        return loads(path.read_bytes())
-
-    return save, load
