@@ -59,6 +59,7 @@ from urllib.parse import urlparse
 import yaml
 
 from gpuscaler import names
+from gpuscaler.errors import InvalidInputError
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 """kwok manages the nodes annotated with it (value ``fake``): the runner plays the kubelet there only."""
@@ -73,8 +74,9 @@ TOKEN_SECONDS = 3600
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
-class RunnerError(Exception):
-    """The runner cannot run here (not a dev cluster, a bad option); the message says what to do."""
+class RunnerError(InvalidInputError):
+    """The runner cannot run here (not a dev cluster, a bad option); the message says what to do
+    (invalid input: ``dev-cluster workers`` exits 2)."""
 
 
 def check_dev_cluster(kubeconfig: str | Path) -> str:
