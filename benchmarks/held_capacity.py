@@ -26,12 +26,13 @@ import statistics
 from pathlib import Path
 
 from gpuscaler.catalog import load_catalog
-from gpuscaler.policy import load_policy
+from gpuscaler.policy import Policy, load_policy
 from gpuscaler.simulator import default_scaling_error, default_throughput_error
 from gpuscaler.simulator.cloud import CloudModel
 from gpuscaler.simulator.compare import compare
 from gpuscaler.simulator.engine import SimulationResult
 from gpuscaler.simulator.planning import CachedPlanner
+from gpuscaler.simulator.pools import held_policy
 from gpuscaler.simulator.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,10 +48,12 @@ def _row(r: SimulationResult) -> tuple[float, int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=str(ROOT / "examples" / "traces" / "research-week.yaml"))
-    ap.add_argument("--policy", default=str(ROOT / "examples" / "policies" / "research-week-held.yaml"))
+    ap.add_argument("--policy", default=str(ROOT / "examples" / "policies" / "research-week-held.yaml"),
+                    help="policy YAML with the pools ('' = none: the trace's own capacity only)")
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args()
-    trace, policy, catalog = load_trace(args.trace), load_policy(args.policy), load_catalog()
+    trace, catalog = load_trace(args.trace), load_catalog()
+    policy = held_policy(load_policy(args.policy) if args.policy else None, trace) or Policy()
     sigma, scaling = default_throughput_error().sigma, default_scaling_error().sigma
     planner = CachedPlanner(catalog, policy)
     cloud = CloudModel.from_mapping(trace.cloud)

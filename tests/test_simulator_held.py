@@ -8,20 +8,22 @@ from __future__ import annotations
 import math
 import random
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, load_catalog
-from gpuscaler.planner import resolve
+from gpuscaler.planner import plan, resolve
 from gpuscaler.planner.held import margin_s
-from gpuscaler.policy import Policy
+from gpuscaler.policy import Policy, load_policy
 from gpuscaler.simulator import CloudModel, compare
 from gpuscaler.simulator.engine import JobOutcome, Segment, SimulationResult
-from gpuscaler.simulator.pools import HeldPools, flex_delay_h
+from gpuscaler.simulator.pools import HeldPools, flex_delay_h, held_policy
 from gpuscaler.simulator.registry import ALL_STRATEGIES
-from gpuscaler.simulator.trace import DEFAULT_START, Trace, TraceJob
+from gpuscaler.simulator.trace import DEFAULT_START, Trace, TraceError, TraceJob, load_trace
 
 CATALOG = load_catalog()
 QUIET = CloudModel(interruption_scale=0.0, shortage_scale=0.0, provisioning_jitter=0.0)
@@ -143,3 +145,37 @@ def test_books_balance_with_held_capacity_under_every_strategy() -> None:
     by = {r.strategy: r for r in cmp.results}
     assert all(o.status == "finished" for o in by["gpuscaler"].outcomes)
     assert sum(o.cost_usd for o in by["gpuscaler"].outcomes) < sum(o.cost_usd for o in by["when-it-fits"].outcomes)
+
+
+def test_a_trace_declares_held_capacity_as_a_policy_does(tmp_path: Path) -> None:
+    body = {"name": "t", "start": DEFAULT_START.isoformat(), "capacity": [RESERVED],
+            "jobs": [{"name": "a", "arrivalHours": 0.0, "spec": RESNET.model_dump(mode="json", by_alias=True, exclude_none=True)}]}  # fmt: skip
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(body))
+    tr = load_trace(tmp_path / "t.yaml")
+    assert [p.name for p in tr.capacity] == ["team-h100"]
+    from_trace = run(tr, Policy(), ("gpuscaler",))["gpuscaler"].outcomes[0]
+    from_policy = run(trace(("a", 0.0, RESNET)), policy(RESERVED), ("gpuscaler",))["gpuscaler"].outcomes[0]
+    assert [s.pool for s in from_trace.segments] == [s.pool for s in from_policy.segments] == ["team-h100"]
+    assert held_policy(policy(RESERVED), tr) == policy(RESERVED)  # the same pool twice is one pool
+    with pytest.raises(TraceError, match="declared differently by the trace and the policy"):
+        held_policy(policy({**RESERVED, "count": 3}), tr)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**body, "capacity": [{**RESERVED, "count": 0}]}))
+    with pytest.raises(TraceError, match=r"capacity\[0\] is invalid: count"):
+        load_trace(tmp_path / "bad.yaml")
+
+
+def test_a_job_that_fits_a_block_only_at_its_expected_speed_still_plans() -> None:
+    """A segmented plan with nothing left after the window is refused, not an error that leaves the job unplanned."""
+    root = Path(__file__).resolve().parents[1]
+    tr = load_trace(root / "examples" / "traces" / "production-month.yaml")
+    pol = load_policy(root / "examples" / "policies" / "production-month-held.yaml")
+    job = next(j for j in tr.jobs if j.name == "weekly-bert-pretrain-d05")
+    r = plan(job.spec, CATALOG, pol, name=job.name, now=tr.start + timedelta(hours=job.arrival_h), held_in_use={})
+    assert r.ok and r.chosen is not None, r.why
+
+
+@pytest.mark.parametrize("name", ["research-week-held.yaml", "production-month-held.yaml"])
+def test_the_example_policies_declare_the_pools_they_say(name: str) -> None:
+    path = Path(__file__).resolve().parents[1] / "examples" / "policies" / name
+    (line,) = [x for x in path.read_text().splitlines() if x.startswith("# expect:")]
+    assert len(load_policy(path).capacity) == int(line.split("pools=")[1])

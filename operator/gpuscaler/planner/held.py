@@ -247,6 +247,8 @@ def segmented(
     if s1 <= 0:
         return Refusal(Reason.CAPACITY, f"capacity {h.pool.name}: not one step fits in its window")
     left = job.total_samples - s1
+    if left <= 0:  # it fits at its expected speed, not at its P90 (held_candidate): no rest to plan
+        return Refusal(Reason.CAPACITY, f"capacity {h.pool.name}: the job fits its window only at its expected speed, not at P90")
     rest_spec = spec.model_copy(update={"training": TrainingAmount(samples=left)})
     others = policy.model_copy(update={"capacity": [p for p in policy.capacity if p.name != h.pool.name]})
     rest_deadline = None if job.deadline_h is None else job.deadline_h - h.closes_h

@@ -36,6 +36,7 @@ from gpuscaler.policy import load_policy
 from gpuscaler.simulator.cloud import CloudModel
 from gpuscaler.simulator.compare import Comparison, compare
 from gpuscaler.simulator.planning import CachedPlanner
+from gpuscaler.simulator.pools import held_policy
 from gpuscaler.simulator.registry import ALL_STRATEGIES, STRATEGIES
 from gpuscaler.simulator.report import format_markdown, format_table, plot, ranges, summarize
 from gpuscaler.simulator.spot_prices import SpotPriceHistory, describe
@@ -137,7 +138,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         names, sigma, source, scaling = _check_args(args)
         trace = scale_deadlines(load_trace(args.trace), args.deadline_scale)
-        policy = load_policy(args.policy) if args.policy else None
+        policy = held_policy(load_policy(args.policy) if args.policy else None, trace)  # the trace's pools too
         history = SpotPriceHistory.read(args.spot_prices) if args.spot_prices else None
         cloud = CloudModel.from_mapping(trace.cloud, interruption_scale=args.interruption_scale,
                                         shortage_scale=args.shortage_scale, spot_prices=history)

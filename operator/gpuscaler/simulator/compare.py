@@ -10,6 +10,7 @@ from gpuscaler.policy import Policy
 from gpuscaler.simulator.cloud import CloudModel
 from gpuscaler.simulator.engine import SimulationResult, simulate
 from gpuscaler.simulator.planning import CachedPlanner
+from gpuscaler.simulator.pools import held_policy
 from gpuscaler.simulator.registry import STRATEGIES, make_strategies
 from gpuscaler.simulator.trace import Trace
 from gpuscaler.simulator.truth import ThroughputTruth
@@ -59,7 +60,8 @@ def compare(
         keep_segments: keep every allocation in the outcomes.
         throughput_error: sigma of ln(true / model throughput) per workload family, GPU type and
             precision (0: none).
-        planner: a planner to share (its cache) across calls; default a new one.
+        planner: a planner to share (its cache) across calls, made with the policy and the trace's
+            held capacity (:func:`gpuscaler.simulator.pools.held_policy`); default a new one.
         scaling_error: sigma of ln(true / model scaling efficiency) per family, GPU type, GPU count
             and node count, on more than one GPU (0: none). Both 0: the world is the model.
 
@@ -70,7 +72,7 @@ def compare(
         ValueError: an unknown strategy name or a negative throughput error.
     """
     cloud = cloud or CloudModel.from_mapping(trace.cloud)
-    planner = planner or CachedPlanner(catalog, policy, cache=cache)
+    planner = planner or CachedPlanner(catalog, held_policy(policy, trace), cache=cache)
     truth = ThroughputTruth(throughput_error, seed, scaling_sigma=scaling_error)
     results = [
         simulate(trace, s, planner, cloud, seed=seed, keep_segments=keep_segments, truth=truth)

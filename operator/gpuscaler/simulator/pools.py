@@ -38,6 +38,7 @@ from gpuscaler.planner.held import margin_s
 from gpuscaler.planner.planner import STARTUP_S
 from gpuscaler.policy import Policy
 from gpuscaler.policy.capacity import HeldCapacity
+from gpuscaler.simulator.trace import Trace, TraceError
 
 HELD_CAPACITY = frozenset({CapacityType.RESERVED, CapacityType.CAPACITY_BLOCK, CapacityType.FLEX_START})
 
@@ -139,6 +140,24 @@ class HeldPools:
                 continue
             return on_pool(cand, pool)
         return None
+
+
+def held_policy(policy: Policy | None, trace: Trace) -> Policy | None:
+    """``policy`` with the trace's own held capacity added (unchanged when it adds none).
+
+    Raises:
+        TraceError: a trace pool named as one of the policy's.
+    """
+    base = policy or Policy()
+    have = {p.name: p for p in base.capacity}
+    new = [p for p in trace.capacity if have.get(p.name) != p]  # idempotent: the same pool is added once
+    if not new:
+        return policy
+    clash = sorted(p.name for p in new if p.name in have)
+    if clash:
+        raise TraceError(f"{trace.name}: capacity {', '.join(clash)} is declared differently by the trace and the "
+                         "policy; rename one", field="capacity")
+    return base.model_copy(update={"capacity": [*base.capacity, *new]})
 
 
 def on_pool(cand: Candidate, pool: HeldCapacity) -> Candidate:

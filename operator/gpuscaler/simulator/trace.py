@@ -4,8 +4,11 @@ Two file formats, the same content:
 
 * YAML: a mapping with ``name``, ``description``, ``start`` (RFC 3339; absolute ``spec.deadline``
   values are measured against it), an optional ``cloud`` mapping (see
-  :meth:`gpuscaler.simulator.cloud.CloudModel.from_mapping`) and ``jobs``: a list of entries.
-* JSONL: one entry per line; an optional line ``{"trace": {name, description, start, cloud}}``
+  :meth:`gpuscaler.simulator.cloud.CloudModel.from_mapping`), an optional ``capacity`` list (held
+  capacity the team has over the trace: a policy's ``capacity`` entries, docs/capacity.md, their
+  windows in absolute time like ``start``; :mod:`gpuscaler.simulator.pools`) and ``jobs``: a list
+  of entries.
+* JSONL: one entry per line; an optional line ``{"trace": {name, description, start, cloud, capacity}}``
   carries the metadata. Blank lines and lines starting with ``#`` are skipped.
 
 An entry is ``{name, arrivalHours, spec}``; a whole TrainingJob document (``apiVersion``, ``kind``,
@@ -37,6 +40,7 @@ from gpuscaler.inputs import (
     read_text,
     shown,
 )
+from gpuscaler.policy.capacity import HeldCapacity
 
 DEFAULT_START = datetime(2026, 1, 5, tzinfo=UTC)
 MAX_TRACE_JOBS = 10_000
@@ -72,6 +76,29 @@ class Trace:
     description: str = ""
     start: datetime = DEFAULT_START
     cloud: Mapping[str, Any] = field(default_factory=dict)
+    capacity: tuple[HeldCapacity, ...] = ()
+    """Held capacity declared by the trace (added to the policy's; :mod:`gpuscaler.simulator.pools`)."""
+
+
+def _capacity(value: Any, where: str) -> tuple[HeldCapacity, ...]:
+    """The trace's ``capacity`` list, each entry a policy's held capacity entry (names unique)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: capacity must be a list of held capacity entries, got {type(value).__name__}",
+                         field="capacity")
+    out: list[HeldCapacity] = []
+    for k, raw in enumerate(value):
+        try:
+            out.append(HeldCapacity.model_validate(raw))
+        except ValidationError as err:
+            problems = "; ".join(f"{loc}: {msg}" + (f" (got {v})" if v else "") for loc, msg, v in iter_fields(err))
+            raise TraceError(f"{where}: capacity[{k}] is invalid: {problems}", field=f"capacity[{k}]") from None
+    names = [c.name for c in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise TraceError(f"{where}: capacity names must be unique: {', '.join(twice)}", field="capacity")
+    return tuple(out)
 
 
 def _entry(raw: Any, where: str, index: int) -> TraceJob:
@@ -198,6 +225,7 @@ def parse_trace(data: Mapping[str, Any], name: str = "trace") -> Trace:
         start=_start(data.get("start"), name),
         cloud=cloud,
         jobs=_unique(jobs, wheres),
+        capacity=_capacity(data.get("capacity"), name),
     )
 
 
@@ -233,7 +261,7 @@ def load_trace(path: str | Path) -> Trace:
             raise TraceError(str(err), field=err.field, value=err.value) from None
         if isinstance(obj, dict) and "trace" in obj and "spec" not in obj:
             if not isinstance(obj["trace"] or {}, dict):
-                raise TraceError(f"{path}:{lineno}: trace must be a mapping of name, description, start, cloud")
+                raise TraceError(f"{path}:{lineno}: trace must be a mapping of name, description, start, cloud, capacity")
             meta = dict(obj["trace"] or {})
             continue
         wheres.append(f"{path}:{lineno}")
@@ -246,6 +274,7 @@ def load_trace(path: str | Path) -> Trace:
         start=_start(meta.get("start"), str(path)),
         cloud=_cloud(meta.get("cloud"), str(path)),
         jobs=_unique(jobs, wheres),
+        capacity=_capacity(meta.get("capacity"), str(path)),
     )
 
 
@@ -270,4 +299,5 @@ def scale_deadlines(trace: Trace, factor: float) -> Trace:
         minutes = f"{max(hours * factor * 60, 0.001):.3f}m"
         return TraceJob(job.name, job.arrival_h, job.spec.model_copy(update={"deadline": None, "max_duration": minutes}))
 
-    return Trace(trace.name, tuple(scaled(j) for j in trace.jobs), trace.description, trace.start, trace.cloud)
+    return Trace(trace.name, tuple(scaled(j) for j in trace.jobs), trace.description, trace.start, trace.cloud,
+                 trace.capacity)
