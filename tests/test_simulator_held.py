@@ -179,3 +179,10 @@ def test_the_example_policies_declare_the_pools_they_say(name: str) -> None:
     path = Path(__file__).resolve().parents[1] / "examples" / "policies" / name
     (line,) = [x for x in path.read_text().splitlines() if x.startswith("# expect:")]
     assert len(load_policy(path).capacity) == int(line.split("pools=")[1])
+
+
+def test_a_job_planned_into_a_block_not_open_yet_waits_for_it_without_cost() -> None:
+    later = {**BLOCK, "start": at(2.0), "end": at(30.0)}
+    (out,) = run(trace(("a", 0.5, RESNET)), policy(later), ("gpuscaler",))["gpuscaler"].outcomes
+    assert out.segments[0].pool == "blk" and out.segments[0].start_h == pytest.approx(2.0)
+    assert out.cost_usd == 0.0 and out.status == "finished"
