@@ -67,7 +67,8 @@ $20.36). A tenth time for honest infeasibility (:mod:`gpuscaler.planner.binding`
 5 infeasible cases gained ``binding`` and ``closest`` and their hints now name the rule that binds;
 no chosen plan changed. An eleventh time for the departures from the model's own cheapest option
 said in ``why`` (:mod:`gpuscaler.planner.departures`): 12 answers' ``why`` gained the reason, no chosen
-plan changed. Each time as
+plan changed. A twelfth time only to add the four cases of the dev-cluster demo's example
+(``examples/demo-spot.yaml``, alone and under each policy): no existing answer changed. Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
 
