@@ -46,19 +46,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+import gpuscaler.runtime.guard_checkpoint as checkpointing
+import gpuscaler.runtime.guard_resume as resuming
 from gpuscaler.errors import InvalidInputError
 from gpuscaler.runtime.agreement import Agreement
 from gpuscaler.runtime.checkpoint import (
     CheckpointInfo,
     CheckpointStore,
-    CorruptCheckpointError,
     LoadFn,
     SaveFn,
     data_load,
     data_save,
-    step_dir_name,
 )
-from gpuscaler.runtime.checkpoint_safety import load_agreed
 from gpuscaler.runtime.config import GuardConfig
 from gpuscaler.runtime.constants import (
     DEFAULT_CHECKPOINT_INTERVAL_S,
@@ -73,7 +72,6 @@ from gpuscaler.runtime.progress import (
     PHASE_FINISHED,
     PHASE_PREEMPTED,
     PHASE_RUNNING,
-    CheckpointEvent,
     FanoutReporter,
     FileReporter,
     NullReporter,
@@ -398,103 +396,6 @@ class TrainingGuard(Generic[S]):
 
     # --- resume -------------------------------------------------------------------------------
 
-    def resume(self, initial_state: S) -> tuple[S, int]:
-        """Load the newest complete, verified checkpoint; skip (and set aside) corrupt ones.
-
-        With ``agree``, the ranks agree on the checkpoint first (the newest one every rank can
-        verify; each rank re-hashes its share of the files) and all load that one, so they start at
-        the same step even when one of them saw a newer or a corrupt one.
-
-        Args:
-            initial_state: Returned when there is no usable checkpoint.
-
-        Returns:
-            ``(state, start_step)``: the loaded state and the steps it has completed, or
-            ``(initial_state, 0)``.
-
-        Raises:
-            CheckpointError: Loading a verified checkpoint failed in the load callback (a code or
-                format problem, not corruption: falling back would hide it), or the default loader
-                refused a payload (one that would run code or build far more than it holds) and
-                there is no older checkpoint to fall back on; with one, the refused checkpoint is
-                set aside and the older one loaded, with a warning.
-        """
-        self.start()
-        state = initial_state
-        info = self._agreed_checkpoint() if self.agree is not None else self._newest_checkpoint()
-        while info is not None:
-            loaded, refused = load_agreed(self._load, info.path, info.payload_path, self.agree)
-            if refused is None:
-                state = loaded
-                break
-            older = self._agreed_checkpoint(info.step) if self.agree is not None else self._newest_checkpoint(info.step)
-            if older is None:  # nothing to fall back on: say so rather than start again from step 0
-                raise refused
-            log.warning("checkpoint at step %d refused (%s); falling back to step %d", info.step, refused, older.step)
-            self.metrics.corrupt_checkpoints += 1
-            self.store.quarantine(info.path)
-            info = older
-        if info is not None:
-            self._step, self._samples, self._last = info.step, info.samples, info
-            if info.request_id is not None:
-                self._ack = info.request_id
-                if self.watcher is not None:
-                    self.watcher.acknowledge(info.request_id)
-            self.metrics.last_checkpoint_step = info.step
-            self.metrics.last_checkpoint_time = info.created_at
-            log.info("resumed from %s (step %d, %d samples)", info.path, info.step, info.samples)
-        else:
-            self._step, self._samples = 0, 0
-            log.info("no checkpoint in %s: starting at step 0", self.store.directory)
-        self._state, self._has_state = state, True
-        self.metrics.resumed_step = self._step
-        self.metrics.set_progress(self._step, self._samples)
-        self.schedule.mark(self._step)
-        self._report(force=True)
-        return state, self._step
-
-    def _newest_checkpoint(self, below: int | None = None) -> CheckpointInfo | None:
-        for step, path in self.store.list_steps():
-            if below is not None and step >= below:
-                continue
-            try:
-                return self.store.verify(path)
-            except CorruptCheckpointError as err:
-                log.warning("skipping checkpoint at step %d: %s", step, err)
-                self.metrics.corrupt_checkpoints += 1
-                self.store.quarantine(path)
-        return None
-
-    def _agreed_checkpoint(self, below: int | None = None) -> CheckpointInfo | None:
-        """The newest checkpoint every rank has and verifies (its share of the files), agreed on.
-
-        Each round agrees on the lowest of the ranks' newest candidate steps (MAX of negated
-        steps; no candidate counts as -1), verifies it on every rank and agrees on the verdict;
-        a corrupt one is quarantined by the writer (after the vote, when no rank reads it any
-        more) and the next round looks below it.
-        """
-        assert self.agree is not None
-        rank, world = self.agree.rank, self.agree.world_size
-        while True:
-            mine = [(s, p) for s, p in self.store.list_steps() if below is None or s < below]
-            candidate = mine[0][0] if mine else -1
-            (neg,) = self.agree.max([-candidate])
-            step = -neg
-            if step < 0:
-                return None
-            path = self.store.directory / step_dir_name(step)
-            info: CheckpointInfo | None = None
-            try:
-                info = self.store.verify(path, share=(rank, world))
-            except CorruptCheckpointError as err:
-                log.warning("checkpoint at step %d fails verification on rank %d: %s", step, rank, err)
-            (bad,) = self.agree.max([int(info is None)])
-            if not bad:
-                return info
-            self.metrics.corrupt_checkpoints += 1
-            self.store.quarantine(path)
-            below = step
-
     # --- the loop -----------------------------------------------------------------------------
 
     def steps(self, start: int, stop: int) -> Iterator[int]:
@@ -706,130 +607,6 @@ class TrainingGuard(Generic[S]):
         """Checkpoint and stop at the next step boundary, as on SIGTERM."""
         self.stop_signal.trigger(signal.SIGTERM)
 
-    def checkpoint(
-        self,
-        state: S,
-        *,
-        reason: str = "manual",
-        request_id: str | None = None,
-        notice_at: float | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> CheckpointInfo | None:
-        """Checkpoint ``state`` as of :attr:`step` now, unless the newest checkpoint is at this step.
-
-        With ``sharded=True`` this is a collective (every rank writes its shard); otherwise only
-        the writer saves, and a reader only marks the request as seen.
-
-        Args:
-            state: The state after :attr:`step` steps.
-            reason: Stored in the manifest and the ``checkpoints_total`` metric.
-            request_id: The checkpoint request this answers; acknowledged once committed.
-            notice_at: Monotonic time the notice arrived, for the latency metric.
-            extra: JSON-serialisable metadata for the manifest.
-
-        Returns:
-            The committed (or already current) checkpoint; for a non-writer of an unsharded
-            checkpoint (which saves nothing) the checkpoint it resumed from.
-
-        Raises:
-            CheckpointError: Writing failed (on any rank, for a sharded one); nothing was committed.
-        """
-        return self._checkpoint(
-            lambda path: self._save(state, path), reason=reason, request_id=request_id, notice_at=notice_at, extra=extra
-        )
-
-    def _checkpoint(
-        self,
-        write: Callable[[Path], None],
-        *,
-        reason: str,
-        request_id: str | None = None,
-        notice_at: float | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> CheckpointInfo | None:
-        info = self._last
-        if not self.store.writer and not self.sharded:
-            # Readers neither write nor acknowledge: the writer answers for the job. The request
-            # is answered all the same (by the agreed checkpoint): do not ask again for it.
-            self.schedule.mark(self._step)
-            if request_id is not None and self.watcher is not None:
-                self.watcher.acknowledge(request_id)
-            return info
-        saved = False
-        if info is None or info.step != self._step:
-            saved = True
-            self._begin_write()
-            try:
-                info = self._save_checkpoint(write, reason=reason, request_id=request_id, extra=extra)
-            except BaseException:
-                self._writing_since = None
-                self._report(force=True)  # nothing is being written any more
-                raise
-            self._writing_since = None  # the checkpointed() report below clears the annotation
-            self._last = info
-            self._write_seconds = info.write_seconds
-            self.metrics.observe_checkpoint(
-                info.step, info.created_at, info.write_seconds, info.payload_bytes, reason
-            )
-            log.info(
-                "checkpoint at step %d (%s) in %.3fs: %s", info.step, reason, info.write_seconds, info.path
-            )
-        self.schedule.mark(self._step)
-        latency = self._clock() - notice_at if notice_at is not None else None
-        if latency is not None:
-            self.metrics.notice_to_checkpoint_seconds = latency
-        if request_id is not None:
-            if self.store.writer:
-                self._ack = request_id
-            if self.watcher is not None:
-                self.watcher.acknowledge(request_id)
-        if info is not None and self.reports:
-            event = CheckpointEvent(
-                step=info.step,
-                samples=info.samples,
-                reason=reason if saved else info.reason,
-                request_id=request_id if self.store.writer else None,
-                path=str(info.path),
-                created_at=info.created_at,
-                write_seconds=info.write_seconds,
-                payload_bytes=info.payload_bytes,
-                notice_latency_s=latency,
-            )
-            self._call_reporter(lambda r: r.checkpointed(event, self.progress()))
-            self._last_report = self._clock()
-        return info
-
-    def _begin_write(self) -> None:
-        """Report that a checkpoint write begins (``gpuscaler.io/checkpoint-writing``), whatever the interval."""
-        self._writing_since = self._wall_clock()
-        if self.reports:
-            snapshot = self.progress()
-            self._call_reporter(lambda r: r.report(snapshot))
-
-    def _save_checkpoint(
-        self,
-        write: Callable[[Path], None],
-        *,
-        reason: str,
-        request_id: str | None,
-        extra: Mapping[str, Any] | None,
-    ) -> CheckpointInfo:
-        """Write and commit the checkpoint of :attr:`step` (sharded: on every rank)."""
-        if self.sharded:
-            assert self.agree is not None
-            return self.store.save_sharded(
-                self._step,
-                write,
-                self.agree,
-                samples=self._samples,
-                reason=reason,
-                request_id=request_id,
-                extra=extra,
-            )
-        return self.store.save(
-            self._step, write, samples=self._samples, reason=reason, request_id=request_id, extra=extra
-        )
-
     def finish(self) -> CheckpointInfo | None:
         """Write the final checkpoint (if the newest is older), report ``finished`` and close.
 
@@ -890,3 +667,12 @@ class TrainingGuard(Generic[S]):
             call(self.reporter)
         except Exception:
             log.exception("progress reporter %r failed; training continues", self.reporter)
+
+    # bound from the modules that hold them (each a function of the guard, its ``self``)
+    resume = resuming.resume
+    _newest_checkpoint = resuming._newest_checkpoint
+    _agreed_checkpoint = resuming._agreed_checkpoint
+    checkpoint = checkpointing.checkpoint
+    _checkpoint = checkpointing._checkpoint
+    _begin_write = checkpointing._begin_write
+    _save_checkpoint = checkpointing._save_checkpoint
