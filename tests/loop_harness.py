@@ -258,6 +258,16 @@ class World:
         for b in self.workers.pods():
             b["metadata"].setdefault("annotations", {}).update(ann)
 
+    def two_workers_running(self, job: Job) -> None:
+        """Plan, provision (nodes Ready), start, and see both workers (``job-worker-0``, ``-1``) Running."""
+        self.step(job)
+        self.step(job)
+        self.ready()
+        self.step(job)
+        self.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
+        self.step(job)
+        assert self.status.phase is Phase.RUNNING
+
     def run_to(self, job: Job, phase: Phase, limit: int = 20) -> list[str]:
         """Step until the job is in ``phase``; returns every event reason on the way."""
         seen: list[str] = []

@@ -8,7 +8,7 @@ from gpuscaler.api.status import Phase
 from gpuscaler.cloud import JobRef, NodeRequest, node_names
 from gpuscaler.cloud.fake import FakeNodeGroup, FakePodProvisioner, FakeProvider
 from gpuscaler.cloud.provider import job_label_value
-from gpuscaler.controller.reconcile import Job, format_duration, status_change
+from gpuscaler.controller.reconcile import format_duration, status_change
 from gpuscaler.kube.workers import PodState, pod_state, worker_pod
 from loop_harness import CATALOG, RESNET_SPEC, World, make_job, node_body
 
@@ -70,20 +70,10 @@ def test_gang_timeout_releases_backs_off_and_replans() -> None:
     assert w.status.phase is Phase.PROVISIONING and w.status.attempt == 2
 
 
-def _to_running(w: World, job: Job) -> None:
-    w.step(job)
-    w.step(job)
-    w.ready()
-    w.step(job)
-    w.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
-    w.step(job)
-    assert w.status.phase is Phase.RUNNING
-
-
 def test_worker_failures_retry_then_fail() -> None:
     w = World(backoff_limit=1)
     job = make_job()
-    _to_running(w, job)
+    w.two_workers_running(job)
     w.phases["job-worker-1"] = "Failed"
     reasons = w.step(job)
     assert w.status.phase is Phase.RECOVERING and "WorkerFailed" in reasons and w.status.failures == 1
@@ -104,7 +94,7 @@ def test_worker_failures_retry_then_fail() -> None:
 def test_lost_node_recovers_with_same_names() -> None:
     w = World()
     job = make_job()
-    _to_running(w, job)
+    w.two_workers_running(job)
     w.nodes.pop(sorted(w.nodes)[0])
     for body in w.workers.pods():
         body.setdefault("spec", {})["nodeName"] = sorted(node_names(w.loop._request(job, w.status.plan)))[0]  # type: ignore[arg-type]

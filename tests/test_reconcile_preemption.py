@@ -23,13 +23,7 @@ from loop_harness import World, make_job, node_body
 
 def running(w: World) -> Any:
     job = make_job()
-    w.step(job)
-    w.step(job)
-    w.ready()
-    w.step(job)
-    w.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
-    w.step(job)
-    assert w.status.phase is Phase.RUNNING
+    w.two_workers_running(job)
     return job
 
 
