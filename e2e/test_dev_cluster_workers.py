@@ -180,8 +180,11 @@ def test_deleting_the_job_stops_every_process_it_started(
         op.stop()
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"process {pid} still runs"
-    ended = [p for p in runner.processes.values() if p.signalled == "TERM"]
-    assert ended, "the deleted pod's process was not sent SIGTERM"
+    # each was stopped by the runner: SIGTERM for its deleted pod, or SIGKILL when the operator's finalizer
+    # deleted the node too before the runner's next look (a machine gone)
+    assert all(p.signalled in ("TERM", "KILL") for p in runner.processes.values() if p.proc is not None), [
+        (p.name, p.signalled) for p in runner.processes.values()
+    ]
 
 
 def _zombie(pid: int) -> bool:

@@ -53,7 +53,8 @@ def test_manifest_follows_the_catalog_row(inst: InstanceType, capacity: Capacity
     assert 0 < int(alloc["memory"].rstrip("Mi")) < inst.memory_gib * 1024
     assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in m["spec"]["taints"]
     if inst.provider == "aws":
-        want = "SPOT" if capacity is CapacityType.SPOT else "ON_DEMAND"
+        # EKS managed node groups' capacityType: SPOT, CAPACITY_BLOCK, else ON_DEMAND (reservations too)
+        want = {CapacityType.SPOT: "SPOT", CapacityType.CAPACITY_BLOCK: "CAPACITY_BLOCK"}.get(capacity, "ON_DEMAND")
         assert labels["eks.amazonaws.com/capacityType"] == want
 
 
