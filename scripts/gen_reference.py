@@ -163,12 +163,24 @@ def cli_page() -> str:
     """The CLI reference: each command's ``--help``, from the parser itself."""
     from gpuscaler.cli import build_parser
 
-    os.environ["COLUMNS"] = "100"  # argparse wraps at the terminal width: fix it
-    parser = build_parser()
+    # argparse wraps at the terminal width: fix it; help texts that name this machine's cache
+    # directory name the default instead, so the page is the same on every machine
+    saved = {k: os.environ.get(k) for k in ("COLUMNS", "GPUSCALER_CACHE_DIR")}
+    os.environ.update(COLUMNS="100", GPUSCALER_CACHE_DIR="/CACHE")
+    try:
+        parser = build_parser()
+        helps = [(name, sub.format_help()) for name, sub in _walk(parser, "gpuscaler")]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     out = [HEADER.format(source="the CLI's parser (gpuscaler.cli.build_parser)"), "# Command line\n\n"]
     out.append("Every `gpuscaler` command and its options, as `--help` prints them.\n")
-    for name, sub in _walk(parser, "gpuscaler"):
-        out.append(f"\n## `{name}`\n\n```text\n{sub.format_help().rstrip()}\n```\n")
+    for name, help_text in helps:
+        text = help_text.rstrip().replace("/CACHE", "$GPUSCALER_CACHE_DIR (default ~/.cache/gpuscaler)")
+        out.append(f"\n## `{name}`\n\n```text\n{text}\n```\n")
     return "".join(out)
 
 
