@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from e2e_helpers import E2ECluster, gpu_pod, wait_for
-from gpuscaler.devcluster.demo import job_args
+from gpuscaler.devcluster.demo import DEMO_INTERVAL_S, job_args
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
 from gpuscaler.devcluster.workers import (
     RunnerConfig,
@@ -77,6 +77,7 @@ def demo_job(steps: int = 300) -> dict[str, Any]:
     command[command.index("--step-seconds") + 1] = str(STEP_S)
     command[command.index("--total-steps") + 1] = str(steps)
     doc["spec"]["training"]["steps"] = steps
+    doc["spec"]["checkpoint"]["intervalSeconds"] = DEMO_INTERVAL_S  # as the demo does, with its policy
     return doc
 
 
@@ -145,7 +146,7 @@ def test_example_trains_survives_a_spot_notice_and_ends_with_the_same_weights(
     # resumed from the acknowledged checkpoint, or a newer one: the worker trains on after it until its
     # pod is deleted, and checkpoints again on SIGTERM
     assert resumed[1] >= rec["checkpointStep"], (resumed, rec)
-    assert rec["lostSteps"] <= 10 / STEP_S + 1, rec
+    assert rec["lostSteps"] <= DEMO_INTERVAL_S / STEP_S + 1, rec
     new_nodes = {p.node for p in runner.processes.values()}
     assert len(new_nodes) == 2, f"the job should resume on a new node: {new_nodes}"
     _, digest = job_args(doc)

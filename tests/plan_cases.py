@@ -68,7 +68,9 @@ $20.36). A tenth time for honest infeasibility (:mod:`gpuscaler.planner.binding`
 no chosen plan changed. An eleventh time for the departures from the model's own cheapest option
 said in ``why`` (:mod:`gpuscaler.planner.departures`): 12 answers' ``why`` gained the reason, no chosen
 plan changed. A twelfth time only to add the four cases of the dev-cluster demo's example
-(``examples/demo-spot.yaml``, alone and under each policy): no existing answer changed. Each time as
+(``examples/demo-spot.yaml``, alone and under each policy): no existing answer changed; and again
+for its two feasible cases when the example left its checkpoint interval to the planner (the demo
+sets 10 s itself, under its own policy). Each time as
 
     PYTHONPATH=<that tree>/operator python tests/plan_cases.py --write
 
