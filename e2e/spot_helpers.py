@@ -13,7 +13,7 @@ import pytest
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.testing import pinned, training_job, worker_template
 from operator_helpers import OperatorProcess, apply, event_reasons, job_nodes, wait_phase
-from spot_harness import Harness, reference_weights
+from spot_harness import Harness, Harnesses, reference_weights
 
 INTERVAL_S = 10
 """spec.checkpoint.intervalSeconds (the CRD's minimum)."""
@@ -38,19 +38,13 @@ def spot_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def harness(dev_cluster: E2ECluster, core: Any, namespace: str, tmp_path: Path) -> Iterator[Callable[..., Harness]]:
-    made: list[Harness] = []
+    made = Harnesses(core, namespace, tmp_path, str(dev_cluster.kubeconfig))
 
     def start(job: str, steps: int, **kw: Any) -> Harness:
-        h = Harness(core, namespace, job, tmp_path / job, str(dev_cluster.kubeconfig), steps, step_sleep=STEP_S, **kw)
-        made.append(h.start())
-        return h
+        return made(job, steps, step_sleep=STEP_S, **kw)
 
     yield start
-    for h in made:
-        h.stop()
-        err = h.work / "workers.stderr"
-        if err.exists():
-            print(err.read_text(errors="replace")[-3000:])
+    made.stop_all()
 
 
 POLICY = "name: e2e-spot\nminCheckpointIntervalS: 10\n"

@@ -23,7 +23,7 @@ import pytest
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.testing import pinned, training_job, worker_template
 from operator_helpers import OperatorProcess, apply, event_reasons, get_job, wait_phase
-from spot_harness import Harness
+from spot_harness import Harness, Harnesses
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -57,20 +57,13 @@ def job(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def played(core: Any, namespace: str, tmp_path: Path, dev_cluster: E2ECluster) -> Iterator[Callable[..., Harness]]:
-    made: list[Harness] = []
+    made = Harnesses(core, namespace, tmp_path, str(dev_cluster.kubeconfig))
 
     def start(name: str, step_sleep: float) -> Harness:
-        h = Harness(core, namespace, name, tmp_path / name, str(dev_cluster.kubeconfig), 20000,
-                    step_sleep=step_sleep, samples_per_step=SAMPLES_PER_STEP)
-        made.append(h.start())
-        return h
+        return made(name, 20000, step_sleep=step_sleep, samples_per_step=SAMPLES_PER_STEP)
 
     yield start
-    for h in made:
-        h.stop()
-        err = h.work / "workers.stderr"
-        if err.exists():
-            print(err.read_text(errors="replace")[-3000:])
+    made.stop_all()
 
 
 def events(core: Any, ns: str, name: str, reason: str) -> list[str]:
