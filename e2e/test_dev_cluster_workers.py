@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from e2e_helpers import E2ECluster, gpu_pod, wait_for
-from gpuscaler.devcluster.demo import DEMO_INTERVAL_S, job_args
+from gpuscaler.devcluster.demo import DEMO_INTERVAL_S, job_args, resumed_at
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
 from gpuscaler.devcluster.workers import (
     RunnerConfig,
@@ -94,15 +94,6 @@ def reference_digest(steps: int, tmp_path: Path) -> str:
     return out.read_text().strip()
 
 
-def resumed_steps(r: WorkerRunner) -> list[int]:
-    out = []
-    for p in sorted(r.processes.values(), key=lambda p: p.started):
-        m = re.search(r"resuming at step (\d+)", p.log.read_text(errors="replace") if p.log.exists() else "")
-        if m:
-            out.append(int(m.group(1)))
-    return out
-
-
 def start_operator(dev_cluster: E2ECluster, namespace: str, tmp_path: Path) -> OperatorProcess:
     op = OperatorProcess(dev_cluster, namespace, tmp_path / "operator.log", GPUSCALER_POLICY_FILE=str(POLICY))
     op.start()
@@ -141,7 +132,7 @@ def test_example_trains_survives_a_spot_notice_and_ends_with_the_same_weights(
     assert rec["checkpointAcked"], rec
     acked_after = (_parse(rec["time"]) - noticed) if rec.get("time") else 0
     assert acked_after < 120, f"the checkpoint came {acked_after:.0f} s after the notice (AWS gives 120 s)"
-    resumed = resumed_steps(runner)
+    resumed = resumed_at(runner, f"{namespace}.{name}")
     assert resumed[0] == 0 and len(resumed) == 2, resumed
     # resumed from the acknowledged checkpoint, or a newer one: the worker trains on after it until its
     # pod is deleted, and checkpoints again on SIGTERM

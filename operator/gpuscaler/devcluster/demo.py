@@ -91,7 +91,7 @@ def _uninterrupted_digest(script: Path, steps: int, work: Path) -> str:
     return digest.read_text().strip()
 
 
-def _resumed_at(runner: WorkerRunner, job: str) -> list[int]:
+def resumed_at(runner: WorkerRunner, job: str) -> list[int]:
     """The step each of the job's processes resumed at, in start order (from the script's first line)."""
     out = []
     for p in sorted(runner.processes.values(), key=lambda p: p.started):
@@ -261,7 +261,7 @@ class Watch:
                     "trained again",
                     key=f"rec {rec.get('time')}",
                 )
-        resumed = _resumed_at(self.runner, f"{NAMESPACE}.{self.name}")
+        resumed = resumed_at(self.runner, f"{NAMESPACE}.{self.name}")
         acked = [int(r["checkpointStep"]) for r in history if r.get("checkpointAcked") and r.get("checkpointStep") is not None]
         if len(resumed) > 1:
             extra = ""
