@@ -10,7 +10,7 @@ import pytest
 
 from gpuscaler.catalog import load_catalog
 from gpuscaler.cli import main
-from gpuscaler.perfmodel import calibration
+from gpuscaler.perfmodel import calibration, uncertainty
 from gpuscaler.planner import decisions, departures, plan
 from gpuscaler.planner.decisions import CHOOSERS, Option, spec_sheet
 from gpuscaler.planner.evaluate import checkpoint_write_seconds
@@ -145,3 +145,20 @@ def test_a_departure_from_the_model_s_cheapest_is_said(name: str) -> None:
         reasons = ("risk hedging", "spot is preferred", "the objective is fastest", "with start-up",
                    "its contingency", "a tie within", "expected $")  # fmt: skip
         assert any(x in r.why for x in reasons), r.why
+
+
+def test_the_error_correlations_the_recourse_uses_are_the_cross_validated_ones() -> None:
+    """uncertainty.ERROR_CORRELATION_* are what the committed fold predictions give (recomputed here)."""
+    same, other = decisions.error_correlations()
+    assert same == pytest.approx(uncertainty.ERROR_CORRELATION_SAME_GPU, abs=0.005)
+    assert other == pytest.approx(uncertainty.ERROR_CORRELATION_OTHER_GPU, abs=0.005)
+    assert other < same
+
+
+def test_the_no_plan_floor_is_what_exact_medians_still_refuse() -> None:
+    """With the measured speeds as predictions the planner's band still refuses the tightest deadlines
+    (the floor under any planner keeping maxDeadlineRisk with this model's error), none at 2x and more."""
+    d = decisions.scores(CAT)
+    fl = d["no_plan_floor"]
+    assert fl["1.05x"] == 100.0 and fl["2x"] == 0.0 and fl["3x"] == 0.0
+    assert 0.0 < fl["pooled"] < 100.0

@@ -266,3 +266,21 @@ def throughput_band(workload: Workload, gpu: GPU, precision: Precision | str, th
     factor, reasons = widening(workload, gpu, precision)
     s = base_log_sigma() * factor
     return Band(throughput * math.exp(-Z90 * s), throughput, throughput * math.exp(Z90 * s), s, factor, reasons)
+
+
+ERROR_CORRELATION_SAME_GPU = 0.94
+"""Correlation of the model's log errors on two ways to run one training code on the same GPU type
+and precision (other GPU counts, batches): the errors come mostly from the code, not the count.
+From the cross-validated predictions (``data/fold_predictions.json``: every pair of held-out rows of
+one README, workload and framework in one fold, both schemes pooled; 3,118 pairs);
+:func:`gpuscaler.planner.decisions.error_correlations` recomputes it and a test checks the two agree."""
+ERROR_CORRELATION_OTHER_GPU = 0.76
+"""The same for two ways on different GPU types or precisions (10,116 pairs): a plan measured slow
+says less about a plan on other hardware, but still much."""
+
+
+def error_correlation(gpu_a: str, precision_a: Precision | str, gpu_b: str, precision_b: Precision | str) -> float:
+    """Correlation of the model's log throughput errors on two plans of one job (the recourse's
+    fallback read from the plan's measurement: :mod:`gpuscaler.planner.contingency`)."""
+    same = gpu_a == gpu_b and str(precision_a) == str(precision_b)
+    return ERROR_CORRELATION_SAME_GPU if same else ERROR_CORRELATION_OTHER_GPU

@@ -4,8 +4,8 @@ A plan's static P(miss) (:mod:`gpuscaler.planner.risk`) counts the model's error
 could never learn its real speed. It can: the operator measures the running gang's throughput
 (:mod:`gpuscaler.planner.correction`), and a job found behind moves, at its next checkpoint, to the
 *fallback* (:func:`fallback`: the fastest on-demand plan costing at most
-:data:`FALLBACK_COST_FACTOR` x the cheapest; the rule the operator's recovery already used when a
-deadline cannot be met). This module prices that contingency for one plan (:func:`contingency`);
+:data:`FALLBACK_COST_FACTOR` x the cheapest; the rule the operator's recovery uses when a deadline
+cannot be met). This module prices that contingency for one plan (:func:`contingency`);
 the planner attaches it to every plan it evaluates, so a plan's P(miss) and cost include it.
 
 Timeline of plan ``c`` (hours from the plan's start; defaults from :class:`RecourseTiming`, the
@@ -33,20 +33,28 @@ P_move = Phi(cut / sqrt(s^2 + s_obs^2))
 P_slow = Phi(ln f0 / s)                      the static risk from the speed alone
 P_stay = P(ln f < ln f0, ln f + eps >= cut)  slow, yet measured fast enough to stay (slow_and_stays)
 P_int  = max(0, P_static - P_slow)           the static risk from interruptions (recourse not counted on)
-P_F    = P(the fallback, started at t_move with the whole job and the overhead, misses D)
-P(miss with recourse) = min(P_static, P_stay + P_int + min(P_move, P_F))
+P_MF   = P(ln f + eps < cut, the fallback misses)       measured slow, moved, and still late (moved_and_misses)
+P(miss with recourse) = min(P_static, P_stay + P_int + P_MF)
 ```
 
-Each term bounds its part from above: a move misses only when the run was judged slow *and* the
-fallback misses, at most the smaller of the two (Frechet: the fallback's error may be correlated
-with the plan's, both come from one model); the fallback redoes the whole job (the first segment's
-progress is not counted). So recourse never raises P(miss) above the static figure.
+``P_MF`` follows the run through its true speed ``x = ln f``: by the move the plan has done
+``d(x) = min(1, (t_move - startup - write) e^x / W)`` of the job (``W``: its training hours at the
+predicted speed), and the fallback, started at ``t_move + overhead``, must do the rest, ``W_F (1 - d(x))``
+hours at its predicted speed, before ``D``. Its own speed factor is not independent of the plan's: one
+model predicted both, so ``ln f_F = rho (s_F / s) x + sqrt(1 - rho^2) s_F z`` with ``rho`` the correlation
+of the model's cross-validated errors on two ways to run one code
+(:func:`gpuscaler.perfmodel.uncertainty.error_correlation`: 0.94 on the same GPU type and precision,
+0.76 across them). A plan measured slow therefore expects its fallback slower too, and a run that was
+only a little slow leaves less for the fallback to do. ``P_MF`` is the one-dimensional integral over
+``x`` of :func:`moved_and_misses`. The fallback is on-demand (its interruptions are not counted).
+Recourse never raises P(miss) above the static figure.
 
-Recourse applies only to a plan the model expects to finish (``f0 < 1``: a plan is not chosen in
-order to be moved off it), and only when a move can finish at all: the **slack**, the latest hour a move can
-start and still finish at the fallback's predicted speed, is ``D - overhead - W_F`` (``W_F``: the
-fallback's interruption-free training hours). A plan whose correction window ``t_move`` is longer
-than its slack, or that is the fallback itself, gains nothing (``P = P_static``).
+Recourse applies only to a plan the model expects to finish (``f0 < 1``) that would stay where it is
+at its predicted speed (``cut < 0``): a plan is not chosen in order to be moved off it. And only when
+a move can finish at all: the **slack**, the latest hour a move can start and still finish at the
+fallback's predicted speed when the run went at the threshold's speed until then, solves
+``m + overhead + W_F (1 - (m - startup - write) min(f*, 1) / W) = D``. A plan whose correction window
+``t_move`` is longer than its slack, or that is the fallback itself, gains nothing (``P = P_static``).
 
 Expected extra cost of the contingency (added to the plan's expected cost):
 
@@ -75,15 +83,19 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from gpuscaler.perfmodel.uncertainty import error_correlation
 from gpuscaler.planner.correction import MEASURED_LOG_SIGMA_FLOOR, CorrectionConfig
-from gpuscaler.planner.risk import deadline_miss_probability
 
 if TYPE_CHECKING:  # the candidate module imports this one for the Contingency type
     from gpuscaler.planner.candidate import Candidate
 
-FALLBACK_COST_FACTOR = 2.0
+FALLBACK_COST_FACTOR = 4.0
 """The fallback is the fastest plan costing at most this multiple of the cheapest one (finish as
-early as is sensible rather than at any price)."""
+early as is sensible rather than at any price). 4, not 2 as before: a job that is behind moves to
+capacity that can still make the deadline, and the contingency's expected extra cost is in every
+plan's cost; at 2 the fastest way on the next GPU type was often out of reach and plans near their
+risk limit lost their recourse (decision scores, :mod:`gpuscaler.planner.decisions`: the planner's
+mean regret 3.0% -> 1.8%, no more misses)."""
 NEGLIGIBLE_RISK = 1e-6
 """A static risk below this is kept as it is: recourse could lower it in no printed digit (figures are
 printed to 0.01%; a ``maxDeadlineRisk`` below it is met only by plans whose static figure meets it),
@@ -93,6 +105,8 @@ NEGLIGIBLE_Z = -9.0
 EXPECTED_MISS = "it is expected to miss the deadline (a plan is not chosen in order to be moved off it)"
 ITSELF = "it is the fastest sensible plan itself"
 NO_TARGET = "no plan to move to"
+MOVES_AS_PLANNED = ("it would move even at its predicted speed (the measurement cannot make its deadline sure enough): "
+                    "a plan is not chosen in order to be moved off it")
 EXACT = "its throughput is taken as exact (no band): there is nothing to learn"
 PASSED = "the deadline has passed"
 SQRT2 = math.sqrt(2.0)
@@ -234,6 +248,52 @@ def slow_and_stays(a: float, cut: float, s: float, s_obs: float) -> float:
     return total * half * 0.5 / math.sqrt(2.0 * math.pi)
 
 
+def moved_and_misses(
+    cut: float, s: float, s_obs: float, s_f: float, rho: float, pace: float, target_work_h: float, room_h: float
+) -> float:
+    """``P(ln f + eps < cut, the fallback misses)``: the run is measured slow, moves, and the fallback
+    does not finish the rest in time.
+
+    ``ln f ~ N(0, s^2)`` is the plan's true speed factor and ``eps ~ N(0, s_obs^2)`` the measurement's
+    error, as in :func:`slow_and_stays`. Given ``ln f = x``:
+
+    * the plan has done ``d(x) = min(1, pace e^x)`` of the job by the move (``pace``: the hours it ran
+      before the checkpoint over its hours of work at the predicted speed);
+    * the fallback's log speed factor is ``y = rho (s_f / s) x + sqrt(1 - rho^2) s_f z`` (one model made
+      both predictions: ``rho`` is :func:`gpuscaler.perfmodel.uncertainty.error_correlation`), and it
+      misses when ``y < ln(W_F (1 - d(x)) / room)`` (``W_F``: its hours for the whole job at the predicted
+      speed; ``room``: hours from its start to the deadline).
+
+    ``= int phi_s(x) Phi((cut - x) / s_obs) G(x) dx`` with ``G(x) = Phi((ln(W_F (1 - d) / room) - rho s_f x / s)
+    / (s_f sqrt(1 - rho^2)))``, by 20-point Gauss-Legendre on each side of ``cut - 4 s_obs`` (the
+    measurement's step), over ``[-9 s, cut + 9 s_obs]``.
+    """
+    if room_h <= 0:  # no time left after the move: every move misses
+        return 0.5 * math.erfc(-cut / (math.sqrt(s * s + s_obs * s_obs) * SQRT2))
+    lo, hi = -SLOW_SPAN * s, min(SLOW_SPAN * s, cut + SLOW_SPAN * s_obs)
+    if hi <= lo:
+        return 0.0
+    beta = rho * s_f / s
+    sd = max(s_f * math.sqrt(max(1.0 - rho * rho, 0.0)), 1e-9) * SQRT2
+    inv_obs, inv_s = 1.0 / (s_obs * SQRT2), 1.0 / s
+    log_w = math.log(target_work_h / room_h) if target_work_h > 0 else -math.inf
+
+    def piece(a: float, b: float) -> float:
+        half, mid, total = 0.5 * (b - a), 0.5 * (a + b), 0.0
+        for u, wt in zip(_NODES, _WEIGHTS, strict=True):
+            x = mid + half * u
+            left = 1.0 - min(pace * math.exp(x), 1.0)
+            if left <= 0.0 or log_w == -math.inf:
+                continue
+            z = x * inv_s
+            g = 0.5 * math.erfc(-(log_w + math.log(left) - beta * x) / sd)
+            total += wt * math.exp(-0.5 * z * z) * math.erfc((x - cut) * inv_obs) * g
+        return total * half * 0.5 * inv_s / math.sqrt(2.0 * math.pi)
+
+    step = min(max(cut - 4.0 * s_obs, lo), hi)
+    return piece(lo, step) + piece(step, hi)
+
+
 class Recourse:
     """The contingencies of one planner call: one fallback, one deadline, one job (:meth:`of` per plan).
 
@@ -242,7 +302,7 @@ class Recourse:
     their checkpoint interval and write time, so they share that figure.
     """
 
-    __slots__ = ("_decide_h", "_memo", "_room", "_s_obs", "_startup_h", "_z", "deadline_h", "max_risk",
+    __slots__ = ("_decide_h", "_room", "_s_obs", "_startup_h", "_z", "deadline_h", "max_risk",
                  "restart_s", "startup_s", "target")  # fmt: skip
 
     def __init__(
@@ -266,7 +326,6 @@ class Recourse:
         self._room = deadline_h - self._startup_h
         self._z = trigger_z(max_risk)
         self._s_obs = timing.measured_log_sigma
-        self._memo: dict[tuple[float, float], float] = {}
 
     def of(self, c: Candidate) -> Contingency:
         """The contingency of plan ``c`` (the maths is in the module docstring)."""
@@ -291,6 +350,9 @@ class Recourse:
         z_move = cut / math.sqrt(s * s + s_obs * s_obs)
         if target is None:
             return Contingency(None, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0, NO_TARGET)
+        if cut >= 0.0:
+            return Contingency(target, decide_h, move_h, 0.0, threshold, 0.5 * math.erfc(-z_move / SQRT2), static,
+                               static, 0.0, MOVES_AS_PLANNED)  # fmt: skip
         if target.instance is c.instance and target.nodes == c.nodes and target.capacity is c.capacity and (
             target.precision is c.precision
         ):
@@ -302,32 +364,34 @@ class Recourse:
         startup_h = self._startup_h
         overhead_h = (c.checkpoint_write_s + self.restart_s + self.startup_s) / 3600.0
         target_work = t.base_hours - startup_h
-        slack = self.deadline_h - overhead_h - target_work
+        work_h = o.base_hours - startup_h
+        write_h = c.checkpoint_write_s / 3600.0
+        # the latest move hour m with m + overhead + W_F (1 - (m - startup - write) min(f*, 1) / W) <= D: the
+        # run moved has gone at most at the threshold's speed, and the fallback does the rest
+        q = min(f_star, 1.0) / work_h if work_h > 0 else 0.0
+        den = 1.0 - target_work * q
+        slack = (self.deadline_h - overhead_h - target_work * (1.0 + (startup_h + write_h) * q)) / den if den > 0 else -1.0
         if move_h > slack:
             return Contingency(
                 target, decide_h, move_h, slack, threshold, p_move, static, static, 0.0,
                 f"the correction window ({move_h:.2f} h to a move) is longer than the slack ({max(slack, 0.0):.2f} h: "
                 f"the latest a move to {target.label} can start)",
             )  # fmt: skip
-        work_h = o.base_hours - startup_h
         rho = 1.0 - min(max((move_h - startup_h) * min(f_star, 1.0) / work_h, 0.0), 1.0) if work_h > 0 else 1.0
         own = o.expected_hours * c.usd_per_hour
         theirs = t.expected_hours * target.usd_per_hour
         extra = p_move * max(0.0, rho * theirs + overhead_h * target.usd_per_hour - rho * own)
         miss = static
         if static > NEGLIGIBLE_RISK:
-            key = (overhead_h, move_h)
-            p_target = self._memo.get(key)
-            if p_target is None:
-                rate = t.interruptions / t.expected_hours if t.expected_hours > 0 else 0.0
-                p_target = self._memo[key] = deadline_miss_probability(
-                    target_work, overhead_h, rate, target_work + overhead_h,
-                    (self.restart_s + t.interval_s) / 3600.0, self.deadline_h - move_h, t.log_sigma,
-                )  # fmt: skip
-            p_slow = 0.5 * math.erfc(-math.log(f0) / (s * SQRT2))
-            if min(p_move, p_target) < p_slow:  # else P_stay >= 0 leaves nothing to gain
-                held = slow_and_stays(math.log(f0), cut, s, s_obs) + max(0.0, static - p_slow)
-                miss = min(static, held + min(p_move, p_target))
+            a = math.log(f0)
+            p_slow = 0.5 * math.erfc(-a / (s * SQRT2))
+            held = slow_and_stays(a, cut, s, s_obs) + max(0.0, static - p_slow)
+            rho = error_correlation(c.instance.gpu_id, c.precision, target.instance.gpu_id, target.precision)
+            room_h = self.deadline_h - move_h - overhead_h
+            ran_h = move_h - startup_h - write_h
+            moved = moved_and_misses(cut, s, s_obs, t.log_sigma, rho, ran_h / work_h if work_h > 0 else 0.0,
+                                     target_work, room_h)  # fmt: skip
+            miss = min(static, held + moved)
         return Contingency(target, decide_h, move_h, slack, threshold, p_move, miss, static, extra)
 
 

@@ -45,10 +45,18 @@ chose, and over the decisions where all three chose (``common_*``: the same deci
 what the targets compare); deadline misses (realised hours over the deadline) and "no plan" where
 a measured option meets the deadline, each over the deadline decisions; per deadline tightness
 as well (``by_tightness``).
+
+**The floor under "no plan"** (``no_plan_floor``, per tightness and pooled): the share of deadline
+decisions the planner's rule refuses when every prediction *is* the measured throughput, each option
+keeping the model's band. No planner that keeps ``maxDeadlineRisk`` honestly with a model this
+uncertain can answer those: with a band of sigma ``s`` a plan whose median finishes exactly on time
+misses with P 1/2, and one needs ``D >= T exp(z_{1-r} s)`` (1.41 x ``T`` at ``s`` = 0.21 and ``r`` = 5%)
+before P(miss) reaches ``r`` with no second plan to move to.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -228,6 +236,30 @@ def fold_predictions() -> dict[str, Any]:
     return data
 
 
+def error_correlations(folds: dict[str, Any] | None = None) -> tuple[float, float]:
+    """Correlation of the model's log errors on two held-out rows of one code (one README, workload and
+    framework) in one fold, both schemes pooled: on the same GPU type and precision, and across them.
+
+    What :data:`gpuscaler.perfmodel.uncertainty.ERROR_CORRELATION_SAME_GPU` and ``_OTHER_GPU`` hold
+    (a test checks they agree); the recourse reads a plan's fallback from the plan's measurement by them.
+    """
+    data = folds or fold_predictions()
+    rows, _ = calibration.load_rows(load_catalog())
+    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[(r.document, r.workload.id, r.cfg.framework)].append(i)
+    pairs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    for fold in data["folds"]:
+        held, predicted = set(fold["held_out"]), fold["predicted"]
+        for members in groups.values():
+            err = {i: math.log(rows[i].measured / predicted[i]) for i in members if i in held}
+            for a, b in itertools.combinations(sorted(err), 2):
+                alike = rows[a].gpu.id == rows[b].gpu.id and rows[a].precision == rows[b].precision
+                pairs[alike] += [(err[a], err[b]), (err[b], err[a])]
+    same, other = (statistics.correlation([x for x, _ in pairs[k]], [y for _, y in pairs[k]]) for k in (True, False))
+    return same, other
+
+
 @dataclass
 class Tally:
     """One chooser's scores over a set of decisions."""
@@ -293,6 +325,7 @@ def scores(
     for i, o in options.items():
         groups[(o.row.document, o.row.workload.id, o.row.cfg.framework)].append(i)
     tallies: dict[str, dict[str, Tally]] = defaultdict(lambda: {c: Tally([]) for c in CHOOSERS})
+    floor: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per tightness: [refused with exact medians, decisions]
     decisions = 0
     for fold in data["folds"]:
         scheme, held = fold["scheme"], set(fold["held_out"])
@@ -327,6 +360,11 @@ def scores(
                     "spec-sheet": _outcome(cheapest_fitting(opts, spec, samples, deadline), by_index, samples),
                 }  # fmt: skip
                 decisions += 1
+                if deadline is not None:
+                    exact, _ = plan_options(opts, {o.index: o.row.measured for o in opts}, samples, deadline)
+                    for key in (f"{k:g}x", "pooled"):
+                        floor[key][0] += exact is None
+                        floor[key][1] += 1
                 if trace is not None:
                     best_row = min((x for x in meets), key=lambda x: x.cost)
                     for name, out in outcomes.items():
@@ -354,6 +392,11 @@ def scores(
         "schemes": {s: {c: t.to_dict() for c, t in by.items()} for s, by in sorted(tallies.items())},
         "by_tightness": by_tightness,
         "targets": targets(pooled),
+        "no_plan_floor": {
+            key: round(100.0 * floor[key][0] / floor[key][1], 2)
+            for key in [*(f"{k:g}x" for k in TIGHTNESS), "pooled"]
+            if floor[key][1]
+        },
     }
 
 
@@ -441,6 +484,10 @@ def format_scores(d: dict[str, Any]) -> list[str]:
     lines += ["", "By deadline (x the measured fastest option's hours; 'none': cost only):"]
     for tight, by in d["by_tightness"].items():
         lines += block(f" {tight}:", by)
+    fl = d["no_plan_floor"]
+    lines += ["", "'No plan' with exact medians (the planner's rule, each option's band, the measured throughput as the",
+              "prediction): what a model this uncertain must refuse at maxDeadlineRisk even when its median is right, % of",
+              "the deadline decisions: " + ", ".join(f"{key} {v:.1f}" for key, v in fl.items())]
     lines += ["", "Targets (issue 35):"]
     for name, t in d["targets"].items():
         lines.append(f"  {name:<34} {t['value']!s:>8} vs {t['target']!s:<8} {'met' if t['met'] else 'NOT met'}")
