@@ -59,6 +59,17 @@ def test_quantile_nearest_rank() -> None:
     assert b.quantile([3.0], 0.95) == 3.0
 
 
+def test_the_target_line_is_the_apply_against_the_ideal_baselines_and_the_p95() -> None:
+    b = _bench()
+    assert b.verdict(36.0, 24.0, 4.0) == (
+        "apply with operator 36.0 s = 1.50 x the ideal baseline's 24.0 s (target <= 1.5x); p95 4.0 s (target <= 10 s): met"
+    )
+    assert b.verdict(52.9, 24.7, 3.9).startswith("apply with operator 52.9 s = 2.14 x the ideal baseline's 24.7 s")
+    assert b.verdict(52.9, 24.7, 3.9).endswith(": NOT met")
+    assert b.verdict(30.0, 24.0, 10.5).endswith("p95 10.5 s (target <= 10 s): NOT met")
+    assert "= inf x" in b.verdict(30.0, 0.0, 1.0)
+
+
 def test_failed_requests_only_counts_codes_from_400() -> None:
     b = _bench()
     assert b.requests_by_verb_resource(METRICS, failed=True) == {

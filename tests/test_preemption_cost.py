@@ -30,7 +30,7 @@ from gpuscaler.runtime import TrainingGuard
 from gpuscaler.runtime import constants as rc
 from gpuscaler.runtime.progress import CheckpointEvent
 from gpuscaler.runtime.progress import Progress as RuntimeProgress
-from loop_harness import SPOT_SPEC, T0, World, make_job, spot_world
+from loop_harness import SPOT_NODE, SPOT_SPEC, T0, World, make_job, spot_world
 
 WRITING, CKPT_TIME, DURATION = rc.ANNOTATION_CHECKPOINT_WRITING, rc.ANNOTATION_CHECKPOINT_TIME, rc.ANNOTATION_CHECKPOINT_DURATION
 NOW = T0 + timedelta(hours=1)
@@ -143,6 +143,41 @@ def test_the_figures_are_refreshed_every_refresh_s_not_every_reconcile() -> None
 
 def test_nothing_is_published_before_the_job_runs() -> None:
     assert patches(status(Phase.STARTING), [pod(0)]) == {}
+
+
+def test_a_worker_is_created_with_nothing_at_risk_and_not_patched_when_it_starts_soon() -> None:
+    created = NOW - timedelta(seconds=30)
+    body = preemption.at_creation({"metadata": {"name": "job-worker-0", "annotations": {"team": "a"}}}, created)
+    ann = body["metadata"]["annotations"]
+    assert ann == {"team": "a", WORK_AT_RISK_ANNOTATION: "0", PREEMPTION_COST_TIME_ANNOTATION: at(created)}
+    first = status(checkpoint_step=None)
+    # started 2 s after its creation: the published 0 as of the creation stands (no PATCH)
+    assert patches(first, [pod(0, ann, started=created + timedelta(seconds=2))]) == {}
+    # started later than START_SLACK_S after it: readers would count the wait as training, so the
+    # figure is published again as of now
+    slow = created + timedelta(seconds=preemption.START_SLACK_S + 5)
+    (p0,) = patches(first, [pod(0, ann, started=slow)]).values()
+    assert p0 == {WORK_AT_RISK_ANNOTATION: str(int((NOW - slow).total_seconds())), PREEMPTION_COST_TIME_ANNOTATION: at(NOW)}
+    # a gang resumed after a checkpoint: the checkpoint is published when it runs, as of now
+    (p0,) = patches(status(), [pod(0, ann, started=created + timedelta(seconds=2))]).values()
+    assert p0[LAST_CHECKPOINT_STEP_ANNOTATION] == "100" and p0[PREEMPTION_COST_TIME_ANNOTATION] == at(NOW)
+
+
+def test_the_loop_creates_its_workers_with_the_cost_and_does_not_patch_them_at_start() -> None:
+    w = World(node=SPOT_NODE)  # the workers stay Pending until pod_phase says otherwise
+    job: Job = make_job(SPOT_SPEC)
+    for _ in range(5):
+        w.step(job)
+        if w.workers.pods():
+            break
+    created = {b["metadata"]["name"]: dict(b["metadata"]["annotations"]) for b in w.workers.pods()}
+    assert created and w.status.phase is Phase.STARTING
+    for ann in created.values():  # in the POST: nothing at risk as of the step that made it
+        assert ann[WORK_AT_RISK_ANNOTATION] == "0" and ann[PREEMPTION_COST_TIME_ANNOTATION] == at(w.now), ann
+    w.pod_phase = "Running"
+    w.run_to(job, Phase.RUNNING)
+    w.step(job)
+    assert {b["metadata"]["name"]: b["metadata"]["annotations"] for b in w.workers.pods()} == created
 
 
 # ------------------------------------------------------------------------------ through the loop

@@ -12,7 +12,10 @@ worker pod (the names in :mod:`gpuscaler.names`; the spec in docs/preemption-cos
 * ``gpuscaler.io/work-at-risk-seconds``: ``now - max(checkpoint time, gang start)``, the training a
   preemption now would redo, as of ``gpuscaler.io/preemption-cost-time`` (a reader adds the time
   since while the job runs; the figure is refreshed every ``preemption_cost_refresh_s`` and at
-  every new checkpoint);
+  every new checkpoint). A worker pod is created with 0 as of its creation (:func:`at_creation`),
+  so a gang that starts within :data:`START_SLACK_S` costs no PATCH per pod when it starts (the
+  extrapolation then counts its start-up, at most that long, as at risk); a slower start is
+  published again when the pod runs;
 * ``gpuscaler.io/checkpoint-seconds``: the measured write time of the last checkpoint (what a
   graceful stop costs instead);
 * ``karpenter.sh/do-not-disrupt: "true"`` **only while a checkpoint is being written**: while the
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.kube.checkpoint_reports import parse_utc
@@ -46,6 +50,9 @@ from gpuscaler.names import (
     WORK_AT_RISK_ANNOTATION,
 )
 
+START_SLACK_S = 10.0
+"""A work at risk published at the pod's creation (0) stands when the gang started at most this long
+after it; a later start is published again when the pods run (readers would add the wait)."""
 CLOCK_SKEW_S = 60.0
 """A reported time at most this far in the operator's future is taken as now (clocks differ);
 further ahead it is not believed."""
@@ -64,6 +71,8 @@ class PreemptionCost:
     checkpoint_s: float | None
     writing: str
     """Why a checkpoint is being written now ('' when none is): do-not-disrupt is set meanwhile."""
+    gang_start: datetime | None = None
+    """The earliest start of the gang's live pods (None: none has started)."""
 
     def annotations(self, now: datetime) -> dict[str, str]:
         """The preemption-cost annotations (without do-not-disrupt) as of ``now``."""
@@ -148,7 +157,31 @@ def assess(st: TrainingJobStatus, pods: list[PodState], now: datetime, write_max
         work_at_risk_s=max((now - since).total_seconds(), 0.0),
         checkpoint_s=min(seconds, write_max_s) if seconds is not None else None,
         writing=writing,
+        gang_start=min(starts) if starts else None,
     )
+
+
+def at_creation(pod: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A new worker pod's manifest with nothing at risk yet, as of its creation (``now``).
+
+    Nothing of the new gang has trained, so ``work-at-risk-seconds`` is 0 at ``now``. Published in
+    the pod's POST, it spares the PATCH of each pod when the gang starts; :func:`patches` publishes
+    again when the gang started more than :data:`START_SLACK_S` after ``now``. The checkpoint
+    figures of an earlier gang are published when the pods run, as before.
+
+    Args:
+        pod: The pod manifest (:func:`gpuscaler.kube.workers.worker_pod`); changed in place.
+        now: The time of the create.
+
+    Returns:
+        ``pod``, with the two annotations in ``metadata.annotations``.
+    """
+    meta = pod.setdefault("metadata", {})
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        **PreemptionCost(None, None, 0.0, None, "").annotations(now),
+    }
+    return pod
 
 
 def patches(
@@ -163,7 +196,8 @@ def patches(
     """The annotation patches of each live worker pod (only pods whose annotations must change).
 
     A pod is patched when ``do-not-disrupt`` must be set or removed, when the checkpoint (step,
-    time, write seconds) changed, or when its published work at risk is older than ``refresh_s``.
+    time, write seconds) changed, or when its published work at risk is older than ``refresh_s`` or
+    was published more than :data:`START_SLACK_S` before the gang started (at the pod's creation).
 
     Args:
         st: The job's status (after this step's progress update).
@@ -193,7 +227,7 @@ def patches(
                 patch[DO_NOT_DISRUPT_ANNOTATION] = "true"
             elif not cost.writing and DO_NOT_DISRUPT_ANNOTATION in have:
                 patch[DO_NOT_DISRUPT_ANNOTATION] = None
-        stale = _stale(have, now, refresh_s)
+        stale = _stale(have, now, refresh_s, cost.gang_start)
         for key, value in wanted.items():
             if have.get(key) != value and (stale or key not in _MOVING):
                 patch[key] = value
@@ -208,9 +242,11 @@ _MOVING = frozenset({WORK_AT_RISK_ANNOTATION, PREEMPTION_COST_TIME_ANNOTATION})
 """The annotations that change with the clock alone: refreshed every ``refresh_s``, or with any other change."""
 
 
-def _stale(have: Mapping[str, str], now: datetime, refresh_s: float) -> bool:
+def _stale(have: Mapping[str, str], now: datetime, refresh_s: float, gang_start: datetime | None = None) -> bool:
     at = parse_utc(have.get(PREEMPTION_COST_TIME_ANNOTATION, ""))
-    return at is None or (now - at).total_seconds() >= refresh_s
+    if at is None or (now - at).total_seconds() >= refresh_s:
+        return True
+    return gang_start is not None and (gang_start - at).total_seconds() > START_SLACK_S
 
 
 def measured_write_s(st: TrainingJobStatus, pods: list[PodState], write_max_s: float) -> float | None:

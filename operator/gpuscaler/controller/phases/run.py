@@ -49,7 +49,11 @@ def _starting(self: Reconciler, ctx: StepContext, request: NodeRequest, nodes: l
         # which the ServiceAccount admission refuses while their account is missing
         for body in worker_rbac(job.namespace):
             self.workers.create_if_absent(body)
-    made = [r for r in range(request.count) if r not in have and self.workers.create_if_absent(worker_pod(wp, r))]
+    made = [
+        r
+        for r in range(request.count)
+        if r not in have and self.workers.create_if_absent(preemption_cost.at_creation(worker_pod(wp, r), ctx.now))
+    ]
     if made:
         self._workers_created(ctx, f"created {len(made)} worker pod(s) (attempt {st.attempt})")
     running = [p for p in pods if p.running or p.succeeded]
