@@ -27,6 +27,7 @@ __all__ = [
     "Assessment",
     "Expectation",
     "Finding",
+    "GpuUse",
     "JobMetrics",
     "PlanOption",
     "PodMetrics",
@@ -76,30 +77,10 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
-class PodMetrics:
-    """One worker pod over the observation window."""
+class GpuUse:
+    """GPU use over the observation window, over the GPUs of a pod or of the whole job (what
+    :mod:`gpuscaler.observe.summary` reads from the DCGM series)."""
 
-    pod: str
-    throughput: RateEstimate | None
-    gpus: int = 0
-    gpu_util: float | None = None
-    tensor_active: float | None = None
-    dram_active: float | None = None
-    memory_used_gb: float | None = None
-    memory_used_fraction: float | None = None
-    interconnect_gbs: float | None = None
-
-
-@dataclass(frozen=True)
-class JobMetrics:
-    """A job over the observation window: per pod, and summarised."""
-
-    pods: list[PodMetrics]
-    throughput: float | None
-    """Samples/s of the job: the median of the pods' rates (every worker counts the job's global
-    samples, as the progress annotations do)."""
-    rate: RateEstimate | None
-    """The estimate the throughput came from (the median pod's)."""
     gpus: int = 0
     """GPUs with DCGM data."""
     gpu_util: float | None = None
@@ -111,6 +92,26 @@ class JobMetrics:
     memory_used_fraction: float | None = None
     interconnect_gbs: float | None = None
     """Mean over GPUs of PCIe + NVLink transmit + receive, GB/s."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodMetrics(GpuUse):
+    """One worker pod over the observation window."""
+
+    pod: str
+    throughput: RateEstimate | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobMetrics(GpuUse):
+    """A job over the observation window: per pod, and summarised."""
+
+    pods: list[PodMetrics]
+    throughput: float | None
+    """Samples/s of the job: the median of the pods' rates (every worker counts the job's global
+    samples, as the progress annotations do)."""
+    rate: RateEstimate | None
+    """The estimate the throughput came from (the median pod's)."""
 
 
 @dataclass(frozen=True)
