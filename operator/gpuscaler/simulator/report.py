@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from gpuscaler.simulator.engine import SimulationResult
 
@@ -227,22 +228,28 @@ def plot(results: Sequence[SimulationResult], directory: str | Path, title: str 
     out_dir = Path(directory)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [summarize(r) for r in results]
-    paths = []
+
+    def save(fig: Any, ax: Any, name: str, heading: str, xlabel: str, ylabel: str) -> Path:
+        """Label, title and grid the axes, write the figure as ``name`` and close it."""
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{heading}{': ' + title if title else ''}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        p = out_dir / name
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        return p
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for k, r in enumerate(rows):
         ax.scatter(r.miss_rate * 100, r.cost_usd, s=60)
         ax.annotate(r.strategy, (r.miss_rate * 100, r.cost_usd), textcoords="offset points",
                     xytext=(6, 4 if k % 2 == 0 else -12), fontsize=8)
-    ax.set_xlabel("deadline-miss rate (% of jobs with a deadline)")
-    ax.set_ylabel("total cost (USD)")
-    ax.set_title(f"Cost vs deadline misses{': ' + title if title else ''}")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    p = out_dir / "cost_vs_misses.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    paths.append(p)
+    costs = save(
+        fig, ax, "cost_vs_misses.png", "Cost vs deadline misses",
+        "deadline-miss rate (% of jobs with a deadline)", "total cost (USD)",
+    )  # fmt: skip
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for res in results:
@@ -252,14 +259,9 @@ def plot(results: Sequence[SimulationResult], directory: str | Path, title: str 
         n = len(res.outcomes)
         ax.step(done, [(k + 1) / n for k in range(len(done))], where="post", label=res.strategy)
     ax.set_xscale("log")
-    ax.set_xlabel("completion time, arrival to finish (hours, log scale)")
-    ax.set_ylabel("share of jobs finished")
-    ax.set_title(f"Completion time CDF{': ' + title if title else ''}")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = out_dir / "completion_cdf.png"
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    paths.append(p)
-    return paths
+    cdf = save(
+        fig, ax, "completion_cdf.png", "Completion time CDF",
+        "completion time, arrival to finish (hours, log scale)", "share of jobs finished",
+    )  # fmt: skip
+    return [costs, cdf]
