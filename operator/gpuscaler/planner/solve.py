@@ -31,7 +31,7 @@ from gpuscaler.planner.candidate import REPORT_ORDER, Candidate, Reason, Refusal
 from gpuscaler.planner.job import ResolvedJob
 from gpuscaler.planner.risk import over_risk
 from gpuscaler.policy import Policy
-from gpuscaler.policy.evaluate import max_usd_per_hour_violation, max_usd_per_job_violation
+from gpuscaler.policy.evaluate import MAX_USD_PER_HOUR, MAX_USD_PER_JOB
 
 
 def violations(
@@ -63,8 +63,8 @@ def violations(
     if budget is not None and c.expected_cost_usd > budget:
         out.append((Reason.BUDGET, lambda: f"over budget: ${c.expected_cost_usd:,.0f} > ${budget:,.0f}"))
     for broken in (
-        max_usd_per_job_violation(policy, c.expected_cost_usd),
-        max_usd_per_hour_violation(policy, c.usd_per_hour),
+        MAX_USD_PER_JOB.violation(policy, c.expected_cost_usd),
+        MAX_USD_PER_HOUR.violation(policy, c.usd_per_hour),
     ):
         if broken is not None:
             out.append((Reason.POLICY, partial(str, broken.message)))

@@ -1,7 +1,7 @@
 """Applying policies to a job: merge the policies in force for a namespace, and list violations.
 
 The planner filters offerings by a policy's allow lists and spot rules, and candidates by its
-spending caps through the rule functions here. What it cannot see
+spending caps through the cap rules here. What it cannot see
 is a request that no candidate could ever satisfy because it contradicts a policy outright (a job
 asking for 16 GPUs where 8 is the most), and namespace-wide budgets, which depend on what else runs.
 This module answers those, with the rule name and the values, so the operator can set a
@@ -11,8 +11,8 @@ This module answers those, with the rule name and the values, so the operator ca
 - :func:`check_job` checks a TrainingJob spec (the camelCase mapping, as kopf hands it over)
   against a policy and the namespace's usage, before planning;
 - :func:`check_plan` checks a chosen plan's GPUs and cost against the caps, after planning, with
-  the rule functions the planner uses (:func:`max_usd_per_job_violation`,
-  :func:`max_usd_per_hour_violation`), so each cap is checked in one place;
+  the cap rules the planner uses (:data:`MAX_USD_PER_JOB`, :data:`MAX_USD_PER_HOUR`), so each
+  cap is checked in one place;
 - :func:`effective_precisions` fills in the policy's default precisions for a job that names none.
 
 Pure: no Kubernetes client; the operator gathers :class:`NamespaceUsage` itself.
@@ -21,7 +21,7 @@ Callers: the operator's TrainingJob handlers, ``gpuscaler policy check --namespa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,35 +301,44 @@ def check_job(
     return out
 
 
-def _over(policy: Policy, rule: str, field: str, value: float, cap: float | None, template: str) -> Violation | None:
-    """The violation of a cap rule, None when kept or uncapped. ``template`` (``str.format`` with
-    ``name``, ``cap``, ``value``) is filled only for a violation: the planner asks for every candidate."""
-    if cap is None or value <= cap:
-        return None
-    message = template.format(name=policy.name, cap=cap, value=value)
-    return Violation(rule, policy.name, field, round(value, 2), cap, message)
+@dataclass(frozen=True)
+class CapRule:
+    """A per-job spending cap of a policy: a plan's value at most the policy's cap.
 
-
-def max_usd_per_job_violation(policy: Policy, expected_cost_usd: float) -> Violation | None:
-    """The ``maxUsdPerJob`` rule: a plan's expected cost at most the cap (None: kept or no cap).
-
-    The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
+    The one check of each such rule (:data:`MAX_USD_PER_JOB`, :data:`MAX_USD_PER_HOUR`): the
+    planner's solve stage and :func:`check_plan` both call :meth:`violation`.
     """
-    return _over(
-        policy, "maxUsdPerJob", "plan.expectedCostUsd", expected_cost_usd, policy.max_usd_per_job,
-        "policy {name}: maxUsdPerJob ${cap:,.0f} < ${value:,.0f}",
-    )  # fmt: skip
+
+    rule: str
+    """The policy field, camelCase: ``maxUsdPerJob``."""
+    field: str
+    """The plan's value it bounds: ``plan.expectedCostUsd``."""
+    cap: Callable[[Policy], float | None]
+    """The policy's cap (None: uncapped)."""
+    template: str
+    """The message, ``str.format`` with ``name``, ``cap`` and ``value``."""
+
+    def violation(self, policy: Policy, value: float) -> Violation | None:
+        """The violation of the cap, None when kept or uncapped. The message is formatted only for
+        a violation: the planner asks for every candidate."""
+        cap = self.cap(policy)
+        if cap is None or value <= cap:
+            return None
+        message = self.template.format(name=policy.name, cap=cap, value=value)
+        return Violation(self.rule, policy.name, self.field, round(value, 2), cap, message)
 
 
-def max_usd_per_hour_violation(policy: Policy, usd_per_hour: float) -> Violation | None:
-    """The ``maxUsdPerHour`` rule: a plan's price per hour (all nodes) at most the cap (None: kept or no cap).
+MAX_USD_PER_JOB = CapRule(
+    "maxUsdPerJob", "plan.expectedCostUsd", lambda p: p.max_usd_per_job,
+    "policy {name}: maxUsdPerJob ${cap:,.0f} < ${value:,.0f}",
+)  # fmt: skip
+"""The ``maxUsdPerJob`` rule: a plan's expected cost at most the cap."""
 
-    The one check of this rule: the planner's solve stage and :func:`check_plan` both call it.
-    """
-    return _over(
-        policy, "maxUsdPerHour", "plan.usdPerHour", usd_per_hour, policy.max_usd_per_hour,
-        "policy {name}: maxUsdPerHour ${cap:,.2f} < ${value:,.2f}/h",
-    )  # fmt: skip
+MAX_USD_PER_HOUR = CapRule(
+    "maxUsdPerHour", "plan.usdPerHour", lambda p: p.max_usd_per_hour,
+    "policy {name}: maxUsdPerHour ${cap:,.2f} < ${value:,.2f}/h",
+)  # fmt: skip
+"""The ``maxUsdPerHour`` rule: a plan's price per hour (all nodes) at most the cap."""
 
 
 def check_plan(
@@ -341,7 +350,7 @@ def check_plan(
 ) -> list[Violation]:
     """The caps a chosen plan breaks (empty: none): per job, and per namespace given its usage.
 
-    The planner keeps per-job caps with the same rule functions; this applies them again so that
+    The planner keeps per-job caps with the same cap rules; this applies them again so that
     a plan made under an older policy is caught when the policy changes, and adds the namespace
     caps the planner cannot see.
     """
@@ -353,10 +362,7 @@ def check_plan(
                 f"policy {policy.name}: {gpus} GPUs > maxGpusPerJob {policy.max_gpus_per_job}",
             )
         )  # fmt: skip
-    for broken in (
-        max_usd_per_hour_violation(policy, usd_per_hour),
-        max_usd_per_job_violation(policy, expected_cost_usd),
-    ):
+    for broken in (MAX_USD_PER_HOUR.violation(policy, usd_per_hour), MAX_USD_PER_JOB.violation(policy, expected_cost_usd)):
         if broken is not None:
             out.append(broken)
     if usage is not None:
