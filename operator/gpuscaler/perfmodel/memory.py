@@ -214,26 +214,11 @@ class MemoryAgreement:
 
     checks: tuple[RunCheck, ...]
 
-    def _of(self, outcome: str) -> list[RunCheck]:
-        return [c for c in self.checks if c.run.outcome == outcome]
-
-    @property
-    def ran(self) -> int:
-        return len(self._of("ran"))
-
-    @property
-    def ran_fit(self) -> int:
-        """"ran" rows predicted to fit."""
-        return sum(c.agrees for c in self._of("ran"))
-
-    @property
-    def oom(self) -> int:
-        return len(self._of("oom"))
-
-    @property
-    def oom_flagged(self) -> int:
-        """"oom" rows predicted not to fit."""
-        return sum(c.agrees for c in self._of("oom"))
+    def tally(self, outcome: str) -> tuple[int, int]:
+        """The rows documented with ``outcome`` (``ran`` or ``oom``), and how many of them the model
+        predicts as documented ("ran": to fit; "oom": not to fit)."""
+        checks = [c for c in self.checks if c.run.outcome == outcome]
+        return len(checks), sum(c.agrees for c in checks)
 
     @property
     def misses(self) -> tuple[RunCheck, ...]:
@@ -264,13 +249,15 @@ def memory_agreement(runs: tuple[MemoryRun, ...] | None = None) -> MemoryAgreeme
 
 def agreement_json(a: MemoryAgreement) -> dict[str, object]:
     """``gpuscaler validate --json``'s ``memory`` object: both rates and every disagreeing row."""
+    ran, ran_fit = a.tally("ran")
+    oom, oom_flagged = a.tally("oom")
     return {
-        "ran": a.ran,
-        "ran_predicted_to_fit": a.ran_fit,
-        "ran_fit_pct": round(100.0 * a.ran_fit / a.ran, 2) if a.ran else None,
-        "oom": a.oom,
-        "oom_predicted_not_to_fit": a.oom_flagged,
-        "oom_flagged_pct": round(100.0 * a.oom_flagged / a.oom, 2) if a.oom else None,
+        "ran": ran,
+        "ran_predicted_to_fit": ran_fit,
+        "ran_fit_pct": round(100.0 * ran_fit / ran, 2) if ran else None,
+        "oom": oom,
+        "oom_predicted_not_to_fit": oom_flagged,
+        "oom_flagged_pct": round(100.0 * oom_flagged / oom, 2) if oom else None,
         "misses": [
             {
                 "id": c.run.id,
@@ -292,14 +279,11 @@ MEMORY_TABLE_HEADERS = ("documented outcome", "rows", "predicted as documented",
 def agreement_rows(a: MemoryAgreement) -> list[list[str]]:
     """``gpuscaler validate``'s memory table: per documented outcome, the rows and how many the model
     predicts as documented (ran: fits; out of memory: does not fit)."""
-
-    def rate(k: int, n: int) -> str:
-        return f"{100.0 * k / n:.1f}%" if n else "-"
-
-    return [
-        ["trained (predicted to fit)", str(a.ran), str(a.ran_fit), rate(a.ran_fit, a.ran)],
-        ["out of memory (predicted not to fit)", str(a.oom), str(a.oom_flagged), rate(a.oom_flagged, a.oom)],
-    ]
+    rows = []
+    for label, outcome in (("trained (predicted to fit)", "ran"), ("out of memory (predicted not to fit)", "oom")):
+        n, agreeing = a.tally(outcome)
+        rows.append([label, str(n), str(agreeing), f"{100.0 * agreeing / n:.1f}%" if n else "-"])
+    return rows
 
 
 def agreement_misses(a: MemoryAgreement) -> list[str]:
