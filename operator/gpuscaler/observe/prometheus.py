@@ -15,6 +15,7 @@ not match the pods of job ``a-worker-0``).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -60,34 +61,30 @@ def _series(raw: Iterable[dict[str, Any]]) -> list[Series]:
     return out
 
 
+@dataclass
 class PrometheusSource:
     """Reads a job's series from one Prometheus server.
 
-    Args:
-        url: the server, e.g. ``http://prometheus-operated.monitoring:9090``.
-        timeout_s: per query.
-        pod_label, namespace_label: labels naming the pod on the runtime's series.
-        dcgm_pod_label, dcgm_namespace_label: labels naming the pod on DCGM series.
+    Raises:
+        ImportError: on construction, without ``prometheus-api-client`` (the optional extra ``observe``).
     """
 
-    def __init__(
-        self,
-        url: str,
-        timeout_s: float = 10.0,
-        pod_label: str = "pod",
-        namespace_label: str = "namespace",
-        dcgm_pod_label: str = "pod",
-        dcgm_namespace_label: str = "namespace",
-    ) -> None:
+    url: str
+    """The server, e.g. ``http://prometheus-operated.monitoring:9090``."""
+    timeout_s: float = 10.0
+    """Seconds per query."""
+    pod_label: str = "pod"
+    namespace_label: str = "namespace"
+    """The labels naming the pod on the runtime's series."""
+    dcgm_pod_label: str = "pod"
+    dcgm_namespace_label: str = "namespace"
+    """The labels naming the pod on DCGM series."""
+    _prom: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
         from prometheus_api_client import PrometheusConnect  # the optional extra `observe`
 
-        self.url = url
-        self.timeout_s = timeout_s
-        self.pod_label = pod_label
-        self.namespace_label = namespace_label
-        self.dcgm_pod_label = dcgm_pod_label
-        self.dcgm_namespace_label = dcgm_namespace_label
-        self._prom = PrometheusConnect(url=url, disable_ssl=True)
+        self._prom = PrometheusConnect(url=self.url, disable_ssl=True)
 
     def query(self, promql: str) -> list[Series]:
         """An instant query (range selectors give every raw sample).
