@@ -135,6 +135,21 @@ class ObserveResult:
     """Move the gang to this plan now (at a checkpoint)."""
 
 
+@dataclass(frozen=True)
+class _Look:
+    """One look at a Running job, as the re-plan steps read it: the job's status, the newest
+    checkpoint, the time, how to plan the rest, and where the look's Events and plan go."""
+
+    st: TrainingJobStatus
+    obs: ObservedStatus
+    checkpoint_step: int | None
+    now: datetime
+    plan_with: PlanWith
+    out: ObserveResult
+    max_risk: float
+    """The job's ``constraints.maxDeadlineRisk``."""
+
+
 def _running_since(st: TrainingJobStatus) -> datetime | None:
     for c in st.conditions:
         if c.type == ConditionType.RUNNING and c.status == "True":
@@ -188,8 +203,9 @@ class Observer:
         since = _running_since(st)
         if since is not None:
             self._record_progress(obs, ctx.progress_samples, since, now)
+        look = _Look(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk)
         if obs.replan_pending and self._checkpoint_reached(obs, checkpoint_step):
-            self._act_on_pending(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk)
+            self._act_on_pending(look)
             if out.replan is not None:
                 return out
         due = obs.last_assessed is None or (now - obs.last_assessed).total_seconds() >= self.config.interval_s
@@ -234,7 +250,7 @@ class Observer:
         miss = self._miss_probability(st, obs, sigma, ctx)
         at_risk = miss is not None and over_risk(miss, ctx.max_deadline_risk)
         if factor_changed or at_risk or st.plan.efficiency_factor != obs.efficiency_factor:
-            self._consider_replan(st, obs, checkpoint_step, now, plan_with, out, miss or 0.0, ctx.max_deadline_risk)
+            self._consider_replan(look, miss or 0.0)
         return out
 
     # ------------------------------------------------------------------------------- progress
@@ -405,12 +421,10 @@ class Observer:
             if c.type in BOTTLENECKS and c.type not in found and c.status == "True":
                 set_condition(st, c.type, False, "NotObserved", f"no longer observed: {a.summary}", now, generation)
 
-    def _decide(
-        self, st: TrainingJobStatus, obs: ObservedStatus, plan_with: PlanWith, miss: float, max_risk: float
-    ) -> tuple[ReplanDecision, PlanResult]:
-        assert st.plan is not None
-        result = plan_with(dict(obs.efficiency_by_gpu))
-        p = st.plan
+    def _decide(self, look: _Look, miss: float) -> tuple[ReplanDecision, PlanResult]:
+        p = look.st.plan
+        assert p is not None
+        result = look.plan_with(dict(look.obs.efficiency_by_gpu))
         key = (p.instance_type, p.nodes, p.capacity_type, p.precision)
         current = next((plan_option(c) for c in result.feasible if plan_option(c).key == key), None)
         best = plan_option(result.chosen) if result.chosen is not None else None
@@ -418,68 +432,49 @@ class Observer:
         if fallback is not None and fallback.key == key:
             fallback = None  # already on it
         # plan_with plans the rest only: the options' costs are the rest's
-        decision = should_replan(miss, max_risk, current, best, self.config.correction(), fallback=fallback)
+        decision = should_replan(miss, look.max_risk, current, best, self.config.correction(), fallback=fallback)
         if decision.replan and decision.fallback and result.fallback is not None:
             result = replace(result, chosen=result.fallback, why=decision.reason)
         return decision, result
 
-    def _consider_replan(
-        self,
-        st: TrainingJobStatus,
-        obs: ObservedStatus,
-        checkpoint_step: int | None,
-        now: datetime,
-        plan_with: PlanWith,
-        out: ObserveResult,
-        miss: float = 0.0,
-        max_risk: float = 1.0,
-    ) -> None:
-        assert st.plan is not None
+    def _consider_replan(self, look: _Look, miss: float) -> None:
+        plan, obs, step = look.st.plan, look.obs, look.checkpoint_step
+        assert plan is not None
         if obs.replan_pending:
             return
-        changed = max(st.plan.planned_at, obs.last_replan or st.plan.planned_at)
-        if (now - changed).total_seconds() < self.config.min_interval_s:
+        changed = max(plan.planned_at, obs.last_replan or plan.planned_at)
+        if (look.now - changed).total_seconds() < self.config.min_interval_s:
             obs.message += f"; re-plan not considered within {self.config.min_interval_s:g}s of the last plan change"
             return
-        decision, _ = self._decide(st, obs, plan_with, miss, max_risk)
+        decision, _ = self._decide(look, miss)
         if not decision.replan:
             obs.replan_reason = decision.reason
             return
         obs.replan_pending = True
         obs.replan_reason = decision.reason
-        obs.replan_after_checkpoint_step = checkpoint_step
-        at = f"after checkpoint step {checkpoint_step}" if checkpoint_step is not None else "at the first checkpoint"
-        out.events.append(Event("Normal", EventReason.REPLAN_PENDING, f"{decision.reason}; moving {at}"))
+        obs.replan_after_checkpoint_step = step
+        at = f"after checkpoint step {step}" if step is not None else "at the first checkpoint"
+        look.out.events.append(Event("Normal", EventReason.REPLAN_PENDING, f"{decision.reason}; moving {at}"))
 
     def _checkpoint_reached(self, obs: ObservedStatus, checkpoint_step: int | None) -> bool:
         if checkpoint_step is None:
             return False
         return obs.replan_after_checkpoint_step is None or checkpoint_step > obs.replan_after_checkpoint_step
 
-    def _act_on_pending(
-        self,
-        st: TrainingJobStatus,
-        obs: ObservedStatus,
-        checkpoint_step: int | None,
-        now: datetime,
-        plan_with: PlanWith,
-        out: ObserveResult,
-        max_risk: float = 1.0,
-    ) -> None:
-        miss = obs.deadline_miss_probability or 0.0
-        decision, result = self._decide(st, obs, plan_with, miss, max_risk)
+    def _act_on_pending(self, look: _Look) -> None:
+        obs = look.obs
+        decision, result = self._decide(look, obs.deadline_miss_probability or 0.0)
         obs.replan_pending = False
         obs.replan_after_checkpoint_step = None
         obs.replan_reason = decision.reason
+        said = f"at checkpoint step {look.checkpoint_step}: {decision.reason}"
         if not decision.replan or result.chosen is None:
-            out.events.append(Event("Normal", EventReason.REPLAN_CANCELLED, f"at checkpoint step {checkpoint_step}: {decision.reason}"))
+            look.out.events.append(Event("Normal", EventReason.REPLAN_CANCELLED, said))
             return
-        obs.last_replan = now
+        obs.last_replan = look.now
         obs.replans += 1
-        out.replan = result
-        out.events.append(
-            Event("Normal", EventReason.REPLANNED, f"at checkpoint step {checkpoint_step}: {decision.reason}")
-        )
+        look.out.replan = result
+        look.out.events.append(Event("Normal", EventReason.REPLANNED, said))
 
 
 def from_settings(settings: Settings, catalog: Catalog | None = None) -> Observer:
