@@ -217,7 +217,7 @@ def measured_store(factor: float = 0.7) -> tuple[ProfileStore, Any]:
     k = ProfileKey(sig.id, c.instance.gpu_id, c.gpus, c.nodes, c.micro_batch, c.accumulation, c.precision.value)
     store = ProfileStore()
     store.record(k, run(factor * c.estimate.throughput, model=c.estimate.throughput, job="first"),
-                 workload=sig.workload, shape=sig.shape, instance_type=c.instance.name)
+                 sig.labels(c.instance.name))
     return store, first
 
 

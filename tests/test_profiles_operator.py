@@ -257,8 +257,8 @@ def test_the_plan_cache_keys_on_the_profiles() -> None:
     assert c is not None
     sig = signature_of(s.workload, "resnet50")
     key = ProfileKey(sig.id, "A10G", 1, 1, c.micro_batch, c.accumulation, c.precision.value)
-    store.record(key, RunMeasurement(0.9 * c.estimate.throughput, 0.0, c.estimate.throughput, T0), workload="resnet50",
-                 shape=sig.shape)
+    store.record(key, RunMeasurement(0.9 * c.estimate.throughput, 0.0, c.estimate.throughput, T0),
+                 sig.labels())
     got = cache.plan(s, CATALOG, profiles=store)
     assert got.chosen is not None and got.chosen.throughput_source == "measured in 1 run" and cache.misses == 2
     assert cache.plan(s, CATALOG, profiles=store) is got and cache.hits == 2

@@ -38,6 +38,7 @@ from gpuscaler.planner.profiles import (
     NotMeasured,
     Profile,
     ProfileKey,
+    ProfileLabels,
     ProfileStore,
     RunMeasurement,
     measure_run,
@@ -223,7 +224,7 @@ class Recorder:
         sig = signature_of(spec.workload, workload.id)
         key = ProfileKey(sig.id, plan.gpu_type, plan.gpus, plan.nodes, plan.micro_batch, plan.accumulation, plan.precision)
         try:
-            profile, name = self._write(namespace, key, got, sig.workload, sig.shape, plan.instance_type, workload.unit)
+            profile, name = self._write(namespace, key, got, sig.labels(plan.instance_type, workload.unit))
         except GpuscalerError as err:
             return [Event("Warning", EventReason.PROFILE_NOT_RECORDED, f"writing the performance profile: {err}")]
         events = [
@@ -247,10 +248,10 @@ class Recorder:
         return events
 
     def _write(
-        self, namespace: str, key: ProfileKey, run: RunMeasurement, workload: str, shape: str, instance_type: str, unit: str
+        self, namespace: str, key: ProfileKey, run: RunMeasurement, labels: ProfileLabels
     ) -> tuple[Profile, str]:
         """Fold the run into the stored profile and write it (retried once when it changed meanwhile)."""
-        name = profile_name(key, workload)
+        name = profile_name(key, labels.workload)
         for attempt in (1, 2):
             body = self.api.get(namespace, name)
             old: Profile | None = None
@@ -263,10 +264,7 @@ class Recorder:
                     old = None  # unreadable (edited by hand): started again from this run
                 if old is not None and (old.key != key or run.at - old.last_seen > self.config.ttl):
                     old = None  # another key under this name, or past the TTL: this run starts it again
-            new = updated(
-                old, key, run, workload=workload, shape=shape, instance_type=instance_type, unit=unit,
-                memory_runs=self.config.memory_runs,
-            )  # fmt: skip
+            new = updated(old, key, run, labels, memory_runs=self.config.memory_runs)
             if old is not None and new is old:
                 return new, name  # this job was counted already
             try:

@@ -129,6 +129,10 @@ class Signature:
     shape: str
     """Canonical JSON of the declared shape."""
 
+    def labels(self, instance_type: str = "", unit: str = "samples") -> ProfileLabels:
+        """The labels of a run of this signature on ``instance_type``, counted in ``unit``."""
+        return ProfileLabels(self.workload, self.shape, instance_type, unit)
+
 
 def signature_of(workload: WorkloadSpec, workload_id: str) -> Signature:
     """The signature of a job's ``spec.workload`` (a named model under its resolved catalog id).
@@ -162,6 +166,21 @@ class ProfileKey(NamedTuple):
         """``8 x A100 on 2 nodes, micro-batch 64 x 2, amp``."""
         on = f" on {self.nodes} nodes" if self.nodes > 1 else ""
         return f"{self.gpus} x {self.gpu_type}{on}, micro-batch {self.micro_batch} x {self.accumulation}, {self.precision}"
+
+
+class ProfileLabels(NamedTuple):
+    """What a profile says for people beside its key, from the run folded in last."""
+
+    workload: str = ""
+    """The signature's workload id."""
+    shape: str = ""
+    """The signature's declared shape (canonical JSON)."""
+    instance_type: str = ""
+    unit: str = "samples"
+
+
+NO_LABELS = ProfileLabels()
+"""A run recorded without labels (a profile keeps the labels it has)."""
 
 
 # ------------------------------------------------------------------------------------ measurement
@@ -324,11 +343,8 @@ def updated(
     profile: Profile | None,
     key: ProfileKey,
     run: RunMeasurement,
+    labels: ProfileLabels = NO_LABELS,
     *,
-    workload: str = "",
-    shape: str = "",
-    instance_type: str = "",
-    unit: str = "samples",
     memory_runs: int = DEFAULT_MEMORY_RUNS,
 ) -> Profile:
     """The profile with one more run folded in (a new one when ``profile`` is None).
@@ -345,8 +361,8 @@ def updated(
     y = math.log(run.throughput)
     if profile is None:
         return Profile(
-            key, workload, shape, run.throughput, run.model_throughput, 0.0, s_m, 1, run.at,
-            instance_type, unit, (run.job,) if run.job else (),
+            key, labels.workload, labels.shape, run.throughput, run.model_throughput, 0.0, s_m, 1, run.at,
+            labels.instance_type, labels.unit, (run.job,) if run.job else (),
         )  # fmt: skip
     if run.job and run.job in profile.jobs:
         return profile
@@ -366,11 +382,11 @@ def updated(
         measurement_log_sigma=meas,
         runs=n + 1,
         last_seen=max(profile.last_seen, run.at),
-        instance_type=instance_type or profile.instance_type,
-        unit=unit,
+        instance_type=labels.instance_type or profile.instance_type,
+        unit=labels.unit,
         jobs=jobs,
-        workload=workload or profile.workload,
-        shape=shape or profile.shape,
+        workload=labels.workload or profile.workload,
+        shape=labels.shape or profile.shape,
     )
 
 
@@ -576,24 +592,14 @@ class ProfileStore:
             return gone
 
     def record(
-        self,
-        key: ProfileKey,
-        run: RunMeasurement,
-        *,
-        workload: str = "",
-        shape: str = "",
-        instance_type: str = "",
-        unit: str = "samples",
+        self, key: ProfileKey, run: RunMeasurement, labels: ProfileLabels = NO_LABELS
     ) -> tuple[Profile, list[Profile]]:
         """Fold one run into the profile of ``key`` (made when absent).
 
         Returns:
             The profile as it now is, and the profiles evicted to keep the cap.
         """
-        new = updated(
-            self.get(key), key, run, workload=workload, shape=shape, instance_type=instance_type, unit=unit,
-            memory_runs=self.memory_runs,
-        )  # fmt: skip
+        new = updated(self.get(key), key, run, labels, memory_runs=self.memory_runs)
         return new, self.put(new)
 
     def prune(self, now: datetime) -> list[Profile]:

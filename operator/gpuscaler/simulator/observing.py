@@ -175,6 +175,5 @@ def record_profile(store: ProfileStore, spec: TrainingJobSpec, workload: Workloa
     sig = signature_of(spec.workload, workload.id)
     key = ProfileKey(sig.id, cand.instance.gpu_id, cand.gpus, cand.nodes, cand.micro_batch, cand.accumulation,
                      cand.precision.value)
-    store.record(key, got, workload=sig.workload, shape=sig.shape, instance_type=cand.instance.name,
-                 unit=workload.unit)
+    store.record(key, got, sig.labels(cand.instance.name, workload.unit))
     return got
