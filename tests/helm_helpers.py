@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gpuscaler.devcluster import build
+from gpuscaler.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "gpuscaler"
@@ -68,6 +69,17 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container(docs)["env"]}
+
+
+def chart_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> Settings:
+    """The operator's settings with exactly ``env`` set of the ``GPUSCALER_*`` variables (the
+    chart's Deployment env, say): the others are unset for the test."""
+    for name in list(os.environ):
+        if name.startswith("GPUSCALER_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
 
 
 def rules(role: dict[str, Any]) -> Iterator[tuple[str, str, str]]:

@@ -139,6 +139,15 @@ def first_plan(s: TrainingJobSpec) -> PlanStatus:
     return plan_status(plan(s, CATALOG, Policy(), name="j"), 1, T0)
 
 
+def create_once(objects: dict[str, dict[str, Any]], key: str, body: dict[str, Any]) -> bool:
+    """A fake client's create: store ``body`` under ``key`` unless an object is there already (the API
+    server's AlreadyExists). True if it was created."""
+    if key in objects:
+        return False
+    objects[key] = body
+    return True
+
+
 class FakeWorkers:
     """The loop's worker client (:class:`gpuscaler.controller.reconcile.WorkerClient`) over a dict
     of created objects; records deletions."""
@@ -150,11 +159,7 @@ class FakeWorkers:
         """Names of the pods deleted, in order."""
 
     def create_if_absent(self, body: dict[str, Any]) -> bool:
-        name = f"{body['kind']}/{body['metadata']['name']}"
-        if name in self.objects:
-            return False
-        self.objects[name] = body
-        return True
+        return create_once(self.objects, f"{body['kind']}/{body['metadata']['name']}", body)
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         self.deleted.append(name)
@@ -257,6 +262,14 @@ class World:
         """Annotate every worker pod (what the runtime writes)."""
         for b in self.workers.pods():
             b["metadata"].setdefault("annotations", {}).update(ann)
+
+    def lose_nodes(self) -> None:
+        """Every node vanishes without a notice (a reclaimed spot node), with the worker pods bound to
+        it (to the last one, where there are several)."""
+        for name in list(self.nodes):
+            for b in self.workers.pods():
+                b.setdefault("spec", {})["nodeName"] = name
+            del self.nodes[name]
 
     def two_workers_running(self, job: Job) -> None:
         """Plan, provision (nodes Ready), start, and see both workers (``job-worker-0``, ``-1``) Running."""

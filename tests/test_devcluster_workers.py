@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -148,38 +150,38 @@ def _state(pid: int) -> Any:
         return None
 
 
+@contextlib.contextmanager
+def followed(tmp_path: Path, proc: subprocess.Popen[bytes], grace_s: float) -> Iterator[Process]:
+    """``proc`` as the runner's worker ``w-0`` on node ``n1`` with this grace period; killed on exit if
+    it still runs."""
+    try:
+        yield Process(uid="u", name="w-0", namespace="ns", job="j", rank=0, node="n1", proc=proc,
+                      podinfo=tmp_path / "info", log=tmp_path / "log", started=time.monotonic(), grace_s=grace_s)  # fmt: skip
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_a_deleted_pod_on_its_node_gets_sigterm_then_sigkill_after_its_grace(tmp_path: Path) -> None:
     """The kubelet's order, which the e2e deletion test no longer pins (the node may go in the same look)."""
     r = runner(tmp_path)
     code = "import signal, time; signal.signal(signal.SIGTERM, lambda *_: None); print('up', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # its SIGTERM handler is set
-    p = Process(uid="u", name="w-0", namespace="ns", job="j", rank=0, node="n1", proc=proc,
-                podinfo=tmp_path / "info", log=tmp_path / "log", started=time.monotonic(), grace_s=0.5)  # fmt: skip
     deleted = SimpleNamespace(metadata=SimpleNamespace(deletion_timestamp="2026-12-06T00:00:00Z"))
-    try:
+    with followed(tmp_path, proc, grace_s=0.5) as p:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # its SIGTERM handler is set
         r._follow(p, deleted, {"n1"})
         assert p.signalled == "TERM" and p.alive  # it ignores SIGTERM: still running within its grace
         time.sleep(0.6)
         r._follow(p, deleted, {"n1"})
         assert p.signalled == "KILL"
         assert proc.wait(10) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_a_process_whose_node_is_gone_is_killed_without_sigterm(tmp_path: Path) -> None:
     r = runner(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    p = Process(uid="u", name="w-0", namespace="ns", job="j", rank=0, node="n1", proc=proc,
-                podinfo=tmp_path / "info", log=tmp_path / "log", started=time.monotonic(), grace_s=30)  # fmt: skip
-    try:
+    with followed(tmp_path, subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]), grace_s=30) as p:
         r._follow(p, None, set())
         assert p.signalled == "KILL"
-        assert proc.wait(10) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        assert p.proc is not None and p.proc.wait(10) == -signal.SIGKILL

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from helm_helpers import (
     CHART,
     CI_VALUES,
     ROOT,
+    chart_settings,
     container,
     env_of,
     kinds,
@@ -195,12 +195,7 @@ def test_settings_become_env_the_operator_reads(tmp_path: Path, monkeypatch: pyt
         }
     }
     env = env_of(render("-f", values_file(tmp_path, values)))
-    for name in list(os.environ):
-        if name.startswith("GPUSCALER_"):
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    s = Settings()
+    s = chart_settings(monkeypatch, env)
     for key, want in values["settings"].items():
         field = next(f for f in Settings.model_fields if to_camel(f) == key)
         assert getattr(s, field) == want, key
@@ -217,15 +212,11 @@ def test_null_settings_are_left_out() -> None:
 
 def test_default_env_gives_the_operators_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """The chart's defaults, read back by the operator, are the operator's own defaults."""
-    for name in list(os.environ):
-        if name.startswith("GPUSCALER_"):
-            monkeypatch.delenv(name)
-    defaults = Settings()
-    for name, value in env_of(render()).items():
-        monkeypatch.setenv(name, value)
+    defaults = chart_settings(monkeypatch, {})
+    chart = chart_settings(monkeypatch, env_of(render()))
     chart_decides = {"worker_admission_policy_name"}  # the chart's own policy (gs-gpuscaler-worker-own-pod)
-    assert Settings().model_dump(exclude=chart_decides) == defaults.model_dump(exclude=chart_decides)
-    assert Settings().worker_admission_policy_name == "gs-gpuscaler-worker-own-pod"
+    assert chart.model_dump(exclude=chart_decides) == defaults.model_dump(exclude=chart_decides)
+    assert chart.worker_admission_policy_name == "gs-gpuscaler-worker-own-pod"
 
 
 def test_policies_configmap_is_mounted_and_loads(tmp_path: Path) -> None:
@@ -276,13 +267,7 @@ def test_provider_values_files_configure_their_provider(
     values: str, provider: str, required: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each provider's CI values file selects it and sets what its factory requires (cloud/factories.py)."""
-    env = env_of(render("-f", str(CHART / "ci" / values)))
-    for name in list(os.environ):
-        if name.startswith("GPUSCALER_"):
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    s = Settings()
+    s = chart_settings(monkeypatch, env_of(render("-f", str(CHART / "ci" / values))))
     assert s.provider_name == provider
     assert all(getattr(s, f) for f in required), required
 

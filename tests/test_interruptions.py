@@ -15,7 +15,7 @@ from gpuscaler.cloud.nodes import NOTICE_SOURCES, node_state
 from gpuscaler.controller import interruptions as spot
 from gpuscaler.handlers import metrics
 from gpuscaler.kube.workers import pod_state
-from gpuscaler.planner import choose_recovery, plan, remaining_spec, survivors_spec
+from gpuscaler.planner import Candidate, PlanResult, choose_recovery, plan, remaining_spec, survivors_spec
 from gpuscaler.policy import Policy
 from gpuscaler.policy.models import SpotRules
 from gpuscaler.runtime import constants as rc
@@ -118,50 +118,46 @@ def test_detect_picks_the_most_urgent_node() -> None:
 # ------------------------------------------------------------------------------ re-plan decision
 
 
+def replanned(s: TrainingJobSpec, *, interruptions: int = 1, done_samples: float = 0, deadline_h: float = 1.5,
+              unavailable: frozenset[tuple[str, ...]] = frozenset(),
+              rules: SpotRules | None = None) -> tuple[Candidate, str, PlanResult]:
+    """The loop's re-plan of job ``s`` after an interruption of its first plan, which must choose a
+    plan: (the chosen plan, the action, the planner's result)."""
+    rp = spot.replan(s, "j", first_plan(s), interruptions=interruptions, done_samples=done_samples,
+                     deadline_h=deadline_h, unavailable=unavailable, planner=planner_with(Policy()), rules=rules)
+    assert rp.result is not None and rp.result.chosen is not None
+    return rp.result.chosen, rp.action, rp.result
+
+
 def test_replan_moves_to_another_spot_offering_and_plans_only_the_rest() -> None:
     s = spec(SPOT_SPEC)
     ps = first_plan(s)
     assert (ps.instance_type, ps.capacity_type) == ("g4dn.xlarge", "spot")
-    rp = spot.replan(s, "j", ps, interruptions=1, done_samples=200 * 256, deadline_h=1.5,
-                     unavailable=frozenset({("g4dn.xlarge", "spot")}), planner=planner_with(Policy()))
-    assert rp.result is not None and rp.result.chosen is not None
-    assert rp.result.chosen.capacity.value == "spot" and rp.result.chosen.instance.name != "g4dn.xlarge"
-    assert rp.result.job.total_samples == 200 * 256
-    assert "moved from g4dn.xlarge spot" in rp.action and "remaining 51,200 samples" in rp.action
+    chosen, action, result = replanned(s, done_samples=200 * 256, unavailable=frozenset({("g4dn.xlarge", "spot")}))
+    assert chosen.capacity.value == "spot" and chosen.instance.name != "g4dn.xlarge"
+    assert result.job.total_samples == 200 * 256
+    assert "moved from g4dn.xlarge spot" in action and "remaining 51,200 samples" in action
 
 
 def test_replan_falls_back_to_on_demand_after_max_interruptions() -> None:
     s = spec(SPOT_SPEC)
-    ps = first_plan(s)
     rules = SpotRules(max_interruptions=3)
-    rp = spot.replan(s, "j", ps, interruptions=3, done_samples=0, deadline_h=1.5, unavailable=frozenset(),
-                     planner=planner_with(Policy()), rules=rules)
-    assert rp.result is not None and rp.result.chosen is not None
-    assert rp.result.chosen.capacity.value == "on-demand"
-    assert "on-demand fallback" in rp.action and "maxInterruptions 3" in rp.action
-    two = spot.replan(s, "j", ps, interruptions=2, done_samples=0, deadline_h=1.5, unavailable=frozenset(),
-                      planner=planner_with(Policy()), rules=rules)
-    assert two.result is not None and two.result.chosen is not None and two.result.chosen.capacity.value == "spot"
+    chosen, action, _ = replanned(s, interruptions=3, rules=rules)
+    assert chosen.capacity.value == "on-demand"
+    assert "on-demand fallback" in action and "maxInterruptions 3" in action
+    assert replanned(s, interruptions=2, rules=rules)[0].capacity.value == "spot"
 
 
 def test_replan_goes_on_demand_close_to_the_deadline() -> None:
-    s = spec(SPOT_SPEC)
-    ps = first_plan(s)
-    rules = SpotRules(min_hours_to_deadline=0.5)
-    rp = spot.replan(s, "j", ps, interruptions=1, done_samples=0, deadline_h=0.4, unavailable=frozenset(),
-                     planner=planner_with(Policy()), rules=rules)
-    assert rp.result is not None and rp.result.chosen is not None
-    assert rp.result.chosen.capacity.value == "on-demand" and "minHoursToDeadline" in rp.action
+    chosen, action, _ = replanned(spec(SPOT_SPEC), deadline_h=0.4, rules=SpotRules(min_hours_to_deadline=0.5))
+    assert chosen.capacity.value == "on-demand" and "minHoursToDeadline" in action
 
 
 def test_replan_goes_on_demand_when_another_reclaim_would_miss_the_deadline() -> None:
     s = spec(SPOT_SPEC, checkpoint={"intervalSeconds": 10, "restartSeconds": 600})
-    ps = first_plan(s)
     # the rest takes about 0.12 h on spot; 600 s of restart more would miss a 0.25 h deadline
-    rp = spot.replan(s, "j", ps, interruptions=1, done_samples=0, deadline_h=0.25, unavailable=frozenset(),
-                     planner=planner_with(Policy()), rules=SpotRules())
-    assert rp.result is not None and rp.result.chosen is not None
-    assert rp.result.chosen.capacity.value == "on-demand" and "deadline at risk" in rp.action
+    chosen, action, _ = replanned(s, deadline_h=0.25, rules=SpotRules())
+    assert chosen.capacity.value == "on-demand" and "deadline at risk" in action
 
 
 def test_remaining_spec_keeps_at_least_one_step() -> None:
@@ -268,10 +264,7 @@ def test_node_deleted_without_notice_resumes_from_the_periodic_checkpoint() -> N
     w.run_to(job, Phase.RUNNING)
     w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "170", rc.ANNOTATION_CHECKPOINT_STEP: "160"})
     w.step(job)
-    name = next(iter(w.nodes))
-    for b in w.workers.pods():
-        b.setdefault("spec", {})["nodeName"] = name
-    del w.nodes[name]
+    w.lose_nodes()
     reasons = w.step(job)
     assert w.status.phase is Phase.RECOVERING and "Interrupted" in reasons
     w.run_to(job, Phase.RUNNING)
@@ -379,10 +372,7 @@ def test_interruption_metrics_count_each_recorded_interruption_once() -> None:
             break
     w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "170", rc.ANNOTATION_CHECKPOINT_STEP: "160"})
     step()
-    name = next(iter(w.nodes))
-    for b in w.workers.pods():
-        b.setdefault("spec", {})["nodeName"] = name
-    del w.nodes[name]
+    w.lose_nodes()
     for _ in range(20):
         step()
         if w.status.phase is Phase.RUNNING and w.status.interruptions == 1:
@@ -416,10 +406,7 @@ def test_a_reclaim_backs_off_the_plans_zone_and_the_replan_moves_zone() -> None:
     assert w.status.plan is not None and w.status.plan.zone == "us-east-1b"
     w.annotate(**{rc.ANNOTATION_PROGRESS_STEP: "170", rc.ANNOTATION_CHECKPOINT_STEP: "160"})
     w.step(job)
-    name = next(iter(w.nodes))
-    for b in w.workers.pods():
-        b.setdefault("spec", {})["nodeName"] = name
-    del w.nodes[name]
+    w.lose_nodes()
     w.step(job)
     assert [(u.instance_type, u.capacity_type, u.zone) for u in w.status.unavailable] == [
         ("g4dn.xlarge", "spot", "us-east-1b")

@@ -39,6 +39,9 @@ WORKLOAD_HEADER = (
 )
 TENSOR_GPUS = [g.id for g in CAT.gpus if g.tf32_tflops is not None]
 """GPUs whose framework-default fp32 runs on TF32 tensor cores (Ampere and newer)."""
+CASES = (st.sampled_from(WORKLOADS), st.sampled_from(GPUS), st.sampled_from([Precision.FP32, Precision.AMP]))
+"""The property tests' first three arguments: a workload id, a GPU id, a precision."""
+PROPERTY = settings(max_examples=120, deadline=None)
 
 
 def _tput(wid: str, gpu: GPU, **cfg: object) -> float:
@@ -57,14 +60,8 @@ def _scaled(gpu: GPU, factor: float) -> GPU:
     )
 
 
-@settings(max_examples=120, deadline=None)
-@given(
-    st.sampled_from(WORKLOADS),
-    st.sampled_from(GPUS),
-    st.sampled_from([Precision.FP32, Precision.AMP]),
-    st.floats(1.05, 4.0),
-    st.integers(1, 64),
-)
+@PROPERTY
+@given(*CASES, st.floats(1.05, 4.0), st.integers(1, 64))
 def test_throughput_grows_with_bandwidth_and_peak(
     wid: str, gid: str, prec: Precision, factor: float, batch: int
 ) -> None:
@@ -81,14 +78,8 @@ def test_throughput_grows_with_bandwidth_and_peak(
     assert _tput(wid, more_peak, micro_batch=batch, precision=prec) > base
 
 
-@settings(max_examples=120, deadline=None)
-@given(
-    st.sampled_from(WORKLOADS),
-    st.sampled_from(GPUS),
-    st.sampled_from([Precision.FP32, Precision.AMP]),
-    st.integers(1, 256),
-    st.integers(1, 256),
-)
+@PROPERTY
+@given(*CASES, st.integers(1, 256), st.integers(1, 256))
 def test_throughput_grows_with_micro_batch(wid: str, gid: str, prec: Precision, b1: int, b2: int) -> None:
     lo, hi = sorted((b1, b2))
     g = CAT.gpu(gid)

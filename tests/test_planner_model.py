@@ -4,6 +4,7 @@ efficient micro-batch."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import yaml
 
 from gpuscaler.api import TrainingJob, TrainingJobSpec
 from gpuscaler.catalog import Precision, load_catalog
-from gpuscaler.perfmodel import ParallelConfig, estimate
+from gpuscaler.perfmodel import estimate
 from gpuscaler.planner import plan
 from gpuscaler.planner.job import resolve
 from gpuscaler.planner.planner import configure
@@ -74,12 +75,6 @@ def test_amp_frees_memory_for_a_larger_more_efficient_micro_batch() -> None:
     assert amp.micro_batch > fp32.micro_batch
     base = estimate(w, inst.gpu, fp32).throughput
     coupled = estimate(w, inst.gpu, amp).throughput / base
-    same_batch = ParallelConfig(
-        micro_batch=fp32.micro_batch,
-        precision=Precision.AMP,
-        accumulation=fp32.accumulation,
-        vcpus_per_node=inst.vcpu,
-        network_gbps=inst.network_gbps,
-    )
+    same_batch = replace(fp32, precision=Precision.AMP)
     independent = estimate(w, inst.gpu, same_batch).throughput / base
     assert coupled > independent > 1.0

@@ -10,7 +10,7 @@ from gpuscaler.api.status import Phase
 from gpuscaler.kube import jobset as js
 from gpuscaler.kube import kueue
 from gpuscaler.names import COMPLETION_INDEX_LABEL, JOB_LABEL
-from loop_harness import GANG_SPEC, World, make_job
+from loop_harness import GANG_SPEC, World, create_once, make_job
 
 WAITING = "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu in flavor a100-spot"
 
@@ -25,11 +25,7 @@ class FakeGangs:
         self._flavors = flavors
 
     def create_jobset(self, body: dict[str, Any]) -> bool:
-        name = body["metadata"]["name"]
-        if name in self.jobsets:
-            return False
-        self.jobsets[name] = body
-        return True
+        return create_once(self.jobsets, body["metadata"]["name"], body)
 
     def delete_jobset(self, namespace: str, name: str) -> bool:
         self.deleted.append(name)

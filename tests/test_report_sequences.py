@@ -144,10 +144,7 @@ def test_no_report_sequence_rejects_a_real_ack_or_makes_a_failure_a_preemption(a
             write(w, act[1])
             w.step(job)
         elif kind == "lose-node":
-            for name in list(w.nodes):
-                for b in w.workers.pods():
-                    b.setdefault("spec", {})["nodeName"] = name
-                del w.nodes[name]
+            w.lose_nodes()
             w.step(job)
             assert w.status.phase is Phase.RECOVERING, w.status.message
             resume_running(w, job, rt)

@@ -7,20 +7,18 @@ with the weights of an uninterrupted run, bit for bit. A checkpoint request is a
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runtime_torch_support import need
+from runtime_torch_support import callbacks, check_sigterm_stop_and_resume, checkpoints, need
 
 torch = need("torch")
 lightning = need("lightning")
 
-from gpuscaler.runtime import EXIT_PREEMPTED, TrainingGuard  # noqa: E402
-from gpuscaler.runtime.checkpoint import CheckpointStore  # noqa: E402
+from gpuscaler.runtime import TrainingGuard  # noqa: E402
+from gpuscaler.runtime.checkpoint import CheckpointInfo  # noqa: E402
 from gpuscaler.runtime.lightning_callback import CHECKPOINT_FILE, GuardCallback, payload_path  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -67,14 +65,10 @@ class At(lightning.pytorch.Callback):  # type: ignore[misc]
 def fit(work: Path, *, stop_at: int | None = None, request_at: int | None = None) -> tuple[bytes, GuardCallback]:
     guard = TrainingGuard[Any](work / "ck", load=payload_path, interval_s=None, every_steps=5)
     cb = GuardCallback(guard, samples_per_step=8)
-    callbacks: list[Any] = [cb]
-    if stop_at is not None:
-        callbacks.insert(0, At(stop_at, lambda: os.kill(os.getpid(), signal.SIGTERM)))
-    if request_at is not None:
-        callbacks.insert(0, At(request_at, lambda: guard.request_checkpoint("req-3")))
     trainer = lightning.Trainer(
         max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, default_root_dir=str(work),
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(work),
+        callbacks=callbacks(cb, At, guard, stop_at=stop_at, request_at=request_at, request_id="req-3"),
     )
     model = Tiny()
     trainer.fit(model, loader(), ckpt_path=cb.resume_checkpoint())
@@ -82,28 +76,15 @@ def fit(work: Path, *, stop_at: int | None = None, request_at: int | None = None
     return flat.numpy().tobytes(), cb
 
 
-def steps(work: Path) -> list[int]:
-    return [s for s, _ in CheckpointStore(work / "ck", writer=False).list_steps()]
-
-
 def test_lightning_sigterm_checkpoints_stops_75_and_resumes_bitwise_identical(tmp_path: Path) -> None:
-    expected, ref = fit(tmp_path / "ref")
-    assert ref.exit_code == 0 and steps(tmp_path / "ref") == [12, 10, 5]
-    weights, first = fit(tmp_path / "run", stop_at=STOP)
-    assert first.exit_code == EXIT_PREEMPTED and first.guard.preempted
-    assert steps(tmp_path / "run") == [STOP, 5]
-    store = CheckpointStore(tmp_path / "run" / "ck", writer=False)
-    newest = store.verify(store.list_steps()[0][1])
-    assert newest.reason == "sigterm" and (newest.payload_path / CHECKPOINT_FILE).is_file()
-    assert weights != expected
-    weights, second = fit(tmp_path / "run")
-    assert second.exit_code == 0 and steps(tmp_path / "run")[0] == STEPS
-    assert weights == expected
+    def stopped(cb: GuardCallback, newest: CheckpointInfo) -> None:
+        assert cb.guard.preempted and (newest.payload_path / CHECKPOINT_FILE).is_file()
+
+    check_sigterm_stop_and_resume(fit, tmp_path, stop=STOP, steps=STEPS, stopped=stopped)
 
 
 def test_lightning_answers_a_checkpoint_request(tmp_path: Path) -> None:
     _, cb = fit(tmp_path, request_at=3)
-    store = CheckpointStore(tmp_path / "ck", writer=False)
-    by_step = {s: store.verify(p) for s, p in store.list_steps()}
+    by_step = checkpoints(tmp_path)
     assert by_step[3].reason == "notice" and by_step[3].request_id == "req-3"
     assert cb.guard.progress().checkpoint_ack == "req-3"

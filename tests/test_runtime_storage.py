@@ -10,7 +10,6 @@ The loader: a pickle that would run code is refused by default, and loads only w
 from __future__ import annotations
 
 import collections
-import os
 import pickle
 import subprocess
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 
 from gpuscaler.runtime import CheckpointError, TrainingGuard, pickle_load, pickle_save
 from gpuscaler.runtime.checkpoint import CheckpointStore, UnsafeCheckpointError, data_load, data_save
+from runtime_torch_support import RunsCode
 
 
 def mount_tmpfs(path: Path, size: str) -> None:
@@ -110,16 +110,6 @@ def test_the_guard_on_a_read_only_volume_resumes_but_cannot_save(read_only_fs: P
 
 
 # --- the data-only default loader -----------------------------------------------------------
-
-
-class RunsCode:
-    """A pickle that calls os.system when loaded."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, (f"touch {self.marker}",))
 
 
 def test_default_loader_refuses_a_pickle_that_would_run_code(tmp_path: Path) -> None:

@@ -6,33 +6,19 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
 from pathlib import Path
 
 import pytest
 
-from runtime_torch_support import need
+from runtime_torch_support import RunsCode, need
 
 torch = need("torch")
 
 from gpuscaler.runtime import TrainingGuard, UnsafeCheckpointError  # noqa: E402
 from gpuscaler.runtime.checkpoint import CheckpointStore  # noqa: E402
-from gpuscaler.runtime.distributed import (  # noqa: E402
-    check_dcp_metadata,
-    dcp_callbacks,
-    torch_load,
-    torch_save,
-)
-
-
-class RunsCode:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, (f"touch {self.marker}",))
+from gpuscaler.runtime.distributed import check_dcp_metadata, dcp_callbacks, torch_load, torch_save  # noqa: E402
 
 
 def test_torch_load_refuses_a_payload_that_would_run_code(tmp_path: Path) -> None:

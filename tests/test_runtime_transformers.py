@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runtime_torch_support import need
+from runtime_torch_support import callbacks, check_sigterm_stop_and_resume, checkpoints, need
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch = need("torch")
 transformers = need("transformers")
 
-from gpuscaler.runtime import EXIT_PREEMPTED, TrainingGuard  # noqa: E402
-from gpuscaler.runtime.checkpoint import CheckpointStore  # noqa: E402
+from gpuscaler.runtime import TrainingGuard  # noqa: E402
+from gpuscaler.runtime.checkpoint import CheckpointInfo  # noqa: E402
 from gpuscaler.runtime.transformers_callback import GuardCallback, payload_path  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -61,18 +60,14 @@ def train(work: Path, *, stop_at: int | None = None, request_at: int | None = No
     guard = TrainingGuard[Any](work / "ck", load=payload_path, interval_s=None, every_steps=5)
     cb = GuardCallback(guard)
     guard.reporter = _FileProgress(work / "progress.json")
-    callbacks: list[Any] = [cb]
-    if stop_at is not None:
-        callbacks.insert(0, At(stop_at, lambda: os.kill(os.getpid(), signal.SIGTERM)))
-    if request_at is not None:
-        callbacks.insert(0, At(request_at, lambda: guard.request_checkpoint("req-9")))
+    made = callbacks(cb, At, guard, stop_at=stop_at, request_at=request_at, request_id="req-9")
     args = transformers.TrainingArguments(
         output_dir=str(work / "out"), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-2,
         save_strategy="no", report_to=[], logging_strategy="no", use_cpu=True, seed=0,
         dataloader_num_workers=0, disable_tqdm=True,
     )
     model = tiny_model()
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data(), callbacks=callbacks)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data(), callbacks=made)
     trainer.train(resume_from_checkpoint=cb.resume_checkpoint())
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     return flat.numpy().tobytes(), cb
@@ -89,30 +84,17 @@ class _FileProgress:
         self.report(progress)
 
 
-def steps(work: Path) -> list[int]:
-    return [s for s, _ in CheckpointStore(work / "ck", writer=False).list_steps()]
-
-
 def test_trainer_sigterm_checkpoints_stops_75_and_resumes_bitwise_identical(tmp_path: Path) -> None:
-    expected, ref = train(tmp_path / "ref")
-    assert ref.exit_code == 0 and steps(tmp_path / "ref") == [12, 10, 5]
-    weights, first = train(tmp_path / "run", stop_at=7)
-    assert first.exit_code == EXIT_PREEMPTED
-    assert steps(tmp_path / "run") == [7, 5]
-    store = CheckpointStore(tmp_path / "run" / "ck", writer=False)
-    newest = store.verify(store.list_steps()[0][1])
-    assert newest.reason == "sigterm" and (newest.payload_path / "trainer_state.json").exists()
-    assert json.loads((tmp_path / "run" / "progress.json").read_text())["gpuscaler.io/runtime-phase"] == "preempted"
-    assert weights != expected
-    weights, second = train(tmp_path / "run")
-    assert second.exit_code == 0 and steps(tmp_path / "run")[0] == STEPS
-    assert weights == expected
+    def stopped(cb: GuardCallback, newest: CheckpointInfo) -> None:
+        assert (newest.payload_path / "trainer_state.json").exists()
+        assert json.loads((tmp_path / "run" / "progress.json").read_text())["gpuscaler.io/runtime-phase"] == "preempted"
+
+    check_sigterm_stop_and_resume(train, tmp_path, stop=7, steps=STEPS, stopped=stopped)
 
 
 def test_trainer_answers_a_checkpoint_request(tmp_path: Path) -> None:
     _, cb = train(tmp_path, request_at=3)
     assert cb.exit_code == 0
-    store = CheckpointStore(tmp_path / "ck", writer=False)
-    by_step = {s: store.verify(p) for s, p in store.list_steps()}
+    by_step = checkpoints(tmp_path)
     assert by_step[3].reason == "notice" and by_step[3].request_id == "req-9"
     assert json.loads((tmp_path / "progress.json").read_text())["gpuscaler.io/checkpoint-ack"] == "req-9"

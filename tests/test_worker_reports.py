@@ -154,6 +154,24 @@ def running(w: World) -> Job:
     return job
 
 
+def spot_notice(w: World, job: Job) -> list[str]:
+    """An AWS spot-itn taint on the job's node, and the loop's next step: its Event reasons."""
+    node = next(iter(w.nodes))
+    w.nodes[node]["spec"]["taints"] = SPOT_ITN
+    return w.step(job)
+
+
+def false_report_believed(w: World) -> Job:
+    """A running job whose worker reports step 60 (checkpoint 50), then a minute later a false step 150
+    (checkpoint 150; the job is at about 70): in range and within the rate, so believed."""
+    job = running(w)
+    w.annotate(**{STEP: "60", SAMPLES: str(60 * 256), CKPT: "50"})
+    w.step(job, seconds=60)
+    w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "150"})
+    w.step(job, seconds=10)
+    return job
+
+
 def condition(st: TrainingJobStatus, ctype: str) -> Any:
     return next((c for c in st.conditions if c.type == ctype), None)
 
@@ -183,9 +201,7 @@ def test_forged_progress_is_ignored_with_one_event_and_a_condition() -> None:
 def to_checkpointing(w: World, job: Job) -> str:
     w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "100"})
     w.step(job)
-    node = next(iter(w.nodes))
-    w.nodes[node]["spec"]["taints"] = SPOT_ITN
-    w.step(job)
+    spot_notice(w, job)
     assert w.status.phase is Phase.CHECKPOINTING and w.status.notice is not None
     assert w.status.notice.progress_step == 150
     return w.status.notice.request_id
@@ -302,18 +318,12 @@ def test_a_checkpoint_time_in_the_future_drops_the_report() -> None:
 
 def test_one_false_in_range_report_does_not_make_the_real_ack_rejected() -> None:
     w = spot_world()
-    job = running(w)
-    w.annotate(**{STEP: "60", SAMPLES: str(60 * 256), CKPT: "50"})
-    w.step(job, seconds=60)
-    w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "150"})  # false: the job is at 70
-    w.step(job, seconds=10)
+    job = false_report_believed(w)
     assert w.status.progress.step == 150, "in range and within the rate: believed"
     w.annotate(**{STEP: "75", SAMPLES: str(75 * 256), CKPT: "50"})  # the real runtime's next report
     w.step(job, seconds=10)
     assert w.status.progress.checkpoint_step == 150, "checkpoint steps never go backwards in the status"
-    node = next(iter(w.nodes))
-    w.nodes[node]["spec"]["taints"] = SPOT_ITN
-    w.step(job)
+    spot_notice(w, job)
     assert w.status.phase is Phase.CHECKPOINTING and w.status.notice is not None
     assert w.status.notice.progress_step == 75, "asked at this attempt's last believed step"
     rid = w.status.notice.request_id
@@ -324,14 +334,8 @@ def test_one_false_in_range_report_does_not_make_the_real_ack_rejected() -> None
 
 def test_a_false_report_just_before_the_request_does_not_reject_the_real_answer() -> None:
     w = spot_world()
-    job = running(w)
-    w.annotate(**{STEP: "60", SAMPLES: str(60 * 256), CKPT: "50"})
-    w.step(job, seconds=60)
-    w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "150"})  # false, and the last report before the notice
-    w.step(job, seconds=10)
-    node = next(iter(w.nodes))
-    w.nodes[node]["spec"]["taints"] = SPOT_ITN
-    w.step(job)
+    job = false_report_believed(w)  # the false report is the last before the notice
+    spot_notice(w, job)
     rid = w.status.notice.request_id if w.status.notice else ""
     assert w.status.notice is not None and w.status.notice.progress_step == 150
     # the real answer: a checkpoint at its real step 80, completed after the request
@@ -348,17 +352,12 @@ def test_after_a_node_loss_a_notice_before_catching_up_takes_the_real_checkpoint
     w.annotate(**{STEP: "150", SAMPLES: str(150 * 256), CKPT: "100"})
     w.step(job, seconds=120)
     assert w.status.progress.step == 150
-    for name in list(w.nodes):  # lost without a notice
-        for b in w.workers.pods():
-            b.setdefault("spec", {})["nodeName"] = name
-        del w.nodes[name]
+    w.lose_nodes()
     w.run_to(job, Phase.RUNNING, limit=40)
     assert w.status.attempt == 2 and w.status.interruption_history[-1].checkpoint_step == 100
     w.annotate(**{STEP: "130", SAMPLES: str(130 * 256), CKPT: "100"})  # resumed at 100, not caught up
     w.step(job, seconds=30)
-    node = next(iter(w.nodes))
-    w.nodes[node]["spec"]["taints"] = SPOT_ITN
-    w.step(job)
+    spot_notice(w, job)
     assert w.status.notice is not None and w.status.notice.progress_step == 130
     rid = w.status.notice.request_id
     w.annotate(**{STEP: "131", SAMPLES: str(131 * 256), CKPT: "131", ACK: rid})  # no checkpoint-time: the step decides
