@@ -16,22 +16,22 @@ download cache is kept, so it measures compilation, not the network).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from kubernetes import client
 
 from gpuscaler.devcluster import build
 from gpuscaler.devcluster.cluster import Cluster
 from gpuscaler.devcluster.nodes import GPU_RESOURCE, NodePool, create_node_pool, wait_nodes_ready
+from gpuscaler.devcluster.watch import RawWatch
 
 POOLS = ("p4d.24xlarge", "p5.48xlarge", "a2-highgpu-8g", "g6e.48xlarge")
 """8-GPU instance types the nodes are spread over (round-robin)."""
@@ -45,63 +45,33 @@ def log(msg: str) -> None:
 
 def cold_build() -> float:
     """Build everything into a temporary cache with an empty Go build cache; seconds taken."""
-    with tempfile.TemporaryDirectory(prefix="gpuscaler-cold-") as tmp:
-        old = {k: os.environ.get(k) for k in ("GPUSCALER_CACHE_DIR", "GOCACHE")}
-        os.environ["GPUSCALER_CACHE_DIR"] = str(Path(tmp) / "cache")
-        os.environ["GOCACHE"] = str(Path(tmp) / "gocache")
-        try:
-            t0 = time.monotonic()
-            build.ensure_all(log=log)
-            return time.monotonic() - t0
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with tempfile.TemporaryDirectory(prefix="gpuscaler-cold-") as tmp, mock.patch.dict(
+        os.environ, GPUSCALER_CACHE_DIR=str(Path(tmp) / "cache"), GOCACHE=str(Path(tmp) / "gocache")
+    ):
+        t0 = time.monotonic()
+        build.ensure_all(log=log)
+        return time.monotonic() - t0
 
 
-class PodWatcher(threading.Thread):
-    """Watch a namespace's pods (raw JSON stream: fast) and record when each was bound and Running."""
+class PodWatcher(RawWatch):
+    """Watch a namespace's pods and record when each was bound and Running (monotonic seconds)."""
 
     def __init__(self, core: Any, namespace: str) -> None:
-        super().__init__(daemon=True)
+        super().__init__("pod")
         self.core = core
         self.namespace = namespace
         self.bound: dict[str, float] = {}
         self.running: dict[str, float] = {}
-        self.stop = threading.Event()
-        self.ready = threading.Event()
 
-    def run(self) -> None:
-        try:
-            self._watch()
-        except Exception as e:  # the stream breaks when the cluster stops: expected then
-            if not self.stop.is_set():
-                log(f"pod watch failed: {e!r}")
+    def list_call(self, **kw: Any) -> Any:
+        return self.core.list_namespaced_pod(self.namespace, **kw)
 
-    def _watch(self) -> None:
-        rv = self.core.list_namespaced_pod(self.namespace, limit=1).metadata.resource_version
-        while not self.stop.is_set():
-            resp = self.core.list_namespaced_pod(
-                self.namespace, watch=True, resource_version=rv, timeout_seconds=60,
-                allow_watch_bookmarks=True, _preload_content=False,
-            )
-            self.ready.set()
-            for line in resp:
-                if self.stop.is_set():
-                    break
-                ev = json.loads(line)
-                obj = ev["object"]
-                rv = obj["metadata"].get("resourceVersion", rv)
-                if ev["type"] not in ("ADDED", "MODIFIED"):
-                    continue
-                name, now = obj["metadata"]["name"], time.monotonic()
-                if obj["spec"].get("nodeName"):
-                    self.bound.setdefault(name, now)
-                if obj.get("status", {}).get("phase") == "Running":
-                    self.running.setdefault(name, now)
-            resp.release_conn()
+    def seen(self, obj: dict[str, Any]) -> None:
+        name, now = obj["metadata"]["name"], time.monotonic()
+        if obj["spec"].get("nodeName"):
+            self.bound.setdefault(name, now)
+        if obj.get("status", {}).get("phase") == "Running":
+            self.running.setdefault(name, now)
 
 
 def pct(values: list[float], q: float) -> float:

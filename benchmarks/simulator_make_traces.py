@@ -20,6 +20,7 @@ import yaml
 
 OUT = Path(__file__).resolve().parent.parent / "examples" / "traces"
 START = "2026-03-02T00:00:00Z"  # a Monday
+AWS = {"providers": ["aws"]}
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -29,6 +30,11 @@ class _NoAliases(yaml.SafeDumper):
 
 def _job(name: str, arrival_h: float, spec: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "arrivalHours": round(arrival_h, 3), "spec": spec}
+
+
+def _spec(model: str, batch: int, training: dict[str, int], **rest: Any) -> dict[str, Any]:
+    """A job's spec: ``model`` at global batch ``batch``, trained for ``training``, then ``rest``'s fields."""
+    return {"workload": {"model": model}, "globalBatch": batch, "training": training, **rest}
 
 
 def _workday_arrival(rng: random.Random, days: int) -> float:
@@ -42,24 +48,20 @@ def _workday_arrival(rng: random.Random, days: int) -> float:
 def research_week(rng: random.Random) -> dict[str, Any]:
     """Mixed CNN/BERT experiments of a research team over one week; no deadlines."""
     kinds: list[tuple[str, float, dict[str, Any]]] = [
-        ("resnet50-90ep", 4, {"workload": {"model": "resnet50"}, "globalBatch": 1024, "training": {"epochs": 90}}),
-        ("resnet50-30ep", 6, {"workload": {"model": "resnet50"}, "globalBatch": 1024, "training": {"epochs": 30}}),
-        ("resnext101-30ep", 3,
-         {"workload": {"model": "resnext101-32x4d"}, "globalBatch": 1024, "training": {"epochs": 30}}),
-        ("effnet-b0-40ep", 4,
-         {"workload": {"model": "efficientnet-b0"}, "globalBatch": 1024, "training": {"epochs": 40}}),
-        ("bert-base-squad", 8, {"workload": {"model": "bert-base-squad"}, "globalBatch": 32, "training": {"epochs": 2}}),
-        ("bert-large-squad", 6,
-         {"workload": {"model": "bert-large-squad"}, "globalBatch": 32, "training": {"epochs": 2}}),
-        ("bert-large-pretrain", 3,
-         {"workload": {"model": "bert-large-seq128"}, "globalBatch": 4096, "training": {"steps": 20000}}),
-        ("maskrcnn-12ep", 3, {"workload": {"model": "maskrcnn"}, "globalBatch": 32, "training": {"epochs": 12}}),
+        ("resnet50-90ep", 4, _spec("resnet50", 1024, {"epochs": 90})),
+        ("resnet50-30ep", 6, _spec("resnet50", 1024, {"epochs": 30})),
+        ("resnext101-30ep", 3, _spec("resnext101-32x4d", 1024, {"epochs": 30})),
+        ("effnet-b0-40ep", 4, _spec("efficientnet-b0", 1024, {"epochs": 40})),
+        ("bert-base-squad", 8, _spec("bert-base-squad", 32, {"epochs": 2})),
+        ("bert-large-squad", 6, _spec("bert-large-squad", 32, {"epochs": 2})),
+        ("bert-large-pretrain", 3, _spec("bert-large-seq128", 4096, {"steps": 20000})),
+        ("maskrcnn-12ep", 3, _spec("maskrcnn", 32, {"epochs": 12})),
     ]
     jobs = []
     weights = [k[1] for k in kinds]
     for i in range(40):
         name, _, spec = rng.choices(kinds, weights)[0]
-        spec = dict(spec, constraints={"providers": ["aws"]})
+        spec = dict(spec, constraints=AWS)
         jobs.append(_job(f"{name}-{i:02d}", _workday_arrival(rng, 7), spec))
     return {
         "name": "research-week",
@@ -70,82 +72,76 @@ def research_week(rng: random.Random) -> dict[str, Any]:
     }
 
 
+WEEKDAYS, EVERY_DAY = range(5), range(7)
+Schedule = list[tuple[str, range | tuple[int, ...], float, tuple[float, float] | None, dict[str, Any]]]
+"""A recurring job's name prefix, the days of the week it is submitted on (0 = Monday), the hour, the
+range of a random delay after it (None: on the hour), and its spec; each day's jobs in this order."""
+
+
+def _recurring(rng: random.Random, days: int, schedule: Schedule) -> list[dict[str, Any]]:
+    """The jobs of ``schedule`` over ``days`` days, by arrival."""
+    jobs = []
+    for day in range(days):
+        for prefix, weekdays, hour, delay, spec in schedule:
+            if day % 7 in weekdays:
+                arrival = day * 24 + hour + (rng.uniform(*delay) if delay else 0)
+                jobs.append(_job(f"{prefix}-d{day:02d}", arrival, spec))
+    return sorted(jobs, key=lambda j: j["arrivalHours"])
+
+
+PRODUCTION: Schedule = [
+    # Nightly ResNet-50 retrain: ready by 08:00 (12 h after submission at 20:00).
+    ("nightly-resnet50", EVERY_DAY, 20, (0, 0.5),
+     _spec("resnet50", 1024, {"epochs": 90}, maxDuration="12h", budgetUsd=400, constraints=AWS)),
+    # Weekday fine-tune of BERT-large on new QA data, in working hours: needed within 4 h.
+    ("qa-bert-large", WEEKDAYS, 0, (9, 17),
+     _spec("bert-large-squad", 32, {"epochs": 2}, maxDuration="4h", constraints=AWS)),
+    # Weekly BERT-large pre-training refresh over the weekend (48 h).
+    ("weekly-bert-pretrain", (5,), 8, None,
+     _spec("bert-large-seq128", 8192, {"steps": 50000}, maxDuration="48h", budgetUsd=8000, constraints=AWS)),
+    # Weekly detection model (Mask R-CNN, 12 epochs) within 24 h.
+    ("weekly-maskrcnn", (5,), 10, None,
+     _spec("maskrcnn", 64, {"epochs": 12}, maxDuration="24h", budgetUsd=600, constraints=AWS)),
+]
+
+RECURRING: Schedule = [
+    # Nightly EfficientNet-B0 retrain on the day's images: ready by 04:00 (6 h after 22:00).
+    ("nightly-effnet-b0", EVERY_DAY, 22, (0, 0.25),
+     _spec("efficientnet-b0", 1024, {"epochs": 30}, maxDuration="6h", constraints=AWS)),
+    # Weeknight GPT-2 small fine-tune on the day's text: ready by 09:00 (10 h after 23:00).
+    ("nightly-gpt2-ft", WEEKDAYS, 23, (0, 0.25),
+     _spec("gpt2-small", 512, {"samples": 8_000_000}, maxDuration="10h", constraints=AWS)),
+    # Weekly Transformer-XL base language model over the weekend (48 h from Friday 18:00).
+    ("weekly-txl-base", (4,), 18, None,
+     _spec("transformerxl-base", 256, {"steps": 40000}, maxDuration="48h", constraints=AWS)),
+    # Weekly SSD300 detector refresh, Saturday 08:00, within 24 h.
+    ("weekly-ssd300", (5,), 8, None, _spec("ssd300", 256, {"epochs": 40}, maxDuration="24h", constraints=AWS)),
+    # Weekly llama-7b instruction fine-tune, Sunday 10:00, within 12 h, AWS or GCP.
+    ("weekly-llama7b-ft", (6,), 10, None,
+     _spec("llama-7b", 128, {"samples": 400_000}, maxDuration="12h", constraints={"providers": ["aws", "gcp"]})),
+]
+
+
 def production_month(rng: random.Random) -> dict[str, Any]:
     """Scheduled retraining with deadlines and budgets over 30 days."""
-    jobs = []
-    for day in range(30):
-        # Nightly ResNet-50 retrain: ready by 08:00 (12 h after submission at 20:00).
-        jobs.append(_job(f"nightly-resnet50-d{day:02d}", day * 24 + 20 + rng.uniform(0, 0.5), {
-            "workload": {"model": "resnet50"}, "globalBatch": 1024, "training": {"epochs": 90},
-            "maxDuration": "12h", "budgetUsd": 400, "constraints": {"providers": ["aws"]},
-        }))
-        if day % 7 < 5:
-            # Weekday fine-tune of BERT-large on new QA data: needed within 4 h.
-            jobs.append(_job(f"qa-bert-large-d{day:02d}", day * 24 + rng.uniform(9, 17), {
-                "workload": {"model": "bert-large-squad"}, "globalBatch": 32, "training": {"epochs": 2},
-                "maxDuration": "4h", "constraints": {"providers": ["aws"]},
-            }))
-        if day % 7 == 5:
-            # Weekly BERT-large pre-training refresh over the weekend (48 h).
-            jobs.append(_job(f"weekly-bert-pretrain-d{day:02d}", day * 24 + 8, {
-                "workload": {"model": "bert-large-seq128"}, "globalBatch": 8192, "training": {"steps": 50000},
-                "maxDuration": "48h", "budgetUsd": 8000, "constraints": {"providers": ["aws"]},
-            }))
-            # Weekly detection model (Mask R-CNN, 12 epochs) within 24 h.
-            jobs.append(_job(f"weekly-maskrcnn-d{day:02d}", day * 24 + 10, {
-                "workload": {"model": "maskrcnn"}, "globalBatch": 64, "training": {"epochs": 12},
-                "maxDuration": "24h", "budgetUsd": 600, "constraints": {"providers": ["aws"]},
-            }))
     return {
         "name": "production-month",
         "description": "A production team's month on AWS: nightly ResNet-50 retrains (12 h deadline), weekday "
         "BERT-large QA fine-tunes (4 h), weekly BERT-large pre-training (48 h) and Mask R-CNN (24 h).",
         "start": START,
-        "jobs": sorted(jobs, key=lambda j: j["arrivalHours"]),
+        "jobs": _recurring(rng, 30, PRODUCTION),
     }
 
 
 def recurring_month(rng: random.Random) -> dict[str, Any]:
     """The same workloads run again and again over 30 days, each with a deadline: nightly and weekly."""
-    aws = {"providers": ["aws"]}
-    jobs = []
-    for day in range(30):
-        # Nightly EfficientNet-B0 retrain on the day's images: ready by 04:00 (6 h after 22:00).
-        jobs.append(_job(f"nightly-effnet-b0-d{day:02d}", day * 24 + 22 + rng.uniform(0, 0.25), {
-            "workload": {"model": "efficientnet-b0"}, "globalBatch": 1024, "training": {"epochs": 30},
-            "maxDuration": "6h", "constraints": aws,
-        }))
-        if day % 7 < 5:
-            # Weeknight GPT-2 small fine-tune on the day's text: ready by 09:00 (10 h after 23:00).
-            jobs.append(_job(f"nightly-gpt2-ft-d{day:02d}", day * 24 + 23 + rng.uniform(0, 0.25), {
-                "workload": {"model": "gpt2-small"}, "globalBatch": 512, "training": {"samples": 8_000_000},
-                "maxDuration": "10h", "constraints": aws,
-            }))
-        if day % 7 == 4:
-            # Weekly Transformer-XL base language model over the weekend (48 h from Friday 18:00).
-            jobs.append(_job(f"weekly-txl-base-d{day:02d}", day * 24 + 18, {
-                "workload": {"model": "transformerxl-base"}, "globalBatch": 256, "training": {"steps": 40000},
-                "maxDuration": "48h", "constraints": aws,
-            }))
-        if day % 7 == 5:
-            # Weekly SSD300 detector refresh, Saturday 08:00, within 24 h.
-            jobs.append(_job(f"weekly-ssd300-d{day:02d}", day * 24 + 8, {
-                "workload": {"model": "ssd300"}, "globalBatch": 256, "training": {"epochs": 40},
-                "maxDuration": "24h", "constraints": aws,
-            }))
-        if day % 7 == 6:
-            # Weekly llama-7b instruction fine-tune, Sunday 10:00, within 12 h, AWS or GCP.
-            jobs.append(_job(f"weekly-llama7b-ft-d{day:02d}", day * 24 + 10, {
-                "workload": {"model": "llama-7b"}, "globalBatch": 128, "training": {"samples": 400_000},
-                "maxDuration": "12h", "constraints": {"providers": ["aws", "gcp"]},
-            }))
     return {
         "name": "recurring-month",
         "description": "A month of recurring jobs with deadlines, the same workload each time: nightly "
         "EfficientNet-B0 retrains (6 h) and weeknight GPT-2 small fine-tunes (10 h), weekly Transformer-XL "
         "(48 h), SSD300 (24 h) and llama-7b fine-tunes (12 h, AWS or GCP).",
         "start": START,
-        "jobs": sorted(jobs, key=lambda j: j["arrivalHours"]),
+        "jobs": _recurring(rng, 30, RECURRING),
     }
 
 

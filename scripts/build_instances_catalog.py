@@ -268,17 +268,8 @@ def gcp_derived() -> dict[str, GcpFacts]:
 
 def gcp_rows() -> list[Row]:
     facts = {**GCP_BASE, **gcp_derived()}
-    order = [
-        "a2-highgpu-1g",
-        "a2-highgpu-2g",
-        "a2-highgpu-4g",
-        "a2-highgpu-8g",
-        "a3-highgpu-8g",
-        "g2-standard-4",
-        "g2-standard-48",
-    ]
     rows = []
-    for name in order:
+    for name in sorted(facts):  # the listed and the derived types, by name
         f = facts[name]
         od = round(f.host + f.gpu, 5)
         spot = round(f.host_spot + f.gpu_spot, 5)
@@ -318,23 +309,23 @@ def gcp_rows() -> list[Row]:
 SP_AZ = "[SP] azure vms.csv eastus"
 AZ_SPOT_NOTE = "spot: as listed by [SP] ({pct:.0f}% below on-demand: suspiciously deep, use with caution)"
 AZ_BUCKET = "interruption bucket: assumed bucket 2: Azure publishes no per-type eviction rate"
+
+
+def _recalled_network(gbps: int, table: str) -> str:
+    return f"network: {gbps} Gbps [AZ-DOC] {table} size table (assumed: recalled, not verified here)"
+
+
+# The NC A100 v4 sizes are 1, 2 and 4 of the 1-GPU size: [SP] lists k x its vCPU, RAM and prices exactly.
 # fmt: off
 AZURE: dict[str, tuple[str, int, int, float, float, float | None, float, str, str]] = {
-    "Standard_NC24ads_A100_v4": (
-        "A100-80GB-PCIe", 1, 24, 220, 3.673, 0.444433, 20,
-        "network: 20 Gbps [AZ-DOC] NC A100 v4 size table (assumed: recalled, not verified here)",
-        "GPU: A100 80GB PCIe per [AZ-DOC] NC A100 v4 series ([SP] says A100-80GB)",
-    ),
-    "Standard_NC48ads_A100_v4": (
-        "A100-80GB-PCIe", 2, 48, 440, 7.346, 0.888866, 40,
-        "network: 40 Gbps [AZ-DOC] NC A100 v4 size table (assumed: recalled, not verified here)",
-        "GPU: A100 80GB PCIe per [AZ-DOC] NC A100 v4 series ([SP] says A100-80GB)",
-    ),
-    "Standard_NC96ads_A100_v4": (
-        "A100-80GB-PCIe", 4, 96, 880, 14.692, 1.777732, 80,
-        "network: 80 Gbps [AZ-DOC] NC A100 v4 size table (assumed: recalled, not verified here)",
-        "GPU: A100 80GB PCIe per [AZ-DOC] NC A100 v4 series ([SP] says A100-80GB)",
-    ),
+    **{
+        f"Standard_NC{24 * k}ads_A100_v4": (
+            "A100-80GB-PCIe", k, 24 * k, 220 * k, 3.673 * k, 0.444433 * k, 20 * k,
+            _recalled_network(20 * k, "NC A100 v4"),
+            "GPU: A100 80GB PCIe per [AZ-DOC] NC A100 v4 series ([SP] says A100-80GB)",
+        )
+        for k in (1, 2, 4)
+    },
     "Standard_ND96asr_v4": (
         "A100-40GB", 8, 96, 900, 27.197, 2.99167, 1600,
         "network: 1600 Gbps = 8 x 200 Gb/s HDR InfiniBand, one per GPU [AZ-DOC] ND A100 v4 series",
@@ -347,15 +338,12 @@ AZURE: dict[str, tuple[str, int, int, float, float, float | None, float, str, st
         "GPU: A100 80GB SXM per [AZ-DOC] NDm A100 v4 series",
     ),
     "Standard_NC40ads_H100_v5": (
-        "H100-80GB-PCIe", 1, 40, 320, 6.98, None, 40,
-        "network: 40 Gbps [AZ-DOC] NCads H100 v5 size table (assumed: recalled, not verified here)",
+        "H100-80GB-PCIe", 1, 40, 320, 6.98, None, 40, _recalled_network(40, "NCads H100 v5"),
         "GPU: the part is H100 NVL (94 GB, PCIe) per [AZ-DOC] NCads H100 v5 series; nearest catalog id "
         "H100-80GB-PCIe used, which understates its memory and bandwidth",
     ),
     "Standard_NC4as_T4_v3": (
-        "T4", 1, 4, 28, 0.526, 0.062699, 8,
-        "network: 8 Gbps [AZ-DOC] NCasT4_v3 size table (assumed: recalled, not verified here)",
-        "GPU: T4 per [SP]",
+        "T4", 1, 4, 28, 0.526, 0.062699, 8, _recalled_network(8, "NCasT4_v3"), "GPU: T4 per [SP]",
     ),
 }
 # fmt: on

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
 
@@ -165,17 +166,9 @@ def cli_page() -> str:
 
     # argparse wraps at the terminal width: fix it; help texts that name this machine's cache
     # directory name the default instead, so the page is the same on every machine
-    saved = {k: os.environ.get(k) for k in ("COLUMNS", "GPUSCALER_CACHE_DIR")}
-    os.environ.update(COLUMNS="100", GPUSCALER_CACHE_DIR="/CACHE")
-    try:
+    with mock.patch.dict(os.environ, COLUMNS="100", GPUSCALER_CACHE_DIR="/CACHE"):
         parser = build_parser()
         helps = [(name, sub.format_help()) for name, sub in _walk(parser, "gpuscaler")]
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     out = [HEADER.format(source="the CLI's parser (gpuscaler.cli.build_parser)"), "# Command line\n\n"]
     out.append("Every `gpuscaler` command and its options, as `--help` prints them.\n")
     for name, help_text in helps:
