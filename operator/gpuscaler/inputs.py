@@ -28,8 +28,9 @@ What it guarantees, for TrainingJob files, policy files, traces and command-line
   :func:`non_negative_float`, :func:`output_file`) that reject zero counts, NaN, and output paths
   whose directory does not exist, before any work is done.
 
-Depends on nothing of gpuscaler's own (the bottom layer, enforced by import-linter), so the pure
-layers (``api``, ``policy``, ``catalog``, ``simulator``) and the command line all use it.
+Depends on nothing of gpuscaler's own but :mod:`gpuscaler.errors` and :mod:`gpuscaler.nesting` (the
+bottom layer, enforced by import-linter), so the pure layers (``api``, ``policy``, ``catalog``,
+``simulator``) and the command line all use it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from gpuscaler.errors import InvalidInputError
+from gpuscaler.nesting import nesting_depth
 
 MAX_DOCUMENT_BYTES = 1_572_864
 """Largest TrainingJob or policy file read: 1.5 MiB, the API server's limit on one object (etcd's
@@ -431,19 +433,6 @@ def _no_constant(name: str) -> Any:
     raise InputError(f"{name} is not a number JSON allows; give a finite number", value=name)
 
 
-def _depth(value: Any, limit: int = MAX_DEPTH) -> int:
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    deepest = 0
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            if deepest > limit:
-                return deepest
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
 def parse_json(text: str, source: str = "input") -> Any:
     """One JSON value, strictly: no duplicate keys, NaN, Infinity or overflowing numbers.
 
@@ -460,7 +449,7 @@ def parse_json(text: str, source: str = "input") -> Any:
         raise InputError(f"{source}: not valid JSON: {err.msg} at column {err.colno}") from None
     except (ValueError, RecursionError) as err:  # an integer of more than 4,300 digits, deep nesting
         raise InputError(f"{source}: not usable JSON: {str(err)[:120]}") from None
-    if _depth(value) > MAX_DEPTH:
+    if nesting_depth(value, MAX_DEPTH) > MAX_DEPTH:
         raise InputError(f"{source}: nested deeper than {MAX_DEPTH} levels")
     return value
 

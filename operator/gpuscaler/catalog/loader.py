@@ -12,7 +12,7 @@ import csv
 import difflib
 import io
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -236,8 +236,39 @@ def parse_instances(rows: list[dict[str, str]], gpus: Index[GPU]) -> InstanceInd
     return index
 
 
-def _bool(value: str) -> bool:
+def _bool(value: str, column: str = "") -> bool:
     return value.lower() in ("1", "true", "yes")
+
+
+def shape_from_row(
+    r: dict[str, str], flag: Callable[[str, str], bool], *, head: str, dropout: bool, fused_loss: bool = False
+) -> TransformerShape:
+    """The :class:`TransformerShape` of a CSV row's shape columns (``workloads.csv``, ``memory_runs.csv``).
+
+    Args:
+        r: The row: ``layers``, ``hidden``, ``heads``, ``seq_len``, ``vocab`` (integers), ``ffn``
+            (an integer or empty), ``gated`` and ``flash`` (flags).
+        flag: Reads a flag column ``(value, column name)``; each file has its own spelling rules.
+        head: The loss head (``lm``, ``mlm``, ``none``), as the file gives or defaults it.
+        dropout: Whether the model trains with dropout.
+        fused_loss: Whether the cross-entropy runs as one fused kernel.
+
+    Returns:
+        The shape.
+    """
+    return TransformerShape(
+        layers=int(r["layers"]),
+        hidden=int(r["hidden"]),
+        heads=int(r["heads"]),
+        seq_len=int(r["seq_len"]),
+        vocab=int(r["vocab"]),
+        ffn=_opt_int(r["ffn"]),
+        gated=flag(r["gated"], "gated"),
+        head=head,
+        flash_attention=flag(r["flash"], "flash"),
+        dropout=dropout,
+        fused_loss=fused_loss,
+    )
 
 
 def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
@@ -246,18 +277,7 @@ def parse_workloads(rows: list[dict[str, str]]) -> Index[Workload]:
     for r in rows:
         shape = None
         if not r["flops_per_sample"]:
-            shape = TransformerShape(
-                layers=int(r["layers"]),
-                hidden=int(r["hidden"]),
-                heads=int(r["heads"]),
-                seq_len=int(r["seq_len"]),
-                vocab=int(r["vocab"]),
-                ffn=_opt_int(r["ffn"]),
-                gated=_bool(r["gated"]),
-                head=r["head"] or "lm",
-                flash_attention=_bool(r["flash"]),
-                dropout=r.get("dropout", "") != "0",
-            )
+            shape = shape_from_row(r, _bool, head=r["head"] or "lm", dropout=r.get("dropout", "") != "0")
         w = Workload(
             id=r["id"],
             family=r["family"],

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cache
 
-from gpuscaler.catalog.loader import Catalog, CatalogError, data_text, load_catalog, read_rows
+from gpuscaler.catalog.loader import Catalog, CatalogError, data_text, load_catalog, read_rows, shape_from_row
 from gpuscaler.catalog.models import GPU, Precision, Workload, transformer_workload
-from gpuscaler.catalog.workloads import HEAD_FRACTION, TransformerShape
+from gpuscaler.catalog.workloads import HEAD_FRACTION
 
 MEMORY_RUN_COLUMNS = (
     "id", "outcome", "workload", "layers", "hidden", "heads", "seq_len", "vocab", "ffn", "gated", "head",
@@ -69,16 +69,10 @@ def _workload(r: dict[str, str], catalog: Catalog) -> Workload:
         return w if optimizer == w.optimizer else replace(w, optimizer=optimizer)
     if r["head"] not in HEAD_FRACTION:
         raise CatalogError(f"memory_runs.csv: {r['id']}: head {r['head']!r}: use one of {', '.join(HEAD_FRACTION)}")
-    shape = TransformerShape(
-        layers=int(r["layers"]),
-        hidden=int(r["hidden"]),
-        heads=int(r["heads"]),
-        seq_len=int(r["seq_len"]),
-        vocab=int(r["vocab"]),
-        ffn=int(r["ffn"]) if r["ffn"] else None,
-        gated=_bool(r["gated"], "gated"),
+    shape = shape_from_row(
+        r,
+        _bool,
         head=r["head"],
-        flash_attention=_bool(r["flash"], "flash"),
         dropout=_bool(r["dropout"], "dropout"),
         fused_loss=_bool(r["fused_loss"], "fused_loss"),
     )

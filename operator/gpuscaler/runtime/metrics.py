@@ -14,7 +14,10 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from http.server import HTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +253,21 @@ class MetricsServer(Protocol):
         ...
 
 
-class _StdlibServer:
+class _ThreadedServer:
+    """An HTTP server run by a daemon thread: the bound port, and how to stop it (both exporters)."""
+
+    _httpd: HTTPServer
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class _StdlibServer(_ThreadedServer):
     def __init__(self, metrics: RuntimeMetrics, port: int, addr: str) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # lazy: ~50 ms of imports
 
@@ -276,16 +293,8 @@ class _StdlibServer:
         )
         self._thread.start()
 
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-
-class _PrometheusClientServer:
+class _PrometheusClientServer(_ThreadedServer):
     def __init__(self, metrics: RuntimeMetrics, port: int, addr: str) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -314,14 +323,6 @@ class _PrometheusClientServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(Collector())
         self._httpd, self._thread = start_http_server(port, addr, registry)
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 def serve_metrics(

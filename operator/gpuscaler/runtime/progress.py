@@ -145,25 +145,6 @@ class ProgressReporter(Protocol):
         """
 
 
-class NullReporter:
-    """Reports nowhere (the default)."""
-
-    def report(self, progress: Progress) -> None:
-        """Ignore the snapshot.
-
-        Args:
-            progress: The current snapshot.
-        """
-
-    def checkpointed(self, event: CheckpointEvent, progress: Progress) -> None:
-        """Ignore the checkpoint.
-
-        Args:
-            event: The checkpoint.
-            progress: The snapshot after it.
-        """
-
-
 class FileReporter:
     """Writes the latest status as one JSON object to a file, replaced atomically each time.
 
@@ -207,7 +188,8 @@ class FileReporter:
 
 
 class FanoutReporter:
-    """Forwards to several reporters; one failing does not stop the others.
+    """Forwards to several reporters; one failing does not stop the others. With none, it reports
+    nowhere (the guard's default).
 
     Args:
         reporters: The reporters, called in order.
