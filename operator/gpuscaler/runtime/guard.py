@@ -276,18 +276,9 @@ class TrainingGuard(Generic[S]):
         combined: ProgressReporter | None = (
             reporters[0] if len(reporters) == 1 else FanoutReporter(*reporters) if reporters else None
         )
-        return cls(
-            config.checkpoint_dir,
-            save=save,
-            load=load,
-            interval_s=config.interval_s,
-            every_steps=config.every_steps,
-            keep=config.keep,
-            podinfo_dir=config.podinfo_dir,
-            reporter=combined,
-            metrics_port=config.metrics_port,
-            **passthrough,
-        )
+        # every GuardConfig field but the progress file (a reporter, above) is a guard argument of that name
+        settings = {name: getattr(config, name) for name in fields if name != "progress_file"}
+        return cls(save=save, load=load, reporter=combined, **settings, **passthrough)
 
     # --- state --------------------------------------------------------------------------------
 
