@@ -20,7 +20,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import pytest
 
 import any_cluster
 from e2e_helpers import stop_process
+from gpuscaler.runtime.metrics import serve_text
 
 
 def free_port() -> int:
@@ -59,29 +59,14 @@ class FakeWorker:
 
 
 class FakeExporter:
-    """Serves DCGM-format and runtime metrics of the registered :class:`FakeWorker` s."""
+    """Serves DCGM-format and runtime metrics of the registered :class:`FakeWorker` s (through the
+    training runtime's own stdlib exporter, :func:`gpuscaler.runtime.metrics.serve_text`)."""
 
     def __init__(self) -> None:
         self.workers: dict[tuple[str, str], FakeWorker] = {}
         self._lock = threading.Lock()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server = serve_text(self.render)
+        self.port = self.server.port
 
     def worker(self, namespace: str, pod: str, samples_per_s: float, **fields: Any) -> FakeWorker:
         """A :class:`FakeWorker` (not yet added)."""
@@ -122,8 +107,7 @@ class FakeExporter:
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 @dataclass

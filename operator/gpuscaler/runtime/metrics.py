@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -268,7 +268,7 @@ class _ThreadedServer:
 
 
 class _StdlibServer(_ThreadedServer):
-    def __init__(self, metrics: RuntimeMetrics, port: int, addr: str) -> None:
+    def __init__(self, render: Callable[[], str], port: int, addr: str) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # lazy: ~50 ms of imports
 
         class Handler(BaseHTTPRequestHandler):
@@ -276,7 +276,7 @@ class _StdlibServer(_ThreadedServer):
                 if self.path.split("?")[0] not in ("/", "/metrics"):
                     self.send_error(404)
                     return
-                body = metrics.render().encode("utf-8")
+                body = render().encode("utf-8")
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
@@ -350,4 +350,24 @@ def serve_metrics(
             log.debug("prometheus_client not importable; serving metrics with http.server")
         else:
             return _PrometheusClientServer(metrics, port, addr)
-    return _StdlibServer(metrics, port, addr)
+    return _StdlibServer(metrics.render, port, addr)
+
+
+def serve_text(render: Callable[[], str], port: int = 0, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serve what ``render()`` returns (Prometheus text format) at ``http://addr:port/metrics``.
+
+    The stdlib exporter of :func:`serve_metrics`, for any source of exposition text (the e2e
+    suite's fake DCGM exporter serves through it).
+
+    Args:
+        render: Called on every scrape; returns the exposition text.
+        port: TCP port (0 picks a free one; read it back from ``.port``).
+        addr: Bind address.
+
+    Returns:
+        The running server; call ``close()`` to stop it.
+
+    Raises:
+        OSError: The port cannot be bound.
+    """
+    return _StdlibServer(render, port, addr)
