@@ -53,25 +53,17 @@ def set_condition(
         generation: The job's generation it was decided on.
     """
     value = "True" if status else "False"
-    for i, c in enumerate(st.conditions):
-        if c.type == ctype:
-            changed = c.status != value
-            st.conditions[i] = Condition(
-                type=ctype,
-                status=value,
-                reason=reason,
-                message=message,
-                last_transition_time=now if changed else c.last_transition_time,
-                observed_generation=generation,
-            )
-            return
-    st.conditions.append(
-        Condition(
-            type=ctype,
-            status=value,
-            reason=reason,
-            message=message,
-            last_transition_time=now,
-            observed_generation=generation,
-        )
+    at = next((i for i, c in enumerate(st.conditions) if c.type == ctype), None)
+    old = None if at is None else st.conditions[at]
+    cond = Condition(
+        type=ctype,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=old.last_transition_time if old is not None and old.status == value else now,
+        observed_generation=generation,
     )
+    if at is None:
+        st.conditions.append(cond)
+    else:
+        st.conditions[at] = cond
