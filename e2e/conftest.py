@@ -29,7 +29,7 @@ from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.devcluster import build
 from gpuscaler.devcluster.cluster import Cluster, apply_crds
 from gpuscaler.devcluster.nodes import NodePool, create_node_pool, delete_node_pool, wait_nodes_ready
-from operator_helpers import OperatorProcess, kubectl
+from operator_helpers import OperatorProcess, operators
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -207,20 +207,5 @@ def custom(dev_cluster: E2ECluster) -> Any:
 @pytest.fixture
 def operator(dev_cluster: E2ECluster, crd: None, kwok: None, namespace: str, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
     """Start an operator for this test's namespace: ``operator(**GPUSCALER_env)``."""
-    started: list[OperatorProcess] = []
-
-    def start(**settings: str) -> OperatorProcess:
-        op = OperatorProcess(dev_cluster, namespace, tmp_path / "operator.log", **settings)
-        op.start()
-        started.append(op)
-        return op
-
-    yield start
-    # delete the jobs while an operator runs, so its finalizer releases pods and nodes
-    if started and started[-1].proc and started[-1].proc.poll() is None:
-        kubectl(dev_cluster, "delete", "trainingjobs", "--all", "-n", namespace, "--timeout=60s", check=False)
-    for op in started:
-        op.stop()
-    log = tmp_path / "operator.log"
-    if log.exists():
-        print(log.read_text(errors="replace")[-6000:])
+    with operators(dev_cluster, namespace, tmp_path / "operator.log") as start:
+        yield start

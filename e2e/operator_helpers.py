@@ -7,10 +7,12 @@ A helper module (not a test module) so that every e2e test imports it; the ``cus
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,31 @@ class OperatorProcess:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextlib.contextmanager
+def operators(cluster: E2ECluster, namespace: str, log: Path, **base: str) -> Iterator[Callable[..., OperatorProcess]]:
+    """``start(**settings)``: start an operator for ``namespace`` with the ``base`` settings and then
+    ``settings`` (``GPUSCALER_*`` variables), logging to ``log``. On exit the namespace's jobs are
+    deleted while the last operator runs (its finalizer releases their pods and nodes), every
+    operator is stopped and the log's tail printed."""
+    started: list[OperatorProcess] = []
+
+    def start(**settings: str) -> OperatorProcess:
+        op = OperatorProcess(cluster, namespace, log, **{**base, **settings})
+        op.start()
+        started.append(op)
+        return op
+
+    try:
+        yield start
+    finally:
+        if started and started[-1].proc and started[-1].proc.poll() is None:
+            kubectl(cluster, "delete", "trainingjobs", "--all", "-n", namespace, "--timeout=60s", check=False)
+        for op in started:
+            op.stop()
+        if log.exists():
+            print(log.read_text(errors="replace")[-6000:])
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -12,6 +12,7 @@ printed).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -94,10 +95,24 @@ def reference_digest(steps: int, tmp_path: Path) -> str:
     return out.read_text().strip()
 
 
-def start_operator(dev_cluster: E2ECluster, namespace: str, tmp_path: Path) -> OperatorProcess:
+@contextlib.contextmanager
+def demo_applied(
+    dev_cluster: E2ECluster, core: Any, namespace: str, tmp_path: Path, runner: WorkerRunner, steps: int
+) -> Iterator[tuple[dict[str, Any], str]]:
+    """The demo job with ``steps`` steps applied, its claim bound to a directory of the runner's and an
+    operator (with the demo's policy) running: (the job's manifest, its claim's name). On exit the
+    operator stops and its log's tail is printed."""
+    doc = demo_job(steps)
+    claim = doc["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    bind_claim(core, namespace, claim, runner.claim_dir(namespace, claim))
     op = OperatorProcess(dev_cluster, namespace, tmp_path / "operator.log", GPUSCALER_POLICY_FILE=str(POLICY))
     op.start()
-    return op
+    try:
+        apply(dev_cluster, namespace, doc)
+        yield doc, claim
+    finally:
+        op.stop()
+        print((tmp_path / "operator.log").read_text(errors="replace")[-4000:])
 
 
 def test_example_trains_survives_a_spot_notice_and_ends_with_the_same_weights(
@@ -105,13 +120,8 @@ def test_example_trains_survives_a_spot_notice_and_ends_with_the_same_weights(
     runner: WorkerRunner,
 ) -> None:
     steps = 300
-    doc = demo_job(steps)
-    name = doc["metadata"]["name"]
-    claim = doc["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    bind_claim(core, namespace, claim, runner.claim_dir(namespace, claim))
-    op = start_operator(dev_cluster, namespace, tmp_path)
-    try:
-        apply(dev_cluster, namespace, doc)
+    with demo_applied(dev_cluster, core, namespace, tmp_path, runner, steps) as (doc, claim):
+        name = doc["metadata"]["name"]
         label = f"{JOB_LABEL}={namespace}.{name}"
 
         def step() -> int:
@@ -124,9 +134,6 @@ def test_example_trains_survives_a_spot_notice_and_ends_with_the_same_weights(
         noticed = time.time()
         core.patch_node(node, {"spec": {"taints": [*(body.spec.taints or []), {"key": AWS_SPOT_ITN_TAINT, "effect": "NoSchedule"}]}})
         job = wait_phase(custom, namespace, name, "Succeeded", timeout=300)
-    finally:
-        op.stop()
-        print((tmp_path / "operator.log").read_text(errors="replace")[-4000:])
     st = job["status"]
     (rec,) = st["interruptionHistory"]
     assert rec["checkpointAcked"], rec
@@ -155,21 +162,14 @@ def test_deleting_the_job_stops_every_process_it_started(
     dev_cluster: E2ECluster, crd: None, kwok: None, core: Any, custom: Any, namespace: str, tmp_path: Path,
     runner: WorkerRunner,
 ) -> None:
-    doc = demo_job(steps=3000)  # 5 minutes at the pace here: deleted long before
-    name = doc["metadata"]["name"]
-    claim = doc["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    bind_claim(core, namespace, claim, runner.claim_dir(namespace, claim))
-    op = start_operator(dev_cluster, namespace, tmp_path)
-    try:
-        apply(dev_cluster, namespace, doc)
+    # 3000 steps: 5 minutes at the pace here, deleted long before
+    with demo_applied(dev_cluster, core, namespace, tmp_path, runner, 3000) as (doc, _):
         wait_for(lambda: any(p.alive for p in runner.processes.values()), timeout=180, interval=0.3, what="a worker process")
         pids = [p.proc.pid for p in runner.processes.values() if p.proc is not None]
-        subprocess.run(["kubectl", "delete", "trainingjob", name, "-n", namespace, "--wait=false"],
+        subprocess.run(["kubectl", "delete", "trainingjob", doc["metadata"]["name"], "-n", namespace, "--wait=false"],
                        env=dev_cluster.env, check=True, capture_output=True)  # fmt: skip
         wait_for(lambda: not any(p.alive for p in runner.processes.values()), timeout=90, interval=0.3,
                  what="every worker process stopped")  # fmt: skip
-    finally:
-        op.stop()
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"process {pid} still runs"
     # each was stopped by the runner: SIGTERM for its deleted pod, or SIGKILL when the operator's finalizer

@@ -21,10 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from kubernetes import client
 
 from e2e_helpers import E2ECluster, wait_for
-from operator_helpers import OperatorProcess, apply, event_reasons, get_job, job_manifest, kubectl, wait_phase
+from operator_helpers import (
+    OperatorProcess,
+    apply,
+    event_reasons,
+    get_job,
+    job_manifest,
+    operators,
+    wait_phase,
+)
 
 if TYPE_CHECKING:  # imported by pytest as a plugin; importing it here too would skip its assert rewriting
     from prometheus_fixture import PrometheusServer
@@ -48,35 +55,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def custom(dev_cluster: E2ECluster) -> Any:
-    return client.CustomObjectsApi(dev_cluster.api)
-
-
 @pytest.fixture
 def observing_operator(
     dev_cluster: E2ECluster, crd: None, kwok: None, namespace: str, tmp_path: Path, prometheus: PrometheusServer
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """Start an operator for this test's namespace, observing through the test Prometheus."""
-    started: list[OperatorProcess] = []
-
-    def start(**settings: str) -> OperatorProcess:
-        env = {**OBSERVE_ENV, "GPUSCALER_PROMETHEUS_URL": prometheus.url, **settings}
-        op = OperatorProcess(dev_cluster, namespace, tmp_path / "operator.log", **env)
-        op.start()
-        started.append(op)
-        return op
-
-    yield start
-    if started and started[-1].proc and started[-1].proc.poll() is None:
-        kubectl(dev_cluster, "delete", "trainingjobs", "--all", "-n", namespace, "--timeout=60s", check=False)
-    for op in started:
-        op.stop()
+    env = {**OBSERVE_ENV, "GPUSCALER_PROMETHEUS_URL": prometheus.url}
+    with operators(dev_cluster, namespace, tmp_path / "operator.log", **env) as start:
+        yield start
     for key in [k for k in prometheus.exporter.workers if k[0] == namespace]:
         prometheus.exporter.workers.pop(key, None)
-    log = tmp_path / "operator.log"
-    if log.exists():
-        print(log.read_text(errors="replace")[-6000:])
 
 
 def observed(custom: Any, ns: str, name: str) -> dict[str, Any]:
