@@ -2,6 +2,7 @@
 message naming the cause, never a traceback, never a hang, never "written" when it was not.
 
 Classes: Kubernetes names and labels (the API server's rules, the CLI's ``--namespace`` too);
+numbers that are not finite (said at their line and column);
 duplicates (trace job names, policy names: both places named); deadlines and trace starts without
 a time zone or as a bare number; special files (a FIFO with no writer, a device) refused before any
 read; outputs to a full device; traces over the documented cap; arguments checked before
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)  # a FIFO opened blocking would hang: fail
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# ------------------------------------------------------------------------------ names and labels
+# ---------------------------------------------------------------------- names, labels and numbers
 
 
 @pytest.mark.parametrize(
@@ -39,9 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
         ("metadata: {name: resnet50-imagenet}", "metadata: {name: ok, labels: {team: 12}}", "quote numbers"),
         ("metadata: {name: resnet50-imagenet}", "metadata: {name: ok, labels: {'-bad': x}}", "is not a label key"),
         ("metadata: {name: resnet50-imagenet}", "metadata: {name: ok, labels: {'a/b/c': x}}", "is not a label key"),
+        # numbers that are not finite, at their line and column
+        ("training: {epochs: 90}", "training: {epochs: .inf}", "line 7, column 22: '.inf' is not a finite number"),
+        ("budgetUsd: 1500", "budgetUsd: .inf", "line 9, column 14: '.inf' is not a finite number"),
+        ("workload: {model: resnet50}", "workload: {params: 1e9, flopsPerSample: .inf}", "line 5, column 43: '.inf'"),
+        ("budgetUsd: 1500", "budgetUsd: .nan", "line 9, column 14: '.nan' is not a finite number"),
     ],
 )
-def test_names_and_labels_the_api_server_would_refuse(
+def test_names_labels_and_numbers_the_api_server_would_refuse(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, old: str, new: str, said: str
 ) -> None:
     assert old in JOB
