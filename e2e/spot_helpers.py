@@ -1,4 +1,4 @@
-"""Helpers of the spot e2e tests (test_spot.py, test_capacity_block.py, test_kueue.py): the spot job, the played workers (the harness fixture), taints and waits."""
+"""Helpers of the spot e2e tests (test_spot.py, test_capacity_block.py, test_kueue.py): the spot job, the played workers (the harness fixture), the operator with their policy (spot_operator), a job run to Running, taints and waits."""
 
 from __future__ import annotations
 
@@ -57,6 +57,23 @@ def start_operator(operator: Callable[..., OperatorProcess], tmp_path: Path, ext
     return operator(GPUSCALER_POLICY_FILE=str(policy))
 
 
+@pytest.fixture
+def spot_operator(operator: Callable[..., OperatorProcess], tmp_path: Path) -> OperatorProcess:
+    """The test's operator, with the spot tests' policy."""
+    return start_operator(operator, tmp_path)
+
+
+def running_spot_job(
+    cluster: E2ECluster, custom: Any, ns: str, harness: Callable[..., Harness], steps: int,
+    doc: dict[str, Any] | None = None, **played: Any,
+) -> tuple[Harness, dict[str, Any]]:
+    """Apply ``doc`` (a spot job ``tj`` of ``steps`` steps unless given), play its workers (``played``:
+    the harness's options) and wait until it runs: (the harness, the job)."""
+    apply(cluster, ns, doc or spot_job("tj", steps))
+    h = harness("tj", steps, **played)
+    return h, wait_phase(custom, ns, "tj", "Running", timeout=60)
+
+
 def taint(core: Any, node: str, key: str) -> None:
     body = core.read_node(node)
     taints = [*(body.spec.taints or []), {"key": key, "effect": "NoSchedule"}]
@@ -73,7 +90,13 @@ def progressed(h: Harness, steps: int, timeout: float = 60) -> None:
     wait_for(lambda: h.rank0_step() >= steps, timeout=timeout, interval=0.1, what=f"rank 0 past step {steps}")
 
 
-def finish(custom: Any, h: Harness, ns: str, name: str, steps: int, timeout: float = 120) -> dict[str, Any]:
+def finish(
+    custom: Any, h: Harness, ns: str, name: str, steps: int | None = None, timeout: float = 120
+) -> dict[str, Any]:
+    """Wait for the job Succeeded and check what its played workers did: the final weights those of an
+    uninterrupted run of ``steps`` steps (default: the harness's), at most a checkpoint interval of
+    steps lost or redone per interruption. Returns the job's status."""
+    steps = h.total_steps if steps is None else steps
     job = wait_phase(custom, ns, name, "Succeeded", timeout=timeout)
     assert not h.errors, h.errors
     assert h.weights.exists(), "rank 0 wrote no final weights"
@@ -92,14 +115,11 @@ def finish(custom: Any, h: Harness, ns: str, name: str, steps: int, timeout: flo
 def interrupt_with_taint(
     dev_cluster: E2ECluster, core: Any, custom: Any, ns: str, harness: Callable[..., Harness], key: str, signal: str
 ) -> dict[str, Any]:
-    steps = 700
-    apply(dev_cluster, ns, spot_job("tj", steps))
-    h = harness("tj", steps)
-    wait_phase(custom, ns, "tj", "Running", timeout=60)
+    h, _ = running_spot_job(dev_cluster, custom, ns, harness, 700)
     progressed(h, 150)
     node = running_node(core, ns, "tj")
     taint(core, node, key)
-    st = finish(custom, h, ns, "tj", steps)
+    st = finish(custom, h, ns, "tj")
     assert st["interruptions"] == 1 and st["capacityType"] == "spot", st
     rec = st["interruptionHistory"][0]
     assert rec["signal"] == signal and rec["node"] == node and rec["checkpointAcked"], rec

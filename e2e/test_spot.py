@@ -23,7 +23,7 @@ import pytest
 
 import spot_helpers
 from e2e_helpers import E2ECluster, wait_for
-from operator_helpers import OperatorProcess, apply, event_reasons, get_job, job_nodes, wait_phase
+from operator_helpers import OperatorProcess, event_reasons, get_job, job_nodes, wait_phase
 from spot_harness import Harness
 from spot_helpers import (
     STEPS_PER_INTERVAL,
@@ -31,30 +31,30 @@ from spot_helpers import (
     interrupt_with_taint,
     progressed,
     running_node,
+    running_spot_job,
     spot_job,
     start_operator,
     taint,
 )
 
 harness = spot_helpers.harness
+spot_operator = spot_helpers.spot_operator
 
 pytestmark = pytest.mark.timeout(240)
 
 """The operator suite's fixtures: the CRD installed, the custom-objects API, an operator per test."""
 
 def test_spot_aws_itn_checkpoints_replans_and_resumes(
-    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
-    harness: Callable[..., Harness], tmp_path: Path,
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, spot_operator: OperatorProcess,
+    harness: Callable[..., Harness],
 ) -> None:
-    start_operator(operator, tmp_path)
     interrupt_with_taint(dev_cluster, core, custom, namespace, harness, "aws-node-termination-handler/spot-itn", "aws-spot-itn")
 
 
 def test_spot_gke_termination_fits_the_30s_notice(
-    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
-    harness: Callable[..., Harness], tmp_path: Path,
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, spot_operator: OperatorProcess,
+    harness: Callable[..., Harness],
 ) -> None:
-    start_operator(operator, tmp_path)
     st = interrupt_with_taint(
         dev_cluster, core, custom, namespace, harness, "cloud.google.com/impending-node-termination", "gke-termination"
     )
@@ -62,31 +62,24 @@ def test_spot_gke_termination_fits_the_30s_notice(
 
 
 def test_spot_node_deleted_without_notice_resumes_from_periodic_checkpoint(
-    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
-    harness: Callable[..., Harness], tmp_path: Path,
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, spot_operator: OperatorProcess,
+    harness: Callable[..., Harness],
 ) -> None:
-    start_operator(operator, tmp_path)
-    steps = 800
-    apply(dev_cluster, namespace, spot_job("tj", steps))
-    h = harness("tj", steps)
-    wait_phase(custom, namespace, "tj", "Running", timeout=60)
+    h, _ = running_spot_job(dev_cluster, custom, namespace, harness, 800)
     progressed(h, STEPS_PER_INTERVAL + 60)  # past the first periodic checkpoint, mid-interval
     node = running_node(core, namespace, "tj")
     core.delete_node(node)
-    st = finish(custom, h, namespace, "tj", steps)
+    st = finish(custom, h, namespace, "tj")
     rec = st["interruptionHistory"][0]
     assert rec["signal"] == "node-deleted" and not rec["checkpointAcked"] and rec["checkpointStep"] >= 1, rec
     assert st["interruptions"] == 1 and st["lostSteps"] == rec["lostSteps"]
 
 
 def test_spot_three_interruptions_fall_back_to_on_demand(
-    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
-    harness: Callable[..., Harness], tmp_path: Path,
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, spot_operator: OperatorProcess,
+    harness: Callable[..., Harness],
 ) -> None:
-    start_operator(operator, tmp_path)
-    steps = 900
-    apply(dev_cluster, namespace, spot_job("tj", steps))
-    h = harness("tj", steps)
+    h, _ = running_spot_job(dev_cluster, custom, namespace, harness, 900)
     seen = []
     for i in range(3):
         job = wait_phase(custom, namespace, "tj", "Running", timeout=60)
@@ -95,7 +88,7 @@ def test_spot_three_interruptions_fall_back_to_on_demand(
         taint(core, running_node(core, namespace, "tj"), "aws-node-termination-handler/spot-itn")
         wait_for(lambda n=i: get_job(custom, namespace, "tj")["status"].get("interruptions", 0) > n, timeout=30,
                  what=f"interruption {i + 1}")
-    st = finish(custom, h, namespace, "tj", steps, timeout=150)
+    st = finish(custom, h, namespace, "tj", timeout=150)
     assert [c for _, c in seen] == ["spot"] * 3 and len({i for i, _ in seen}) == 3, seen
     assert st["interruptions"] == 3 and st["capacityType"] == "on-demand", st
     assert "maxInterruptions 3" in st["interruptionHistory"][-1]["action"], st["interruptionHistory"][-1]
@@ -113,31 +106,27 @@ def test_spot_interruption_close_to_the_deadline_goes_on_demand(
     del doc["spec"]["maxDuration"]
     doc["spec"]["deadline"] = deadline.isoformat().replace("+00:00", "Z")
     t0 = datetime.now(UTC)
-    apply(dev_cluster, namespace, doc)
-    h = harness("tj", steps)
-    job = wait_phase(custom, namespace, "tj", "Running", timeout=60)
+    h, job = running_spot_job(dev_cluster, custom, namespace, harness, steps, doc)
     assert job["status"]["capacityType"] == "spot", job["status"]
     wait_for(lambda: datetime.now(UTC) - t0 > timedelta(seconds=22), timeout=40, what="the slack to shrink")
     taint(core, running_node(core, namespace, "tj"), "aws-node-termination-handler/spot-itn")
-    st = finish(custom, h, namespace, "tj", steps)
+    st = finish(custom, h, namespace, "tj")
     assert st["capacityType"] == "on-demand" and st["interruptions"] == 1, st
     assert "minHoursToDeadline" in st["interruptionHistory"][0]["action"], st["interruptionHistory"]
 
 
 def test_spot_reclaim_of_one_node_continues_elastically_on_the_survivor(
-    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
-    harness: Callable[..., Harness], tmp_path: Path,
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, spot_operator: OperatorProcess,
+    harness: Callable[..., Harness],
 ) -> None:
     """Two spot nodes, one reclaimed near the end: new capacity would cost more than the little work
     left, so the planner continues on the surviving node (one GPU, twice the accumulation, the same
     global batch) and no node is provisioned."""
-    start_operator(operator, tmp_path)
     steps = 700
     doc = spot_job("tj", steps)
     doc["spec"]["constraints"].update(instanceTypes=["g4dn.xlarge", "g5.xlarge"], minGpus=2, maxGpus=2)
-    apply(dev_cluster, namespace, doc)
-    h = harness("tj", steps)
-    before = wait_phase(custom, namespace, "tj", "Running", timeout=60)["status"]
+    h, job = running_spot_job(dev_cluster, custom, namespace, harness, steps, doc)
+    before = job["status"]
     assert (before["gpus"], before["instanceType"], before["capacityType"]) == (2, "g4dn.xlarge", "spot"), before
     nodes = sorted(n.metadata.name for n in job_nodes(core, namespace, "tj"))
     assert len(nodes) == 2, nodes
@@ -150,7 +139,7 @@ def test_spot_reclaim_of_one_node_continues_elastically_on_the_survivor(
     # running again on the survivor itself: the same Node object, nothing new provisioned
     live = {n.metadata.name: n.metadata.uid for n in job_nodes(core, namespace, "tj") if not n.metadata.deletion_timestamp}
     assert live == {nodes[0]: created[nodes[0]]}, live
-    st = finish(custom, h, namespace, "tj", steps)
+    st = finish(custom, h, namespace, "tj")
     rec = st["interruptionHistory"][0]
     assert st["interruptions"] == 1 and rec["node"] == nodes[1] and rec["checkpointAcked"], rec
     assert "continue on the survivors" in rec["action"], rec["action"]
@@ -182,10 +171,7 @@ def test_spot_torchrun_launcher_exiting_1_on_a_preemption_is_recovered_as_preemp
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
     start_operator(operator, tmp_path)
-    steps = 700
-    apply(dev_cluster, namespace, spot_job("tj", steps))
-    h = harness("tj", steps, torchrun=True)
-    wait_phase(custom, namespace, "tj", "Running", timeout=60)
+    h, _ = running_spot_job(dev_cluster, custom, namespace, harness, 700, torchrun=True)
     progressed(h, 150, timeout=180)  # torchrun and its worker import torch first
     played = h.rank0_running()
     assert played is not None
@@ -194,7 +180,7 @@ def test_spot_torchrun_launcher_exiting_1_on_a_preemption_is_recovered_as_preemp
     assert played.exit_code == 1, f"torchrun exited {played.exit_code}"
     events = h.events(played)
     assert events[-1]["e"] == "preempted", events[-3:]
-    st = finish(custom, h, namespace, "tj", steps, timeout=300)
+    st = finish(custom, h, namespace, "tj", timeout=300)
     assert st["interruptions"] == 1 and st.get("failures", 0) == 0, st
     rec = st["interruptionHistory"][0]
     assert rec["signal"] == "worker-preempted", rec
