@@ -89,8 +89,8 @@ def test_a_window_longer_than_the_slack_gains_nothing() -> None:
         k = c.contingency
         assert k is not None
         slow = RecourseTiming(min_interval_s=(k.slack_h + 0.5) * 3600.0)
-        late = contingency.contingency(static_of(c), result.fallback, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S,
-                                       startup_s=STARTUP_S, timing=slow)  # fmt: skip
+        late = Recourse(result.fallback, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S, startup_s=STARTUP_S,
+                        timing=slow).of(static_of(c))  # fmt: skip
         assert late.move_h > late.slack_h
         assert not late.applies and "longer than the slack" in late.reason
         assert late.miss_probability == late.static_miss_probability == k.static_miss_probability
@@ -221,7 +221,7 @@ def test_fallback_is_the_fastest_within_the_cost_factor_of_the_cheapest() -> Non
     assert fallback([]) is None
 
 
-def test_one_recourse_per_plan_call_gives_the_function_s_answer() -> None:
+def test_one_recourse_per_plan_call_gives_a_fresh_one_s_answer() -> None:
     result = plan(spec(), CAT, deadline_h=8.0)
     first = result.feasible[0].contingency
     assert first is not None
@@ -230,9 +230,8 @@ def test_one_recourse_per_plan_call_gives_the_function_s_answer() -> None:
     r = Recourse(target, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S, startup_s=STARTUP_S)
     for c in result.feasible[:40]:
         static = static_of(c)
-        one = contingency.contingency(static, target, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S,
-                                      startup_s=STARTUP_S)  # fmt: skip
-        assert r.of(static) == one == c.contingency
+        alone = Recourse(target, deadline_h=8.0, max_risk=0.05, restart_s=RESTART_S, startup_s=STARTUP_S).of(static)
+        assert r.of(static) == alone == c.contingency
 
 
 def test_the_operator_s_observer_moves_a_late_job_to_the_fallback_when_nothing_meets_the_risk() -> None:

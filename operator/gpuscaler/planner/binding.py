@@ -32,7 +32,7 @@ from enum import StrEnum
 
 from gpuscaler.api import TrainingJobSpec
 from gpuscaler.planner.candidate import Candidate, Reason, Rejection
-from gpuscaler.planner.contingency import contingency
+from gpuscaler.planner.contingency import Recourse
 from gpuscaler.planner.job import ResolvedJob
 from gpuscaler.planner.risk import outlook, over_risk
 from gpuscaler.planner.solve import violations
@@ -126,9 +126,9 @@ def miss_at(c: Candidate, deadline_h: float, spec: TrainingJobSpec, target: Cand
     static = outlook(c.work_hours, rate, c.checkpoint_write_s, restart, startup_s, o.interval_s, deadline_h,
                      o.log_sigma)  # fmt: skip
     bare = c._replace(outlook=static, contingency=None)
-    k = contingency(bare, target, deadline_h=deadline_h, max_risk=spec.constraints.max_deadline_risk,
-                    restart_s=restart, startup_s=startup_s)  # fmt: skip
-    return k.miss_probability
+    recourse = Recourse(target, deadline_h=deadline_h, max_risk=spec.constraints.max_deadline_risk,
+                        restart_s=restart, startup_s=startup_s)  # fmt: skip
+    return recourse.of(bare).miss_probability
 
 
 def more_hours(c: Candidate, deadline_h: float, spec: TrainingJobSpec, target: Candidate | None,

@@ -5,7 +5,7 @@ could never learn its real speed. It can: the operator measures the running gang
 (:mod:`gpuscaler.planner.correction`), and a job found behind moves, at its next checkpoint, to the
 *fallback* (:func:`fallback`: the fastest on-demand plan costing at most
 :data:`FALLBACK_COST_FACTOR` x the cheapest; the rule the operator's recovery uses when a deadline
-cannot be met). This module prices that contingency for one plan (:func:`contingency`);
+cannot be met). This module prices that contingency for one plan (:meth:`Recourse.of`);
 the planner attaches it to every plan it evaluates, so a plan's P(miss) and cost include it.
 
 Timeline of plan ``c`` (hours from the plan's start; defaults from :class:`RecourseTiming`, the
@@ -297,6 +297,14 @@ def moved_and_misses(
 class Recourse:
     """The contingencies of one planner call: one fallback, one deadline, one job (:meth:`of` per plan).
 
+    The one computation of a contingency: the planner makes one per call and asks it for every plan;
+    its infeasibility analysis (:mod:`gpuscaler.planner.binding`), the operator's re-plans after a
+    correction or an interruption and the simulator's gpuscaler strategy plan through it, and the move
+    it names is the one :func:`fallback` makes at run time. ``target`` is the fallback (None when there
+    is none), ``deadline_h`` the hours to the deadline, ``max_risk`` the job's ``maxDeadlineRisk`` (it
+    sets the operator's trigger), ``restart_s`` the job's ``checkpoint.restartSeconds``, ``startup_s``
+    the planner's provisioning and start seconds, ``timing`` when a correction is known and a move may come.
+
     What does not depend on the plan is worked out once here (the planner prices hundreds of plans
     per call), and the fallback's P(miss) is kept by (overhead, move hour): most plans of a job share
     their checkpoint interval and write time, so they share that figure.
@@ -393,37 +401,3 @@ class Recourse:
                                      target_work, room_h)  # fmt: skip
             miss = min(static, held + moved)
         return Contingency(target, decide_h, move_h, slack, threshold, p_move, miss, static, extra)
-
-
-def contingency(
-    c: Candidate,
-    target: Candidate | None,
-    *,
-    deadline_h: float,
-    max_risk: float,
-    restart_s: float,
-    startup_s: float,
-    timing: RecourseTiming = TIMING,
-) -> Contingency:
-    """The contingency of plan ``c``: move to ``target`` if the first measurement is below the threshold.
-
-    The one computation of a contingency (:meth:`Recourse.of`; the planner makes one
-    :class:`Recourse` per call and asks it for every plan): the operator's re-plans after a
-    correction or an interruption and the simulator's gpuscaler strategy plan through it, and the
-    move it names is the one :func:`fallback` makes at run time.
-
-    Args:
-        c: the plan, with its static outlook (risk without recourse).
-        target: the fallback (:func:`fallback`), None when there is none.
-        deadline_h: hours to the deadline.
-        max_risk: the job's ``maxDeadlineRisk`` (sets the operator's trigger).
-        restart_s: seconds to restart from a checkpoint (the job's ``checkpoint.restartSeconds``).
-        startup_s: seconds of provisioning and start before the first step (the planner's).
-        timing: when the correction is known and a move may come.
-
-    Returns:
-        The contingency; ``reason`` says why it does not help.
-    """
-    return Recourse(
-        target, deadline_h=deadline_h, max_risk=max_risk, restart_s=restart_s, startup_s=startup_s, timing=timing
-    ).of(c)
