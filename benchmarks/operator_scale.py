@@ -95,6 +95,7 @@ from gpuscaler.devcluster.cluster import (
     free_ports,
 )
 from gpuscaler.devcluster.nodes import create_node_pool, wait_nodes_ready
+from gpuscaler.devcluster.watch import RawWatch
 from gpuscaler.handlers.trainingjob import USER_AGENT as OPERATOR_AGENT
 from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
 from gpuscaler.runtime.constants import ANNOTATION_CHECKPOINT_REQUESTED
@@ -467,27 +468,18 @@ class Phase:
         return {c: self.after.cluster_cpu[c] - self.before.cluster_cpu[c] for c in self.after.cluster_cpu}
 
 
-class JobWatcher(threading.Thread):
+class JobWatcher(RawWatch):
     """Watch a namespace's TrainingJobs (raw JSON stream) and record when each was first seen Running,
     as seconds after its API-server creation timestamp (1 s resolution)."""
 
     def __init__(self, custom: Any, namespace: str) -> None:
-        super().__init__(daemon=True)
+        super().__init__("trainingjob")
         self.custom = custom
         self.namespace = namespace
         self.running: dict[str, float] = {}
         self.requests: Counter[tuple[str, str]] = Counter()
-        self.stop = threading.Event()
-        self.ready = threading.Event()
 
-    def run(self) -> None:
-        try:
-            self._watch()
-        except Exception as e:  # the stream breaks when the cluster stops: expected then
-            if not self.stop.is_set():
-                print(f"trainingjob watch failed: {e!r}", file=sys.stderr)
-
-    def _call(self, **kw: Any) -> Any:
+    def list_call(self, **kw: Any) -> Any:
         self.requests["WATCH" if kw.get("watch") else "LIST", "trainingjobs.gpuscaler.io"] += 1
         return self.custom.list_namespaced_custom_object(
             "gpuscaler.io", "v1alpha1", self.namespace, "trainingjobs", **kw
@@ -500,29 +492,10 @@ class JobWatcher(threading.Thread):
         born = datetime.fromisoformat(obj["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
         return str(obj["metadata"]["name"]), born.timestamp()
 
-    def _watch(self) -> None:
-        rv = self._call(limit=1)["metadata"]["resourceVersion"]
-        while not self.stop.is_set():
-            resp = self._call(
-                watch=True,
-                resource_version=rv,
-                timeout_seconds=60,
-                allow_watch_bookmarks=True,
-                _preload_content=False,
-            )
-            self.ready.set()
-            for line in resp:
-                if self.stop.is_set():
-                    break
-                ev = json.loads(line)
-                obj = ev["object"]
-                rv = obj["metadata"].get("resourceVersion", rv)
-                if ev["type"] not in ("ADDED", "MODIFIED"):
-                    continue
-                got = self._running(obj)
-                if got is not None and got[0] not in self.running:
-                    self.running[got[0]] = time.time() - got[1]
-            resp.release_conn()
+    def seen(self, obj: dict[str, Any]) -> None:
+        got = self._running(obj)
+        if got is not None and got[0] not in self.running:
+            self.running[got[0]] = time.time() - got[1]
 
 
 JOB_ANNOTATION = "benchmark.gpuscaler.io/job"
@@ -534,11 +507,9 @@ class PodWatcher(JobWatcher):
     """``--baseline ideal``: no status says Running, so a job counts as Running when its pod does,
     timed from the job's creation (the annotations :class:`IdealOperator` puts on the pod)."""
 
-    def _call(self, **kw: Any) -> Any:
+    def list_call(self, **kw: Any) -> Any:
         self.requests["WATCH" if kw.get("watch") else "LIST", "pods"] += 1
-        if kw.get("watch"):
-            return self.custom.list_namespaced_pod(self.namespace, **kw)
-        return json.loads(self.custom.list_namespaced_pod(self.namespace, **kw, _preload_content=False).data)
+        return self.custom.list_namespaced_pod(self.namespace, **kw)
 
     def _running(self, obj: dict[str, Any]) -> tuple[str, float] | None:
         ann = (obj.get("metadata") or {}).get("annotations") or {}
