@@ -9,7 +9,7 @@ handshake on a reclaim notice (nothing else in the field does one).
     Right-sized on-demand: the cheapest on-demand plan that meets the deadline (any GPU type and
     count, AMP allowed), the planner's own choice with spot off. On a capacity error it takes the
     next cheapest on-demand offering. When no plan meets the deadline, the fastest on-demand plan
-    costing at most ``FALLBACK_COST_FACTOR`` (4) x the cheapest.
+    costing at most twice the cheapest.
 
     Events: job arrives, due in 12 h -> 1 x g5.12xlarge on-demand amp (say) -> finishes at 9 h.
 
