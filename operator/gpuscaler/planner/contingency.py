@@ -59,8 +59,8 @@ fallback's predicted speed when the run went at the threshold's speed until then
 Expected extra cost of the contingency (added to the plan's expected cost):
 
 ```
-rho = 1 - clamp((t_move - startup) min(f*, 1) / W, 0, 1)       share of the job left at the move
-extra = P_move max(0, rho cost(F) + overhead price(F) - rho cost(c))
+left = 1 - clamp((t_move - startup) min(f*, 1) / W, 0, 1)      share of the job left at the move
+extra = P_move max(0, left cost(F) + overhead price(F) - left cost(c))
 ```
 
 Callers: :func:`gpuscaler.planner.plan` (every plan, the fallback of the plan's own candidates);
@@ -269,20 +269,22 @@ def moved_and_misses(
     """
     if room_h <= 0:  # no time left after the move: every move misses
         return 0.5 * math.erfc(-cut / (math.sqrt(s * s + s_obs * s_obs) * SQRT2))
+    if target_work_h <= 0:  # nothing for the fallback to do: no move misses
+        return 0.0
     lo, hi = -SLOW_SPAN * s, min(SLOW_SPAN * s, cut + SLOW_SPAN * s_obs)
     if hi <= lo:
         return 0.0
     beta = rho * s_f / s
     sd = max(s_f * math.sqrt(max(1.0 - rho * rho, 0.0)), 1e-9) * SQRT2
     inv_obs, inv_s = 1.0 / (s_obs * SQRT2), 1.0 / s
-    log_w = math.log(target_work_h / room_h) if target_work_h > 0 else -math.inf
+    log_w = math.log(target_work_h / room_h)
 
     def piece(a: float, b: float) -> float:
         half, mid, total = 0.5 * (b - a), 0.5 * (a + b), 0.0
         for u, wt in zip(_NODES, _WEIGHTS, strict=True):
             x = mid + half * u
             left = 1.0 - min(pace * math.exp(x), 1.0)
-            if left <= 0.0 or log_w == -math.inf:
+            if left <= 0.0:
                 continue
             z = x * inv_s
             g = 0.5 * math.erfc(-(log_w + math.log(left) - beta * x) / sd)
@@ -305,8 +307,7 @@ class Recourse:
     the planner's provisioning and start seconds, ``timing`` when a correction is known and a move may come.
 
     What does not depend on the plan is worked out once here (the planner prices hundreds of plans
-    per call), and the fallback's P(miss) is kept by (overhead, move hour): most plans of a job share
-    their checkpoint interval and write time, so they share that figure.
+    per call).
     """
 
     __slots__ = ("_decide_h", "_room", "_s_obs", "_startup_h", "_z", "deadline_h", "max_risk",
@@ -355,11 +356,11 @@ class Recourse:
         f_star = math.exp(cut)
         threshold = f_star * c.estimate.throughput
         z_move = cut / math.sqrt(s * s + s_obs * s_obs)
+        p_move = 0.5 * math.erfc(-z_move / SQRT2)
         if target is None:
             return Contingency(None, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0, NO_TARGET)
         if cut >= 0.0:
-            return Contingency(target, decide_h, move_h, 0.0, threshold, 0.5 * math.erfc(-z_move / SQRT2), static,
-                               static, 0.0, MOVES_AS_PLANNED)  # fmt: skip
+            return Contingency(target, decide_h, move_h, 0.0, threshold, p_move, static, static, 0.0, MOVES_AS_PLANNED)
         if target.instance is c.instance and target.nodes == c.nodes and target.capacity is c.capacity and (
             target.precision is c.precision
         ):
@@ -384,19 +385,19 @@ class Recourse:
                 f"the correction window ({move_h:.2f} h to a move) is longer than the slack ({max(slack, 0.0):.2f} h: "
                 f"the latest a move to {target.label} can start)",
             )  # fmt: skip
-        rho = 1.0 - min(max((move_h - startup_h) * min(f_star, 1.0) / work_h, 0.0), 1.0) if work_h > 0 else 1.0
+        left = 1.0 - min(max((move_h - startup_h) * min(f_star, 1.0) / work_h, 0.0), 1.0) if work_h > 0 else 1.0
         own = o.expected_hours * c.usd_per_hour
         theirs = t.expected_hours * target.usd_per_hour
-        extra = p_move * max(0.0, rho * theirs + overhead_h * target.usd_per_hour - rho * own)
+        extra = p_move * max(0.0, left * theirs + overhead_h * target.usd_per_hour - left * own)
         miss = static
         if static > NEGLIGIBLE_RISK:
             a = math.log(f0)
             p_slow = 0.5 * math.erfc(-a / (s * SQRT2))
             held = slow_and_stays(a, cut, s, s_obs) + max(0.0, static - p_slow)
-            rho = error_correlation(c.instance.gpu_id, c.precision, target.instance.gpu_id, target.precision)
+            corr = error_correlation(c.instance.gpu_id, c.precision, target.instance.gpu_id, target.precision)
             room_h = self.deadline_h - move_h - overhead_h
             ran_h = move_h - startup_h - write_h
-            moved = moved_and_misses(cut, s, s_obs, t.log_sigma, rho, ran_h / work_h if work_h > 0 else 0.0,
+            moved = moved_and_misses(cut, s, s_obs, t.log_sigma, corr, ran_h / work_h if work_h > 0 else 0.0,
                                      target_work, room_h)  # fmt: skip
             miss = min(static, held + moved)
         return Contingency(target, decide_h, move_h, slack, threshold, p_move, miss, static, extra)

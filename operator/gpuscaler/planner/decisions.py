@@ -236,6 +236,13 @@ def fold_predictions() -> dict[str, Any]:
     return data
 
 
+def training_code(row: calibration.Row) -> tuple[str, str, str]:
+    """The training code a row measured: its README (at its commit), workload and framework. The rows of
+    one code are one team's options (:func:`scores`) and share most of the model's error
+    (:func:`error_correlations`)."""
+    return row.document, row.workload.id, row.cfg.framework
+
+
 def error_correlations(folds: dict[str, Any] | None = None) -> tuple[float, float]:
     """Correlation of the model's log errors on two held-out rows of one code (one README, workload and
     framework) in one fold, both schemes pooled: on the same GPU type and precision, and across them.
@@ -247,7 +254,7 @@ def error_correlations(folds: dict[str, Any] | None = None) -> tuple[float, floa
     rows, _ = calibration.load_rows(load_catalog())
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
-        groups[(r.document, r.workload.id, r.cfg.framework)].append(i)
+        groups[training_code(r)].append(i)
     pairs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     for fold in data["folds"]:
         held, predicted = set(fold["held_out"]), fold["predicted"]
@@ -323,7 +330,7 @@ def scores(
     }  # fmt: skip
     groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i, o in options.items():
-        groups[(o.row.document, o.row.workload.id, o.row.cfg.framework)].append(i)
+        groups[training_code(o.row)].append(i)
     tallies: dict[str, dict[str, Tally]] = defaultdict(lambda: {c: Tally([]) for c in CHOOSERS})
     floor: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per tightness: [refused with exact medians, decisions]
     decisions = 0
