@@ -51,6 +51,7 @@ from gpuscaler.cloud.provider import (
     NodeRequest,
     ProviderError,
     Scheduling,
+    cloud_error,
 )
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL
 
@@ -198,9 +199,8 @@ class EksProvider(AdoptsNodes):
                     self.sleep(delay)
                     delay *= 2
                     continue
-                if code in CAPACITY_CODES or CAPACITY_MESSAGE.search(str(err)):
-                    raise InsufficientCapacityError(f"eks: {what}, {err}") from err
-                raise ProviderError(f"eks: {what}, {err}") from err
+                no_capacity = code in CAPACITY_CODES or bool(CAPACITY_MESSAGE.search(str(err)))
+                raise cloud_error(f"eks: {what}, {err}", no_capacity=no_capacity) from err
             except BotoCoreError as err:
                 raise ProviderError(f"eks: {what}, {err}") from err
         raise AssertionError("unreachable")  # pragma: no cover

@@ -19,7 +19,7 @@ How it maps the :class:`~gpuscaler.cloud.provider.NodePoolProvider` contract ont
   ``operation_timeout_s``; still RUNNING then, it is remembered and polled on the next call
   instead of starting another. An operation or API error mentioning ``GCE_STOCKOUT``,
   ``ZONE_RESOURCE_POOL_EXHAUSTED`` (or ``..._WITH_DETAILS``) or a GPU quota becomes
-  :class:`InsufficientCapacityError` wrapping the cause.
+  :class:`~gpuscaler.cloud.provider.InsufficientCapacityError` wrapping the cause.
 - **Scheduling.** ``node.kubernetes.io/instance-type``, ``cloud.google.com/gke-accelerator``
   (GKE's accelerator name, e.g. ``nvidia-tesla-a100``), ``cloud.google.com/gke-spot=true`` for spot,
   and the job label; GKE taints GPU nodes ``nvidia.com/gpu``, tolerated.
@@ -41,19 +41,13 @@ from gpuscaler.cloud.adoption import NodeAdopter
 from gpuscaler.cloud.nodes import NodeState
 from gpuscaler.cloud.provider import (
     AdoptsNodes,
-    InsufficientCapacityError,
     JobRef,
     NodeRequest,
     ProviderError,
     Scheduling,
+    cloud_error,
 )
 from gpuscaler.names import INSTANCE_TYPE_LABEL, JOB_LABEL
-
-INSTANCE_LABEL = names.INSTANCE_TYPE_KEY
-CAPACITY_LABEL = names.CAPACITY_TYPE_KEY
-NODEPOOL_LABEL = names.GKE_NODEPOOL_LABEL
-SPOT_LABEL = names.GKE_SPOT_LABEL
-ACCELERATOR_LABEL = names.GKE_ACCELERATOR_LABEL
 
 GKE_ACCELERATORS: dict[str, str] = {
     "V100-16GB": "nvidia-tesla-v100",
@@ -85,6 +79,12 @@ class _Pool:
     short: str
     autoscaling: bool
     max_nodes: int
+
+
+def _error(what: str, text: str) -> ProviderError:
+    """The error of ``what`` failing with GKE or GCE error ``text``: no capacity when it says so
+    (:data:`CAPACITY_MESSAGE`)."""
+    return cloud_error(f"gke: {what}, {text}", no_capacity=bool(CAPACITY_MESSAGE.search(text)))
 
 
 def _status_name(status: Any) -> str:
@@ -142,9 +142,7 @@ class GkeProvider(AdoptsNodes):
         try:
             return fn(**kwargs)
         except gexc.GoogleAPIError as err:
-            if CAPACITY_MESSAGE.search(str(err)):
-                raise InsufficientCapacityError(f"gke: {what}, {err}") from err
-            raise ProviderError(f"gke: {what}, {err}") from err
+            raise _error(what, str(err)) from err
 
     def _wait(self, what: str, pool: str, op: Any) -> bool:
         """Poll an Operation until DONE or the timeout; True when done. Raises on an operation error."""
@@ -158,9 +156,7 @@ class GkeProvider(AdoptsNodes):
                 )
                 if message:
                     cause = ProviderError(f"operation {op.name}: {message}")
-                    if CAPACITY_MESSAGE.search(message):
-                        raise InsufficientCapacityError(f"gke: {what}, {message}") from cause
-                    raise ProviderError(f"gke: {what}, {message}") from cause
+                    raise _error(what, message) from cause
                 return True
             if self.clock() >= deadline:
                 self._pending[pool] = op.name
@@ -193,8 +189,9 @@ class GkeProvider(AdoptsNodes):
         if zone and list(np.locations or []) != [zone]:
             return False
         labels = dict(np.config.labels or {})
-        if INSTANCE_LABEL in labels:
-            return bool(labels[INSTANCE_LABEL] == instance and labels.get(CAPACITY_LABEL) == capacity.value)
+        if names.INSTANCE_TYPE_KEY in labels:
+            labelled = (labels[names.INSTANCE_TYPE_KEY], labels.get(names.CAPACITY_TYPE_KEY))
+            return labelled == (instance, capacity.value)
         if np.config.machine_type != instance:
             return False
         served = pool_capacity(np.config)
@@ -253,10 +250,10 @@ class GkeProvider(AdoptsNodes):
             locations = f" and --node-locations {request.zone}" if request.zone else ""
             raise ProviderError(
                 f"gke: no node pool of {self.parent} serves {inst} ({cap.value}){where}; create one with node labels "
-                f"{INSTANCE_LABEL}={inst},{CAPACITY_LABEL}={cap.value}{locations} (docs/providers.md)"
+                f"{names.INSTANCE_TYPE_KEY}={inst},{names.CAPACITY_TYPE_KEY}={cap.value}{locations} (docs/providers.md)"
             )
         have = sum(1 for n in existing if not n.deleting)
-        selector = f"{NODEPOOL_LABEL}={pool.short}"
+        selector = f"{names.GKE_NODEPOOL_LABEL}={pool.short}"
         adopted = self.adopter.adopt(request, selector, have)
         missing = request.count - have - len(adopted)
         what = f"scaling {pool.short} for {request.job.key} ({inst}, {cap.value})"
@@ -274,15 +271,15 @@ class GkeProvider(AdoptsNodes):
         """Lower each pool's size by the job's nodes in it and free their job label."""
         if not nodes:
             return []
-        names = {n.name for n in nodes}
+        given = {n.name for n in nodes}
         by_pool: dict[str, list[str]] = {}
         for node in self.adopter.group_nodes(f"{JOB_LABEL}={job.label}"):
-            pool = (node.metadata.labels or {}).get(NODEPOOL_LABEL)
-            if node.metadata.name in names and pool:
+            pool = (node.metadata.labels or {}).get(names.GKE_NODEPOOL_LABEL)
+            if node.metadata.name in given and pool:
                 by_pool.setdefault(pool, []).append(node.metadata.name)
         released: list[str] = []
         for short, pool_nodes in by_pool.items():
-            registered = len(self.adopter.group_nodes(f"{NODEPOOL_LABEL}={short}"))
+            registered = len(self.adopter.group_nodes(f"{names.GKE_NODEPOOL_LABEL}={short}"))
             size = max(0, max(self._target.get(short, 0), registered) - len(pool_nodes))
             pool = _Pool(f"{self.parent}/nodePools/{short}", short, autoscaling=False, max_nodes=0)
             self.adopter.disown(pool_nodes)
@@ -296,15 +293,15 @@ class GkeProvider(AdoptsNodes):
         selector = {INSTANCE_TYPE_LABEL: request.instance.name, JOB_LABEL: request.job.label}
         accelerator = GKE_ACCELERATORS.get(request.instance.gpu_id)
         if accelerator:
-            selector[ACCELERATOR_LABEL] = accelerator
+            selector[names.GKE_ACCELERATOR_LABEL] = accelerator
         if request.capacity is CapacityType.SPOT:
-            selector[SPOT_LABEL] = "true"
+            selector[names.GKE_SPOT_LABEL] = "true"
         elif request.capacity is CapacityType.FLEX_START:
             selector[names.GKE_FLEX_START_LABEL] = "true"
         elif request.capacity in (CapacityType.RESERVED, CapacityType.CAPACITY_BLOCK):
             pool = self.find_pool(request.instance.name, request.capacity, request.zone)
             if pool is not None:
-                selector[NODEPOOL_LABEL] = pool.short
+                selector[names.GKE_NODEPOOL_LABEL] = pool.short
         selector.update(request.zone_selector())
         return Scheduling(
             node_selector=selector,

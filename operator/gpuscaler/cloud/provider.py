@@ -49,6 +49,13 @@ class UnknownProviderError(ProviderError):
     kind = ErrorKind.INVALID_INPUT
 
 
+def cloud_error(message: str, *, no_capacity: bool) -> ProviderError:
+    """The error of a failed cloud call: :class:`InsufficientCapacityError` when the cloud said it
+    has no capacity of the offering (the loop backs off and may plan elsewhere), else
+    :class:`ProviderError`."""
+    return InsufficientCapacityError(message) if no_capacity else ProviderError(message)
+
+
 @dataclass(frozen=True)
 class JobRef:
     """The job a node pool belongs to."""

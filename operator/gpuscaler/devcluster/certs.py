@@ -28,6 +28,14 @@ class CertPair:
     cert: Path
     key: Path
 
+    @classmethod
+    def write(cls, directory: Path, stem: str, cert: x509.Certificate, key: PrivateKey) -> CertPair:
+        """Write both as PEM files ``<stem>.crt`` and ``<stem>.key`` (the key owner-only) in ``directory``."""
+        pair = cls(directory / f"{stem}.crt", directory / f"{stem}.key")
+        _write_cert(cert, pair.cert)
+        _write_key(key, pair.key)
+        return pair
+
 
 @dataclass(frozen=True)
 class ClusterPKI:
@@ -131,9 +139,7 @@ def generate(directory: Path, service_ip: str = "10.0.0.1") -> ClusterPKI:
     ca_key = _ec_key()
     ca_name = _name("gpuscaler-dev-cluster-ca")
     ca_cert = _sign(ca_name, ca_key, ca_name, ca_key, ca=True)
-    ca = CertPair(directory / "ca.crt", directory / "ca.key")
-    _write_cert(ca_cert, ca.cert)
-    _write_key(ca_key, ca.key)
+    ca = CertPair.write(directory, "ca", ca_cert, ca_key)
 
     server_key = _ec_key()
     sans: list[x509.GeneralName] = [
@@ -146,18 +152,13 @@ def generate(directory: Path, service_ip: str = "10.0.0.1") -> ClusterPKI:
         _name("kube-apiserver"), server_key, ca_name, ca_key,
         usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans,
     )
-    apiserver = CertPair(directory / "apiserver.crt", directory / "apiserver.key")
-    _write_cert(server_cert, apiserver.cert)
-    _write_key(server_key, apiserver.key)
+    apiserver = CertPair.write(directory, "apiserver", server_cert, server_key)
 
     clients: dict[str, CertPair] = {}
     for name, (cn, org) in CLIENTS.items():
         key = _ec_key()
         cert = _sign(_name(cn, org), key, ca_name, ca_key, usages=[ExtendedKeyUsageOID.CLIENT_AUTH])
-        pair = CertPair(directory / f"{name}.crt", directory / f"{name}.key")
-        _write_cert(cert, pair.cert)
-        _write_key(key, pair.key)
-        clients[name] = pair
+        clients[name] = CertPair.write(directory, name, cert, key)
 
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     sa_key, sa_pub = directory / "sa.key", directory / "sa.pub"
@@ -192,7 +193,4 @@ def webhook_serving_cert(directory: Path, ca: CertPair, name: str) -> CertPair:
     cert = _sign(
         _name(name), key, ca_cert.subject, ca_key, usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans
     )
-    pair = CertPair(directory / "tls.crt", directory / "tls.key")
-    _write_cert(cert, pair.cert)
-    _write_key(key, pair.key)
-    return pair
+    return CertPair.write(directory, "tls", cert, key)
