@@ -131,13 +131,17 @@ def _with_contingency(
     evaluated: list[Candidate], cap: int, pol: Policy, job: ResolvedJob, spec: TrainingJobSpec
 ) -> tuple[list[Candidate], Candidate | None]:
     """The contingency's fallback of the plans that fit, and every plan with its risk and cost with
-    recourse to it (:func:`with_recourse`; unchanged without a deadline)."""
-    target = fallback_of(evaluated, cap, pol)
-    if job.deadline_h is not None:
-        at = next(i for i, c in enumerate(evaluated) if c is target) if target is not None else -1
-        evaluated = with_recourse(evaluated, target, job.deadline_h, spec)
-        target = evaluated[at] if target is not None else None  # with its own (empty) contingency
-    return evaluated, target
+    recourse to it (:func:`~gpuscaler.planner.contingency.with_fallback`: within 2x the cheapest, or
+    4x where that lets a cheaper plan meet the job; unchanged without a deadline)."""
+    deadline_h = job.deadline_h
+    if deadline_h is None:
+        return evaluated, fallback_of(evaluated, cap, pol)
+    return recourse.with_fallback(
+        evaluated,
+        lambda factor: fallback_of(evaluated, cap, pol, factor),
+        lambda target: with_recourse(evaluated, target, deadline_h, spec),
+        lambda c: c.gpus <= cap and not violations(c, job, spec, pol),
+    )
 
 
 def _in_backoff(offer: Offering, unavailable: frozenset[tuple[str, ...]]) -> bool:
@@ -287,14 +291,17 @@ def plan(
     )
 
 
-def fallback_of(cands: list[Candidate], cap: int, policy: Policy) -> Candidate | None:
-    """The contingency target: :func:`~gpuscaler.planner.contingency.fallback` over the on-demand
-    plans within the GPU cap and the policy's price cap (any capacity type when none is on-demand)."""
+def fallback_of(
+    cands: list[Candidate], cap: int, policy: Policy, factor: float = recourse.FALLBACK_COST_FACTOR
+) -> Candidate | None:
+    """The contingency target: :func:`~gpuscaler.planner.contingency.fallback` (within ``factor`` x the
+    cheapest) over the on-demand plans within the GPU cap and the policy's price cap (any capacity type
+    when none is on-demand)."""
     within = [
         c for c in cands if c.gpus <= cap and (policy.max_usd_per_hour is None or c.usd_per_hour <= policy.max_usd_per_hour)
     ]
     on_demand = [c for c in within if c.capacity is CapacityType.ON_DEMAND]
-    return recourse.fallback(on_demand or within)
+    return recourse.fallback(on_demand or within, factor)
 
 
 def with_recourse(
