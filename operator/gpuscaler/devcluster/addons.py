@@ -77,6 +77,23 @@ class Ports:
     webhook: int
     health: int
 
+    def manager_config(self, cert_dir: Path) -> dict[str, Any]:
+        """What a controller-runtime manager's ``Configuration`` says of these ports, the same for
+        every add-on: health and webhook on the loopback, the webhook cert from ``cert_dir``, no
+        metrics server, no leader election and no cert management of its own."""
+        return {
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.health}"},
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"port": self.webhook, "host": "127.0.0.1", "certDir": str(cert_dir)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+        }
+
+    @property
+    def webhook_url(self) -> str:
+        """The base URL of its webhook server (TLS on the loopback)."""
+        return f"https://127.0.0.1:{self.webhook}"
+
 
 @dataclass(frozen=True)
 class Addon:
@@ -99,11 +116,7 @@ def kueue_config(ports: Ports, cert_dir: Path) -> str:
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": KUEUE_NAMESPACE,
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
-        "metrics": {"bindAddress": "0"},
-        "webhook": {"port": ports.webhook, "host": "127.0.0.1", "certDir": str(cert_dir)},
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
+        **ports.manager_config(cert_dir),
         "manageJobsWithoutQueueName": False,
         "clientConnection": {"qps": 50, "burst": 100},
         "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
@@ -116,11 +129,7 @@ def jobset_config(ports: Ports, cert_dir: Path) -> str:
     doc = {
         "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
         "kind": "Configuration",
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports.health}"},
-        "metrics": {"bindAddress": "0"},
-        "webhook": {"port": ports.webhook, "host": "127.0.0.1", "certDir": str(cert_dir)},
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
+        **ports.manager_config(cert_dir),
     }
     return yaml.safe_dump(doc, sort_keys=False)
 
@@ -399,8 +408,7 @@ def start(cluster: Cluster, names: Sequence[str], timeout: float = 180.0) -> Non
             core.create_namespace({"metadata": {"name": addon.namespace}})
         ports = Ports(*free_ports(2))
         manifests = cluster.binaries.addons[addon.name] / MANIFESTS_DIR
-        base_url = f"https://127.0.0.1:{ports.webhook}"
-        bodies = crds(manifests, base_url, ca_bundle)
+        bodies = crds(manifests, ports.webhook_url, ca_bundle)
         _install_crds(api, bodies)
         _wait_established(api, [b["metadata"]["name"] for b in bodies], deadline)
         work = cluster.data_dir / addon.name
@@ -418,8 +426,7 @@ def start(cluster: Cluster, names: Sequence[str], timeout: float = 180.0) -> Non
     for addon, ports, manifests in started:
         url = f"http://127.0.0.1:{ports.health}/readyz"
         cluster.wait_for(addon.name, lambda url=url: _ready(url), deadline)  # type: ignore[misc]
-        base_url = f"https://127.0.0.1:{ports.webhook}"
-        _install_webhooks(api, webhook_configurations(manifests, addon.name_prefix, base_url, ca_bundle))
+        _install_webhooks(api, webhook_configurations(manifests, addon.name_prefix, ports.webhook_url, ca_bundle))
         last: Exception | None = None
 
         def probe(addon: Addon = addon) -> bool:

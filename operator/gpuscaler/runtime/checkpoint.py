@@ -284,7 +284,7 @@ class CheckpointStore:
             "request_id": request_id,
             "write_seconds": write_seconds,
             "hash": HASH_ALGORITHM,
-            "files": [{"path": d.path, "size": d.size, "sha256": d.sha256} for d in files],
+            "files": [d.to_json() for d in files],
             "extra": dict(extra or {}),
         }
         if world_size is not None:
@@ -566,7 +566,7 @@ class CheckpointStore:
         match = _STEP_DIR.match(ckpt.name)
         if match and int(match.group(1)) != body["step"]:
             raise CorruptCheckpointError(f"{ckpt}: manifest says step {body['step']}")
-        listed = [FileDigest(str(item["path"]), int(item["size"]), str(item["sha256"])) for item in body["files"]]
+        listed = [FileDigest.from_json(item) for item in body["files"]]
         check_tree(ckpt, PAYLOAD_NAME, {d.path for d in listed})  # no symlink, no special file, nothing unlisted
         for index, digest in enumerate(listed):
             with open_regular(ckpt, digest.path) as f:  # O_NOFOLLOW on every component, regular files only
@@ -635,7 +635,7 @@ def _hash_share(staging: Path, rank: int, world: int) -> None:
     rank ``i % world``) into ``shard-<rank>.json``."""
     names = _payload_files(staging)
     mine = [_digest_file(staging / rel, rel) for i, rel in enumerate(names) if i % world == rank]
-    doc = [{"path": d.path, "size": d.size, "sha256": d.sha256} for d in mine]
+    doc = [d.to_json() for d in mine]
     atomic_write_text(staging / f"shard-{rank}.json", json.dumps(doc))
 
 
@@ -644,7 +644,7 @@ def _gather_shares(staging: Path, world: int) -> list[FileDigest]:
     files: list[FileDigest] = []
     for r in range(world):
         for item in json.loads((staging / f"shard-{r}.json").read_text(encoding="utf-8")):
-            files.append(FileDigest(item["path"], int(item["size"]), item["sha256"]))
+            files.append(FileDigest.from_json(item))
     return sorted(files, key=lambda d: d.path)
 
 

@@ -107,6 +107,15 @@ class FileDigest:
     size: int
     sha256: str
 
+    def to_json(self) -> dict[str, Any]:
+        """Its entry in the manifest's ``files`` (and in a rank's ``shard-<rank>.json``)."""
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, item: Mapping[str, Any]) -> FileDigest:
+        """The digest an entry written by :meth:`to_json` records."""
+        return cls(str(item["path"]), int(item["size"]), str(item["sha256"]))
+
 
 @dataclass(frozen=True)
 class CheckpointInfo:
