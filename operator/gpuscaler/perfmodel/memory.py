@@ -70,22 +70,28 @@ class MemoryBreakdown(NamedTuple):
     optimizer: float
     """Optimizer state plus fp32 master weights under mixed precision."""
     activations: float
-    overhead: float
-    """What the framework adds around them: ``gathered + buckets + workspace + fragmentation``."""
-    capacity: float
-    """Usable bytes: ``visible - reserved`` (the headroom rule in the module docstring)."""
-    gathered: float = 0.0
+    gathered: float
     """ZeRO-3/FSDP: full weights and gradients of the units in flight."""
-    buckets: float = 0.0
+    buckets: float
     """DistributedDataParallel's gradient buckets (ZeRO 0 over several GPUs)."""
-    workspace: float = 0.0
+    workspace: float
     """cuBLAS (and for convolutions cuDNN) workspace."""
-    fragmentation: float = 0.0
+    fragmentation: float
     """The caching allocator's reserved-but-unallocated bytes."""
-    visible: float = 0.0
+    visible: float
     """What the driver gives the process."""
-    reserved: float = 0.0
+    reserved: float
     """CUDA context and NCCL buffers: memory outside PyTorch's allocator."""
+
+    @property
+    def overhead(self) -> float:
+        """What the framework adds around them: ``gathered + buckets + workspace + fragmentation``."""
+        return self.gathered + self.buckets + self.workspace + self.fragmentation
+
+    @property
+    def capacity(self) -> float:
+        """Usable bytes: ``visible - reserved`` (the headroom rule in the module docstring)."""
+        return self.visible - self.reserved
 
     @property
     def total(self) -> float:
@@ -184,8 +190,6 @@ def memory_per_gpu(workload: Workload, gpu: GPU, cfg: ParallelConfig) -> MemoryB
         gradients=grads,
         optimizer=optimizer,
         activations=activations,
-        overhead=gathered + buckets + workspace + fragmentation,
-        capacity=visible - reserved,
         gathered=gathered,
         buckets=buckets,
         workspace=workspace,
