@@ -6,28 +6,24 @@ progress, empty between writes), ``gpuscaler.io/checkpoint-time`` (the newest ch
 and ``gpuscaler.io/checkpoint-duration`` (its write seconds). The operator acts on them in
 :mod:`gpuscaler.controller.preemption`: it keeps ``karpenter.sh/do-not-disrupt`` on the job's pods
 while a write is in progress and publishes what a preemption would cost. As every worker-written
-value, each is checked here for its type and range (a strict RFC 3339 UTC time; a finite
-non-negative number of seconds below :data:`MAX_SECONDS`); what fails is dropped and listed with
-the other rejections (:class:`~gpuscaler.kube.reports.Rejected`). Who wrote it (the writer rank of
-the current attempt) and how long a write is believed are checked by the controller. Pure.
+value, each is checked for its type and range by :func:`gpuscaler.kube.reports.parse`, with the
+other reports (a strict RFC 3339 UTC time, :func:`parse_utc`; a finite non-negative number of
+seconds up to :data:`MAX_SECONDS`); what fails is dropped and listed with the other rejections
+(:class:`~gpuscaler.kube.reports.Rejected`). Who wrote it (the writer rank of the current attempt)
+and how long a write is believed are checked by the controller. This module holds what a timing
+report is; pure.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-from gpuscaler.kube.reports import Rejected
-from gpuscaler.runtime import constants as rc
 
 MAX_SECONDS = 7 * 86400.0
 """Longest checkpoint write taken at all (a week): anything longer is not a measurement."""
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
 """What :func:`gpuscaler.runtime.progress.rfc3339` writes (fractions accepted)."""
-_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
 
 
 @dataclass(frozen=True)
@@ -40,7 +36,6 @@ class CheckpointTiming:
     """When the newest checkpoint reported with it committed."""
     write_seconds: float | None = None
     """Seconds the newest checkpoint took to write."""
-    rejected: tuple[Rejected, ...] = ()
 
 
 def parse_utc(text: str) -> datetime | None:
@@ -52,32 +47,3 @@ def parse_utc(text: str) -> datetime | None:
     except ValueError:
         return None
 
-
-def parse_timing(pod: str, annotations: Mapping[str, object]) -> CheckpointTiming:
-    """The checkpoint-timing values of one pod, each checked for its type and range.
-
-    Args:
-        pod: The pod's name (recorded with each rejection).
-        annotations: The pod's ``metadata.annotations``.
-
-    Returns:
-        The values that passed, and what was rejected.
-    """
-    out: list[Rejected] = []
-    times: dict[str, datetime | None] = {}
-    for key in (rc.ANNOTATION_CHECKPOINT_WRITING, rc.ANNOTATION_CHECKPOINT_TIME):
-        text = str(annotations.get(key, ""))
-        times[key] = parse_utc(text) if text else None
-        if text and times[key] is None:
-            out.append(Rejected(pod, key, text, "not an RFC 3339 UTC time"))
-    seconds: float | None = None
-    if rc.ANNOTATION_CHECKPOINT_DURATION in annotations:
-        text = str(annotations[rc.ANNOTATION_CHECKPOINT_DURATION])
-        value = float(text) if _SECONDS.fullmatch(text) else math.nan
-        if math.isfinite(value) and value <= MAX_SECONDS:
-            seconds = value
-        else:
-            out.append(Rejected(pod, rc.ANNOTATION_CHECKPOINT_DURATION, text, f"not a number of seconds up to {MAX_SECONDS:.0f}"))
-    return CheckpointTiming(
-        times[rc.ANNOTATION_CHECKPOINT_WRITING], times[rc.ANNOTATION_CHECKPOINT_TIME], seconds, tuple(out)
-    )

@@ -9,8 +9,10 @@ the checkpoint handshake and lets the gang stop and its nodes go. So nothing is 
 
 * **Types and ranges** (:func:`parse`, per pod, called by :func:`gpuscaler.kube.workers.pod_state`):
   steps are decimal integers, samples finite non-negative decimals, both at most
-  :data:`MAX_COUNT`; an acknowledgement is a short id of the request alphabet. Anything else is
-  dropped and listed in :attr:`PodState.rejected <gpuscaler.kube.workers.PodState.rejected>`.
+  :data:`MAX_COUNT`; an acknowledgement is a short id of the request alphabet; checkpoint times
+  are strict RFC 3339 UTC and write seconds finite, non-negative and at most
+  :data:`~gpuscaler.kube.checkpoint_reports.MAX_SECONDS`. Anything else is dropped and listed in
+  :attr:`PodState.rejected <gpuscaler.kube.workers.PodState.rejected>`.
 * **Who wrote it** (:func:`trusted_report`, per job, with its status): only the writer rank's pod
   (rank :data:`WRITER_RANK`: it writes the checkpoints and answers for the job, as
   :class:`~gpuscaler.runtime.guard.TrainingGuard` does) of the current gang attempt counts; the
@@ -57,11 +59,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from gpuscaler.api.status import TrainingJobStatus
+from gpuscaler.kube.checkpoint_reports import MAX_SECONDS, CheckpointTiming, parse_utc
 from gpuscaler.runtime import constants as rc
 
 if TYPE_CHECKING:
@@ -78,6 +81,7 @@ _DECIMAL = re.compile(r"[0-9]{1,16}(\.[0-9]{1,16})?([eE]\+?[0-9]{1,2})?")
 _ACK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
 """A checkpoint request id: what :func:`gpuscaler.controller.interruptions.request_id` makes, or
 any id of up to 63 characters of this alphabet."""
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?")
 SHOWN_CHARS = 40
 """A rejected value is quoted in Events and conditions up to this many characters."""
 RATE_MARGIN = 3.0
@@ -101,8 +105,8 @@ ACCEPTED_ANNOTATIONS: tuple[str, ...] = (
     rc.ANNOTATION_CHECKPOINT_WRITING,
     rc.ANNOTATION_CHECKPOINT_DURATION,
 )
-"""Every worker-written annotation the operator reads (:func:`parse`,
-:func:`gpuscaler.kube.checkpoint_reports.parse_timing` and :func:`gpuscaler.kube.workers.pod_state`); the same set as
+"""Every worker-written annotation the operator reads (:func:`parse` and
+:func:`gpuscaler.kube.workers.pod_state`); the same set as
 :data:`gpuscaler.runtime.constants.REPORTED_ANNOTATIONS` and docs/security.md list
 (tests/test_worker_reports.py checks all three)."""
 
@@ -131,6 +135,8 @@ class Parsed:
     checkpoint_step: int | None = None
     checkpoint_ack: str | None = None
     rejected: tuple[Rejected, ...] = ()
+    timing: CheckpointTiming = field(default_factory=CheckpointTiming)
+    """The checkpoint-timing reports (:mod:`gpuscaler.kube.checkpoint_reports`)."""
 
 
 def _count(pod: str, key: str, raw: object, pattern: re.Pattern[str], out: list[Rejected]) -> float | None:
@@ -173,7 +179,27 @@ def parse(pod: str, annotations: Mapping[str, object]) -> Parsed:
             ack = text
         else:
             out.append(Rejected(pod, rc.ANNOTATION_CHECKPOINT_ACK, text, "not a checkpoint request id"))
-    return Parsed(step, samples, ckpt, ack, tuple(out))
+    timing = _timing(pod, annotations, out)
+    return Parsed(step, samples, ckpt, ack, tuple(out), timing)
+
+
+def _timing(pod: str, annotations: Mapping[str, object], out: list[Rejected]) -> CheckpointTiming:
+    """The checkpoint-timing reports of a pod that pass their checks; the others go to ``out``."""
+    times: dict[str, datetime | None] = {}
+    for key in (rc.ANNOTATION_CHECKPOINT_WRITING, rc.ANNOTATION_CHECKPOINT_TIME):
+        text = str(annotations.get(key, ""))
+        times[key] = parse_utc(text) if text else None
+        if text and times[key] is None:
+            out.append(Rejected(pod, key, text, "not an RFC 3339 UTC time"))
+    seconds: float | None = None
+    if rc.ANNOTATION_CHECKPOINT_DURATION in annotations:
+        text = str(annotations[rc.ANNOTATION_CHECKPOINT_DURATION])
+        value = float(text) if _SECONDS.fullmatch(text) else math.nan
+        if math.isfinite(value) and value <= MAX_SECONDS:
+            seconds = value
+        else:
+            out.append(Rejected(pod, rc.ANNOTATION_CHECKPOINT_DURATION, text, f"not a number of seconds up to {MAX_SECONDS:.0f}"))
+    return CheckpointTiming(times[rc.ANNOTATION_CHECKPOINT_WRITING], times[rc.ANNOTATION_CHECKPOINT_TIME], seconds)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpuscaler.kube.checkpoint_reports import CheckpointTiming, parse_timing, parse_utc
+from gpuscaler.kube.checkpoint_reports import CheckpointTiming, parse_utc
 from gpuscaler.kube.reports import Rejected
 from gpuscaler.kube.reports import parse as parse_reports
 from gpuscaler.names import (
@@ -343,7 +343,6 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     owners = [o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")]
     name = meta.get("name", "")
     reported = parse_reports(name, ann)
-    timing = parse_timing(name, ann)
     rank = _int(labels.get(RANK_LABEL, labels.get(COMPLETION_INDEX_LABEL)))
     disruption = next(
         (
@@ -368,13 +367,13 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         checkpoint_step=reported.checkpoint_step,
         checkpoint_ack=reported.checkpoint_ack,
         checkpoint_requested=ann.get(rc.ANNOTATION_CHECKPOINT_REQUESTED),
-        rejected=reported.rejected + timing.rejected,
+        rejected=reported.rejected,
         # only the one value the operator acts on is believed; anything else reads as no phase
         runtime_phase=rc.RUNTIME_PHASE_PREEMPTED
         if ann.get(rc.ANNOTATION_RUNTIME_PHASE) == rc.RUNTIME_PHASE_PREEMPTED
         else None,
         disruption=disruption,
-        timing=timing,
+        timing=reported.timing,
         started_at=parse_utc(str(status.get("startTime") or "")),
         published=tuple(
             (k, str(ann[k])) for k in (*PREEMPTION_COST_ANNOTATIONS, DO_NOT_DISRUPT_ANNOTATION) if k in ann
