@@ -275,3 +275,18 @@ def test_a_zoned_plan_gets_a_group_in_that_zones_subnets(aws: tuple[Any, Any]) -
     elsewhere = NodeRequest(JOB, inst, CapacityType.SPOT, 1, 1.0, zone="us-east-1d")
     with pytest.raises(ProviderError, match="no subnet of GPUSCALER_EKS_SUBNETS is in us-east-1d"):
         p.ensure_nodes(elsewhere, [])
+
+
+def test_workers_tolerate_the_configured_gpu_taint_with_or_without_a_template(aws: tuple[Any, Any]) -> None:
+    """``GPUSCALER_GPU_TOLERATION_KEY`` reaches the workers' toleration on EKS whether or not the
+    operator may create node groups (it did only through the node-group template before)."""
+    from gpuscaler.cloud import factories
+    from gpuscaler.settings import Settings
+
+    _, (role, subnet) = aws
+    for template in ({}, {"eks_subnets": [subnet], "eks_node_role_arn": role}):
+        settings = Settings(eks_cluster_name=CLUSTER, aws_region=REGION, gpu_toleration_key="example.com/gpu", **template)  # type: ignore[arg-type]
+        p = factories.eks(settings, client.ApiClient())
+        assert [t["key"] for t in p.scheduling(request()).tolerations] == ["example.com/gpu"], template
+    plain = EksProvider(boto3.client("eks", region_name=REGION), FakeCore(), cluster=CLUSTER)
+    assert [t["key"] for t in plain.scheduling(request()).tolerations] == ["nvidia.com/gpu"]

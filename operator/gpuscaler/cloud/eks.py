@@ -159,6 +159,7 @@ class EksProvider(AdoptsNodes):
         retries: int = 5,
         backoff_s: float = 0.5,
         sleep: Callable[[float], None] = time.sleep,
+        toleration_key: str | None = None,
     ) -> None:
         """
         Args:
@@ -172,7 +173,11 @@ class EksProvider(AdoptsNodes):
             retries: Attempts of a throttled call before giving up.
             backoff_s: First backoff delay; doubled per attempt.
             sleep: Injected for tests.
+            toleration_key: Taint key of the GPU nodes that workers tolerate (the operator's
+                ``GPUSCALER_GPU_TOLERATION_KEY``); None: the template's taint key, else
+                ``nvidia.com/gpu`` (the EKS GPU AMIs' own).
         """
+        self.toleration_key = toleration_key or (template.taint_key if template else names.GPU_RESOURCE)
         self.eks = eks
         self.autoscaling = autoscaling
         self.cluster = cluster
@@ -432,7 +437,7 @@ class EksProvider(AdoptsNodes):
         return released
 
     def scheduling(self, request: NodeRequest) -> Scheduling:
-        key = self.template.taint_key if self.template else names.GPU_RESOURCE
+        key = self.toleration_key
         return Scheduling(
             node_selector={
                 INSTANCE_TYPE_LABEL: request.instance.name,

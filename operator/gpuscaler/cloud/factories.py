@@ -51,6 +51,7 @@ def eks(settings: Settings, api: Any) -> NodePoolProvider:
         ec2=boto3.client("ec2", config=cfg) if template is not None else None,
         retries=settings.cloud_api_retries,
         backoff_s=settings.cloud_api_backoff_s,
+        toleration_key=settings.gpu_toleration_key,
     )
 
 
