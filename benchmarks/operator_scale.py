@@ -107,6 +107,7 @@ REQUESTS = "apiserver_request_total"
 FLOWS = "apiserver_flowcontrol_dispatched_requests_total"
 PLANNER = "gpuscaler_planner_latency_seconds"
 RECONCILE = "gpuscaler_reconcile_duration_seconds"
+WATCH_EVENTS = "gpuscaler_watch_events_total"
 STATUS_WRITE = ("PATCH", "trainingjobs.gpuscaler.io/status")
 APF_NAMESPACE = "gpuscaler-system"
 APF_RELEASE = "gs"
@@ -459,6 +460,10 @@ class Phase:
 
     def op(self, name: str) -> float:
         return total(self.after.op_metrics, name) - total(self.before.op_metrics, name)
+
+    def op_by(self, name: str, label: str, value: str) -> float:
+        """The change of the operator's metric ``name`` where ``label`` is ``value``."""
+        return by_label(self.after.op_metrics, name, label)[value] - by_label(self.before.op_metrics, name, label)[value]
 
     @property
     def op_cpu(self) -> float:
@@ -1097,6 +1102,13 @@ def _print_operator(
     print(
         f"reconcile steps ({RECONCILE}_count): {fmt(rc[0])} during the apply, {fmt(rc[1])} after, "
         f"{sum(rc) / n:.1f} per job; {sum(rs):.1f}s inside steps (wall time summed over the step threads)"
+    )
+    events = {
+        r: sum(p.op_by(WATCH_EVENTS, "resource", r) for p in (with_op, wait)) for r in ("node", "pod", "trainingjob")
+    }
+    print(
+        f"watch events the operator handled ({WATCH_EVENTS}), apply -> all Running, per job: "
+        + ", ".join(f"{r} {k / n:.1f}" for r, k in events.items())
     )
     print(
         f"operator CPU seconds (/proc/{op.pid}/stat utime+stime): start-up {startup_cpu:.1f}, "

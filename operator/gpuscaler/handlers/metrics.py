@@ -7,8 +7,9 @@ and ``gpuscaler_efficiency_factor{namespace,job}`` (observed performance, :mod:`
 :func:`observe_performance`), the counters ``gpuscaler_interruptions_total{namespace,job,signal}``
 and ``gpuscaler_lost_steps_total{namespace,job}`` (:func:`observe_interruptions`), histograms of
 ``gpuscaler_reconcile_duration_seconds`` and ``gpuscaler_planner_latency_seconds``, and the counters
-``gpuscaler_plan_cache_hits_total`` and ``gpuscaler_reconcile_wakeups_total{source}`` (what woke
-jobs: the event-driven loop, :mod:`gpuscaler.controller.wakeups`). The handlers
+``gpuscaler_plan_cache_hits_total``, ``gpuscaler_reconcile_wakeups_total{source}`` (what woke
+jobs: the event-driven loop, :mod:`gpuscaler.controller.wakeups`) and
+``gpuscaler_watch_events_total{resource}`` (every watch event handled, whether it woke a job or not). The handlers
 call :func:`observe_job` and :func:`observe_interruptions` after every reconcile and
 :func:`forget_job` when a job is deleted.
 """
@@ -43,6 +44,11 @@ WAKEUPS = Counter(
     "gpuscaler_reconcile_wakeups_total",
     "Watch events that woke a job for a step, by the object that changed (pod, node, trainingjob, policy).",
     ["source"],
+)
+WATCH_EVENTS = Counter(
+    "gpuscaler_watch_events_total",
+    "Watch events the operator handled, by resource (pod, node, trainingjob): woken a job or not.",
+    ["resource"],
 )
 
 THROUGHPUT_PREDICTED = Gauge(

@@ -466,6 +466,7 @@ async def pod_event(
     type: str | None, body: kopf.Body, labels: kopf.Labels, namespace: str | None, name: str | None, **_: Any
 ) -> None:
     """A worker pod changed: wake its job when what the loop reads of it did (phase, node, reports...)."""
+    metrics.WATCH_EVENTS.labels("pod").inc()
     if _operator is not None:
         state = None if type == "DELETED" else pod_state(dict(body))
         if _operator.seen.changed(f"pod/{namespace}/{name}", state):
@@ -474,6 +475,7 @@ async def pod_event(
 
 async def node_event(type: str | None, body: kopf.Body, labels: kopf.Labels, name: str | None, **_: Any) -> None:
     """A job's node changed: wake its job when readiness, a notice or its deletion did (not a heartbeat)."""
+    metrics.WATCH_EVENTS.labels("node").inc()
     if _operator is not None:
         state = None if type == "DELETED" else node_state(dict(body))
         if _operator.seen.changed(f"node/{name}", state):
@@ -485,6 +487,7 @@ async def job_event(
 ) -> None:
     """A TrainingJob changed: wake it on a new generation or deletion (its own status writes do not);
     when one finishes, wake the jobs of its namespace a policy holds back (a namespace cap may allow them now)."""
+    metrics.WATCH_EVENTS.labels("trainingjob").inc()
     if _operator is None or not name or not namespace:
         return
     key = job_label_value(namespace, name)
