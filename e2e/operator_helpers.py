@@ -160,5 +160,11 @@ def event_reasons(core: Any, ns: str, name: str) -> list[str]:
     return [e.reason for e in sorted(events.items, key=lambda e: e.metadata.creation_timestamp)]
 
 
+def event_messages(core: Any, ns: str, name: str, reason: str) -> list[str]:
+    """The messages of a TrainingJob's Events of one reason, oldest first."""
+    items = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob").items
+    return [e.message for e in sorted(items, key=lambda e: e.metadata.creation_timestamp) if e.reason == reason]
+
+
 def apply(cluster: E2ECluster, ns: str, manifest: dict[str, Any]) -> None:
     kubectl(cluster, "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(manifest))

@@ -23,6 +23,7 @@ import pytest
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.testing import pinned, training_job, worker_template
 from operator_helpers import OperatorProcess, apply, event_reasons, get_job, wait_phase
+from operator_helpers import event_messages as events
 from spot_harness import Harness, Harnesses
 
 pytestmark = pytest.mark.timeout(240)
@@ -64,11 +65,6 @@ def played(core: Any, namespace: str, tmp_path: Path, dev_cluster: E2ECluster) -
 
     yield start
     made.stop_all()
-
-
-def events(core: Any, ns: str, name: str, reason: str) -> list[str]:
-    items = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob").items
-    return [e.message for e in sorted(items, key=lambda e: e.metadata.creation_timestamp) if e.reason == reason]
 
 
 def test_slow_workers_are_corrected_from_annotations_and_replanned_at_the_next_checkpoint(

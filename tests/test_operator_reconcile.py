@@ -17,20 +17,23 @@ def test_happy_path_plans_provisions_starts_and_succeeds() -> None:
     w = World()
     job = make_job()
     reasons = w.step(job)
-    assert w.status.phase is Phase.PROVISIONING and "Planned" in reasons and "ScaledUp" in reasons
+    # the nodes asked for are said in the Started Event (a gang up within 30 s: controller/bringup.py)
+    assert w.status.phase is Phase.PROVISIONING and reasons == ["Planned"]
     assert w.status.plan is not None and w.status.plan.nodes == 2 and w.status.gpus == 16
     w.step(job)
     assert len(w.nodes) == 2 and w.status.phase is Phase.PROVISIONING
     w.ready()
     reasons = w.step(job)
-    assert w.status.phase is Phase.STARTING and "NodesReady" in reasons
+    assert w.status.phase is Phase.STARTING and reasons == []
+    assert any(c.type == "NodesReady" and c.status == "True" for c in w.status.conditions)
     assert sorted(p["metadata"]["name"] for p in w.workers.pods()) == ["job-worker-0", "job-worker-1"]
     assert "Service/job-workers" in w.workers.objects
     w.step(job)
     assert len(w.workers.pods()) == 2, "create-if-absent: no duplicates"
     w.phases = {"job-worker-0": "Running", "job-worker-1": "Running"}
     reasons = w.step(job)
-    assert w.status.phase is Phase.RUNNING and "Started" in reasons and w.status.start_time
+    assert w.status.phase is Phase.RUNNING and reasons == ["Started"] and w.status.start_time
+    assert w.events[0].message.endswith("(requested, nodes Ready +2.0s, running +4.0s)"), w.events[0].message
     w.phases = {"job-worker-0": "Succeeded", "job-worker-1": "Succeeded"}
     reasons = w.step(job, seconds=3600)
     assert w.status.phase is Phase.SUCCEEDED and "Succeeded" in reasons and "ScaledDown" in reasons
@@ -112,7 +115,7 @@ def _launch(w: World, names: list[str], ready: bool = False) -> None:
 
 
 def test_pod_provisioner_gets_pods_first_and_its_nodes_are_the_jobs() -> None:
-    w = World(FakePodProvisioner())
+    w = World(FakePodProvisioner(), progress_event_after_s=0)  # every step on the way posts its Event
     prov = w.provider
     assert isinstance(prov, FakePodProvisioner)
     job = make_job()
@@ -250,7 +253,7 @@ def test_status_change_throttles_the_clock() -> None:
 
 
 def test_node_group_nodes_with_cloud_names_are_the_jobs_not_an_earlier_plans() -> None:
-    w = World(FakeNodeGroup())
+    w = World(FakeNodeGroup(), progress_event_after_s=0)  # every step on the way posts its Event
     job = make_job()
     w.step(job)
     assert w.status.phase is Phase.PROVISIONING and w.provider.requested == 2

@@ -140,10 +140,12 @@ def test_one_node_job_to_running_within_the_budget() -> None:
     }
     # status writes: Provisioning (planned, node asked for), Starting, Running
     assert c.writes == 3
-    # one Event per decision: planned, nodes requested, nodes Ready with the workers made, running
-    assert c.events == {"Planned": 1, "ScaledUp": 1, "NodesReady": 1, "Started": 1}
+    # the plan, and the start with the way there (a gang up within progressEventAfterS posts no
+    # Event on the way: controller/bringup.py)
+    assert c.events == {"Planned": 1, "Started": 1}
+    assert c.messages["Started"] == ["all 1 worker(s) started on p3.2xlarge (requested, nodes Ready +3.0s, running +6.0s)"]
     total = made + c.calls() + c.writes + sum(c.events.values())
-    assert total == 12  # the namespace's first job; kopf adds its finalizer patch
+    assert total == 10  # the namespace's first job; kopf adds its finalizer patch
 
 
 def test_steps_that_change_nothing_call_nothing_and_write_nothing() -> None:
@@ -167,8 +169,8 @@ def test_the_second_job_of_a_namespace_sends_no_worker_identity() -> None:
     to_running(second, make_job(ONE_NODE, name="b", uid="uid-b"))
     sent = first.workers.calls - before
     assert sent == {"create_namespaced_pod": 1}
-    # 1 node + 1 pod + 3 status writes + 4 Events: every later job of the namespace
-    assert len(second.w.nodes) + sum(sent.values()) + second.writes + sum(second.events.values()) == 9
+    # 1 node + 1 pod + 3 status writes + 2 Events: every later job of the namespace
+    assert len(second.w.nodes) + sum(sent.values()) + second.writes + sum(second.events.values()) == 7
 
 
 def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_three_writes() -> None:
@@ -180,11 +182,19 @@ def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_three_writes(
     assert c.writes == 3
 
 
-def test_the_nodes_ready_event_says_the_workers_were_made() -> None:
-    c = Counted()
+def test_a_slow_gang_says_where_it_waits_once_then_posts_each_step() -> None:
+    # each step is 1 s: requested at +0 s, NotReady at +1 s and +2 s, Ready at +3 s, the workers
+    # Pending at +4 s and +5 s, running at +6 s
+    c = Counted(World(progress_event_after_s=1.5))
     to_running(c, make_job(ONE_NODE))
-    assert "WorkersCreated" not in c.events
+    assert c.events == {"Planned": 1, "ScaledUp": 1, "NodesReady": 1, "WorkersCreated": 1, "Started": 1}
+    (scaled_up,) = c.messages["ScaledUp"]  # said once, at +2 s (not at +1 s, nor again at +3 s)
+    assert scaled_up.startswith("0 of 1 x p3.2xlarge (on-demand) Ready (") and scaled_up.endswith(") 2s after the request")
     assert c.messages["NodesReady"] == ["all 1 node(s) Ready; created 1 worker pod(s) (attempt 1)"]
+    assert c.messages["WorkersCreated"] == ["0/1 workers running (attempt 1) 2s after the nodes were Ready"]
+    assert c.messages["Started"] == ["all 1 worker(s) started on p3.2xlarge (requested, nodes Ready +3.0s, running +6.0s)"]
+    cond = {x.type: x for x in c.w.status.conditions}
+    assert cond["NodesReady"].status == "True" and cond["Running"].status == "True"
 
 
 def test_a_namespace_identity_is_sent_once_by_steps_on_many_threads() -> None:

@@ -139,6 +139,19 @@ def test_next_wake_meets_the_gang_timeout_and_the_end_of_a_back_off() -> None:
     )
 
 
+def test_a_gang_coming_up_is_stepped_when_its_wait_is_to_be_said() -> None:
+    assert CFG.progress_event_after_s == 30.0
+    asked = NOW - timedelta(seconds=12)  # nodes asked for 12 s ago: said at 30 s (controller/bringup.py)
+    got = next_wake(status(Phase.PROVISIONING, provisioning_started_at=asked), [], NOW, CFG)
+    assert got == pytest.approx(18.0 + CFG.min_s)
+    st = status(Phase.STARTING, provisioning_started_at=asked)
+    set_condition(st, ConditionType.NODES_READY, True, "NodesReady", "1 node(s) Ready", NOW - timedelta(seconds=5), 1)
+    # the workers' wait counts from their nodes being Ready
+    assert next_wake(st, [node()], NOW, CFG) == pytest.approx(25.0 + CFG.min_s)
+    said = status(Phase.PROVISIONING, provisioning_started_at=NOW - timedelta(seconds=45))
+    assert next_wake(said, [], NOW, CFG) == 30.0  # past: the cost refresh (the wait was said at 30 s)
+
+
 def test_lanes_run_the_most_urgent_first_and_keep_order_within_a_lane() -> None:
     lanes = Lanes(1)
     gate = threading.Event()

@@ -35,6 +35,15 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds to wait for all planned nodes before releasing them and re-planning.",
     )
+    progress_event_after_s: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "A gang that runs within this many seconds of its request posts no Event between Planned and "
+            "Started (or Recovered): that Event carries the way there as a timeline. A slower gang says where "
+            "it waits at this point (ScaledUp or WorkersCreated) and then posts each step (0: every step)."
+        ),
+    )
     capacity_backoff_s: float = Field(
         default=900.0,
         ge=0,

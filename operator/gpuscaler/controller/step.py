@@ -89,6 +89,8 @@ class LoopConfig:
 
     gang_timeout_s: float
     """Seconds to wait for all planned nodes (or workers) before releasing them and re-planning."""
+    progress_event_after_s: float
+    """A gang up within this many seconds of its request posts no Event on the way (:mod:`gpuscaler.controller.bringup`)."""
     capacity_backoff_s: float
     """Seconds an offering that ran short of capacity is left out of plans."""
     kueue_quota_fallback: bool

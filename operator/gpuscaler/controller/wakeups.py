@@ -38,6 +38,7 @@ from typing import TypeVar
 
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.cloud import NodeState
+from gpuscaler.controller import bringup
 from gpuscaler.controller import interruptions as spot
 from gpuscaler.controller.reconcile import COST_REFRESH_S
 from gpuscaler.controller.windows import seconds_to_move, window_opens_in
@@ -88,6 +89,8 @@ class WakeConfig:
     NotReady (``settings.reconcile_interval_s``)."""
     gang_timeout_s: float
     """The loop's gang timeout (``settings.gang_timeout_s``): a gang not up by then is re-planned."""
+    progress_event_after_s: float = 30.0
+    """A gang not up this long after its request says where it waits (``settings.progress_event_after_s``)."""
     cost_refresh_s: float = COST_REFRESH_S
     """Cost and ETA of a job holding nodes are refreshed this often (the loop's write throttle)."""
     min_s: float = 0.05
@@ -103,6 +106,7 @@ class WakeConfig:
             resync_s=settings.resync_interval_s,
             urgent_s=settings.reconcile_interval_s,
             gang_timeout_s=settings.gang_timeout_s,
+            progress_event_after_s=settings.progress_event_after_s,
         )
 
 
@@ -152,9 +156,10 @@ def next_wake(status: TrainingJobStatus, nodes: Sequence[NodeState], now: dateti
     Returns:
         The earliest of: ``urgent_s`` in a time-critical phase, with a notice open, with a node
         NotReady or deleting while the job holds nodes, or for a finished job still holding nodes;
-        the gang timeout of a gang being brought up; the end of the earliest capacity back-off;
-        ``cost_refresh_s`` while nodes are held; ``admission_recheck_s`` while the workers wait
-        for the admission policy; ``resync_s`` always. Never below ``min_s``.
+        the gang timeout of a gang being brought up, and the moment it says where it waits
+        (``progress_event_after_s``); the end of the earliest capacity back-off; ``cost_refresh_s``
+        while nodes are held; ``admission_recheck_s`` while the workers wait for the admission
+        policy; ``resync_s`` always. Never below ``min_s``.
     """
     phase = status.phase
     if phase in TIME_CRITICAL or status.notice is not None:
@@ -167,8 +172,13 @@ def next_wake(status: TrainingJobStatus, nodes: Sequence[NodeState], now: dateti
         if any(n.deleting or not n.ready for n in nodes) and phase is Phase.RUNNING:
             times.append(cfg.urgent_s)  # a node NotReady counts as lost after its grace period
     if phase in (Phase.PROVISIONING, Phase.STARTING) and status.provisioning_started_at is not None:
-        due = (status.provisioning_started_at - now).total_seconds() + cfg.gang_timeout_s
-        times.append(due + cfg.min_s)  # just after the timeout, so the step sees it passed
+        since = (status.provisioning_started_at - now).total_seconds()
+        times.append(since + cfg.gang_timeout_s + cfg.min_s)  # just after the timeout, so the step sees it passed
+        wait = ConditionType.NODES_READY if phase is Phase.PROVISIONING else ConditionType.RUNNING
+        began = bringup.waiting_since(status, wait)
+        said = (began - now).total_seconds() + cfg.progress_event_after_s if began is not None else 0.0
+        if said > 0:  # the gang says where it waits (controller/bringup.py)
+            times.append(said + cfg.min_s)
     if status.unavailable:
         times.append(min((u.until - now).total_seconds() for u in status.unavailable) + cfg.min_s)
     move = seconds_to_move(status, now) if phase is Phase.RUNNING else None

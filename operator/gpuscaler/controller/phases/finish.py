@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from gpuscaler.api.events import capped
 from gpuscaler.api.status import Phase
 from gpuscaler.cloud import NodeRequest, NodeState
+from gpuscaler.controller import bringup, queueing
 from gpuscaler.controller import preemption as preemption_cost
-from gpuscaler.controller import queueing
 from gpuscaler.controller.step import StepContext, _node_cost, format_duration
 from gpuscaler.kube.jobset import jobset_name
 from gpuscaler.kube.reports import TrustedReport, trusted_report
@@ -46,8 +46,8 @@ def _start_jobset(self: Reconciler, ctx: StepContext, request: NodeRequest, wp: 
         return
     self._worker_identity(ctx, wp)
     if queueing.start_jobset(self.gangs, ctx.job, wp, None, self.config.backoff_limit):
-        ctx.event(
-            "Normal", EventReason.WORKERS_CREATED,
+        bringup.step_event(
+            ctx, self.config.progress_event_after_s, EventReason.WORKERS_CREATED,
             f"created JobSet {jobset_name(wp.job_name, wp.attempt)} of {request.count} worker(s) (attempt {wp.attempt})",
         )
 

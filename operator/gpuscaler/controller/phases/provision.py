@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from gpuscaler.api.status import Phase
 from gpuscaler.cloud import InsufficientCapacityError, NodeRequest, NodeState
+from gpuscaler.controller import bringup
 from gpuscaler.controller.step import StepContext
 from gpuscaler.kube.workers import WorkerPlan
 from gpuscaler.names import ConditionType, EventReason
@@ -44,9 +45,11 @@ def _provisioning(self: Reconciler, ctx: StepContext, request: NodeRequest, node
         created = self.provider.ensure_nodes(request, nodes)
     except InsufficientCapacityError as err:
         created, short = [], str(err)
-    if created:
-        ctx.event(
-            "Normal",
+    after = self.config.progress_event_after_s
+    if created:  # a gang that comes up at once says so in its Started Event (controller/bringup.py)
+        bringup.step_event(
+            ctx,
+            after,
             EventReason.SCALED_UP,
             f"requested {len(created)} x {request.instance.name} ({request.capacity.value}) "
             f"for {request.count} planned node(s): {', '.join(created[:5])}",
@@ -63,12 +66,21 @@ def _provisioning(self: Reconciler, ctx: StepContext, request: NodeRequest, node
     st.nodes = sorted({n.name for n in nodes} | set(created))
     if len(ready) >= request.count:
         ctx.condition(ConditionType.NODES_READY, True, "NodesReady", f"{len(ready)} node(s) Ready")
-        ctx.event("Normal", EventReason.NODES_READY, f"all {request.count} node(s) Ready")
+        bringup.step_event(ctx, after, EventReason.NODES_READY, f"all {request.count} node(s) Ready")
         st.phase = Phase.STARTING
         self._starting(ctx, request, nodes)
         return
     st.message = f"{len(ready)}/{request.count} nodes Ready" + (f"; {short}" if short else "")
-    ctx.condition(ConditionType.NODES_READY, False, "InsufficientCapacity" if short else "Provisioning", st.message)
+    waiting = f"{len(ready)} of {request.count} x {request.instance.name} ({request.capacity.value}) Ready"
+    if short or not bringup.still_waiting(
+        ctx,
+        after,
+        ConditionType.NODES_READY,
+        EventReason.SCALED_UP,
+        f"{waiting} ({', '.join(st.nodes[:5])})",
+        st.message,
+    ):
+        ctx.condition(ConditionType.NODES_READY, False, "InsufficientCapacity" if short else "Provisioning", st.message)
     if self._gang_timed_out(ctx):
         why = f"only {len(ready)} of {request.count} nodes arrived within {self.config.gang_timeout_s:g}s"
         self._give_up_offering(ctx, nodes, why + (f" ({short})" if short else ""))

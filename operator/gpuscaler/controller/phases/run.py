@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from gpuscaler.api.status import Phase
 from gpuscaler.cloud import NodeRequest, NodeState
 from gpuscaler.cloud.nodes import NODE_DELETED, WORKER_PREEMPTED
+from gpuscaler.controller import bringup, queueing
 from gpuscaler.controller import interruptions as spot
 from gpuscaler.controller import preemption as preemption_cost
-from gpuscaler.controller import queueing
 from gpuscaler.controller.step import StepContext, format_duration, preemption
 from gpuscaler.controller.windows import window_closing
 from gpuscaler.kube.workers import (
@@ -64,30 +64,38 @@ def _starting(self: Reconciler, ctx: StepContext, request: NodeRequest, nodes: l
         st.message = f"{request.count} worker(s) running"
         ctx.condition(ConditionType.RUNNING, True, "Started", st.message)
         reason, verb = (EventReason.STARTED, "started") if first else (EventReason.RECOVERED, "recovered and resumed")
-        after = "" if first else spot.recovered(st, ctx.now)
+        said = [s for s in ("" if first else spot.recovered(st, ctx.now), bringup.timeline(st, ctx.now)) if s]
         ctx.event(
             "Normal",
             reason,
-            f"all {request.count} worker(s) {verb} on {request.instance.name}" + (f" ({after})" if after else ""),
+            f"all {request.count} worker(s) {verb} on {request.instance.name}" + (f" ({'; '.join(said)})" if said else ""),
         )
         self._running(ctx, request, nodes)
         return
     st.message = f"{len(running)}/{request.count} workers running"
     if self.provider.launches_for_workers(request):
         self._nodes_for_pods(ctx, request, nodes)
+    bringup.still_waiting(
+        ctx,
+        self.config.progress_event_after_s,
+        ConditionType.RUNNING,
+        EventReason.WORKERS_CREATED,
+        f"{st.message} (attempt {st.attempt})",
+        st.message,
+    )
     if self._gang_timed_out(ctx):
         why = f"only {len(running)} of {request.count} workers started within {self.config.gang_timeout_s:g}s"
         self._give_up_offering(ctx, nodes, why)
 
 
 def _workers_created(self: Reconciler, ctx: StepContext, text: str) -> None:
-    """The WorkersCreated Event, or, when this step also found the nodes Ready, that NodesReady
-    Event saying so too: one Event per step on the way to Running (each is a POST)."""
+    """The WorkersCreated Event of a slow gang (:mod:`gpuscaler.controller.bringup`), or, when this
+    step also posted NodesReady, that Event saying so too: at most one Event per step (each is a POST)."""
     events = ctx.out.events
-    if events and events[-1].reason == "NodesReady":
+    if events and events[-1].reason == EventReason.NODES_READY:
         events[-1] = replace(events[-1], message=f"{events[-1].message}; {text}")
     else:
-        ctx.event("Normal", EventReason.WORKERS_CREATED, text)
+        bringup.step_event(ctx, self.config.progress_event_after_s, EventReason.WORKERS_CREATED, text)
 
 
 def _nodes_for_pods(self: Reconciler, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:
@@ -104,7 +112,7 @@ def _nodes_for_pods(self: Reconciler, ctx: StepContext, request: NodeRequest, no
         f"{ready}/{request.count} node(s) Ready",
     )
     if ready >= request.count and not was:
-        ctx.event("Normal", EventReason.NODES_READY, f"all {request.count} node(s) Ready")
+        bringup.step_event(ctx, self.config.progress_event_after_s, EventReason.NODES_READY, f"all {request.count} node(s) Ready")
 
 
 def _preempted(self: Reconciler, pod: PodState, nodes: list[NodeState], now: datetime) -> str | None:
