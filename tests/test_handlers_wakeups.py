@@ -22,7 +22,7 @@ KEY = "ns.job"
 @pytest.fixture
 def op() -> Iterator[SimpleNamespace]:
     """The parts of the operator the watch-event handlers use, installed as the running operator."""
-    fake = SimpleNamespace(seen=Seen(), wakeups=Wakeups(), blocked={}, written={})
+    fake = SimpleNamespace(seen=Seen(), wakeups=Wakeups(), blocked={}, written={}, held={})
     before = h._operator
     h._operator = fake  # type: ignore[assignment]
     yield fake

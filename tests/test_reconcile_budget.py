@@ -13,15 +13,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.api.status import Phase
-from gpuscaler.controller.reconcile import Job, status_change
+from gpuscaler.controller.reconcile import Job
+from gpuscaler.controller.status_writes import Write, decide
 from gpuscaler.kube.client import Workers
 from gpuscaler.kube.workers import worker_rbac
+from gpuscaler.settings import Settings
 from loop_harness import RESNET_SPEC, World, make_job
 
 ONE_NODE = {
@@ -85,25 +88,37 @@ class RecordedWorkers(Workers):
 
 
 class Counted:
-    """A world whose steps count status writes and Events (the nodes made are the world's nodes)."""
+    """A world whose steps count status writes and Events (the nodes made are the world's nodes).
 
-    def __init__(self, world: World | None = None) -> None:
+    A step's status is written as the handler decides (:func:`gpuscaler.controller.status_writes.decide`,
+    on the world's clock): at once, or held a moment (a gang's move to Starting)."""
+
+    def __init__(self, world: World | None = None, hold_s: float = Settings().starting_write_hold_s) -> None:
         self.w = world or World()
         self.workers = RecordedWorkers()
         self.w.workers = self.workers  # type: ignore[assignment]
         self.w.loop.workers = self.workers
+        self.hold_s = hold_s
+        self.server: dict[str, Any] = {}
+        """The status the API server has (the last one written)."""
+        self.held_at: datetime | None = None
         self.writes = 0
+        self.phases_written: list[str] = []
         self.events: Counter[str] = Counter()
         self.messages: dict[str, list[str]] = {}
 
     def step(self, job: Job) -> None:
-        before = self.w.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         reasons = self.w.step(job)
         for e in self.w.events:
             self.messages.setdefault(e.reason, []).append(e.message)
         after = self.w.status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if status_change(before, after) == "state" or not before:
+        held_for = (self.w.now - self.held_at).total_seconds() if self.held_at else None
+        write = decide(self.server, after, held_for_s=held_for, since_write_s=0, refresh_s=300, hold_s=self.hold_s)
+        self.held_at = (self.held_at or self.w.now) if write is Write.HOLD else None
+        if write is Write.NOW:
             self.writes += 1
+            self.phases_written.append(after["phase"])
+            self.server = after
         self.events.update(reasons)
 
     def calls(self) -> int:
@@ -138,14 +153,15 @@ def test_one_node_job_to_running_within_the_budget() -> None:
         "create_namespaced_role_binding": 1,
         "create_namespaced_pod": 1,  # with what a preemption would cost (0, docs/preemption-cost.md): no PATCH when it runs
     }
-    # status writes: Provisioning (planned, node asked for), Starting, Running
-    assert c.writes == 3
+    # status writes: Provisioning (planned, node asked for), Running (the move to Starting, held up
+    # to 3 s, written with it: the workers ran 3 s after they were made)
+    assert c.phases_written == ["Provisioning", "Running"]
     # the plan, and the start with the way there (a gang up within progressEventAfterS posts no
     # Event on the way: controller/bringup.py)
     assert c.events == {"Planned": 1, "Started": 1}
     assert c.messages["Started"] == ["all 1 worker(s) started on p3.2xlarge (requested, nodes Ready +3.0s, running +6.0s)"]
     total = made + c.calls() + c.writes + sum(c.events.values())
-    assert total == 10  # the namespace's first job; kopf adds its finalizer patch
+    assert total == 9  # the namespace's first job; kopf adds its finalizer patch
 
 
 def test_steps_that_change_nothing_call_nothing_and_write_nothing() -> None:
@@ -169,17 +185,26 @@ def test_the_second_job_of_a_namespace_sends_no_worker_identity() -> None:
     to_running(second, make_job(ONE_NODE, name="b", uid="uid-b"))
     sent = first.workers.calls - before
     assert sent == {"create_namespaced_pod": 1}
-    # 1 node + 1 pod + 3 status writes + 2 Events: every later job of the namespace
-    assert len(second.w.nodes) + sum(sent.values()) + second.writes + sum(second.events.values()) == 7
+    # 1 node + 1 pod + 2 status writes + 2 Events: every later job of the namespace
+    assert len(second.w.nodes) + sum(sent.values()) + second.writes + sum(second.events.values()) == 6
 
 
-def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_three_writes() -> None:
+def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_two_writes() -> None:
     c = Counted()
     job = make_job()  # two 8-GPU nodes
     to_running(c, job)
     assert len(c.w.nodes) == 2
     assert c.workers.calls["create_namespaced_pod"] == 2 and c.workers.calls["create_namespaced_service"] == 1
-    assert c.writes == 3
+    assert c.writes == 2
+
+
+def test_a_gang_still_starting_when_the_hold_ends_is_written_then() -> None:
+    c = Counted(hold_s=1.5)  # the workers run 3 s after they were made
+    to_running(c, make_job(ONE_NODE))
+    assert c.phases_written == ["Provisioning", "Starting", "Running"]
+    c = Counted(hold_s=0)  # nothing held
+    to_running(c, make_job(ONE_NODE))
+    assert c.phases_written == ["Provisioning", "Starting", "Running"]
 
 
 def test_a_slow_gang_says_where_it_waits_once_then_posts_each_step() -> None:

@@ -11,7 +11,9 @@ time-based deadline comes. The watch-event handlers :func:`pod_event`, :func:`no
 :func:`job_event` and :func:`policy_event` wake the jobs whose pods, nodes, spec or policies
 changed in a way the loop reads (a node's heartbeat is not such a change). A step writes the
 status itself (:class:`gpuscaler.kube.client.TrainingJobs`), once, and only what changed; until the
-watch brings that write back, the next step starts from the status it wrote, not the older one.
+watch brings that write back, the next step starts from the status it wrote, not the older one. A
+gang's move to Starting is held a moment (:mod:`gpuscaler.controller.status_writes`): the next step
+starts from the held status and writes it with its own change.
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ from gpuscaler.controller.reconcile import (
     LoopConfig,
     Outcome,
     Reconciler,
-    status_change,
 )
+from gpuscaler.controller.status_writes import Write, decide, hold_left_s
 from gpuscaler.controller.wakeups import Lanes, Seen, StepGate, WakeConfig, Wakeups, drive, lane, next_wake
 from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors, retry_delay
@@ -101,6 +103,9 @@ class Operator:
     """What the watch-event handlers last saw of each pod, node and job (a change wakes the job)."""
     written: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     """Job key -> (resourceVersion, status) of the last status write, until the watch brings it back."""
+    held: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    """Job key -> (monotonic time first held, status) of a status not written yet
+    (:mod:`gpuscaler.controller.status_writes`): the job's next step starts from it."""
     blocked: dict[str, str] = field(default_factory=dict)
     """Job key -> namespace of the jobs a policy stops (PolicyViolation): woken when a job of their
     namespace finishes."""
@@ -370,7 +375,8 @@ def step_job(
     label = job_label_value(namespace, name)
     pods, nodes = list(job_pods.get(label, [])), list(job_nodes.get(label, []))
     status = _fresher(op, label, meta.get("resourceVersion"), dict(body.get("status") or {}))
-    current = TrainingJobStatus.model_validate(status)
+    held = op.held.get(label)
+    current = TrainingJobStatus.model_validate(held[1] if held else status)
     try:
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as err:
@@ -379,12 +385,25 @@ def step_job(
     else:
         job = Job(namespace, name, uid, generation, _creation(meta), spec, dict(meta.get("labels") or {}))
         out = _step(op, job, current, pods, nodes, kwargs)
-    old = current.model_dump(mode="json", by_alias=True, exclude_none=True)
+    on_server = TrainingJobStatus.model_validate(status) if held else current
+    old = on_server.model_dump(mode="json", by_alias=True, exclude_none=True)
     new = out.status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    change = status_change(status, new) if status else "state"
     key = (namespace, name)
     now = time.monotonic()
-    if change == "state" or (change == "clock" and now - op.last_write.get(key, 0) >= op.settings.status_refresh_s):
+    held_for = now - held[0] if held else None
+    write = decide(
+        status,
+        new,
+        held_for_s=held_for,
+        since_write_s=now - op.last_write.get(key, 0),
+        refresh_s=op.settings.status_refresh_s,
+        hold_s=op.settings.starting_write_hold_s,
+    )
+    if write is Write.HOLD:
+        op.held[label] = (held[0] if held else now, new)
+    else:
+        op.held.pop(label, None)
+    if write is Write.NOW:
         patch: dict[str, Any] = {k: None for k in old if k not in new}
         patch.update({k: v for k, v in new.items() if status.get(k) != v})
         rv = op.jobs.patch_status(namespace, name, patch)
@@ -403,7 +422,9 @@ def step_job(
     if seen is not None:
         metrics.observe_performance(namespace, name, seen.predicted, seen.throughput, seen.efficiency_factor)
     metrics.RECONCILE.observe(time.perf_counter() - t0)
-    return next_wake(out.status, nodes, datetime.now(UTC), op.wake)
+    wake = next_wake(out.status, nodes, datetime.now(UTC), op.wake)
+    left = hold_left_s(now - op.held[label][0] if label in op.held else None, op.settings.starting_write_hold_s)
+    return wake if left is None else min(wake, left + op.wake.min_s)  # a hold ends with a step that writes it
 
 
 async def job_daemon(
@@ -434,7 +455,8 @@ async def job_daemon(
 
     def choose_lane(woken: bool) -> int:
         meta = body.get("metadata") or {}
-        raw = _fresher(op, key, meta.get("resourceVersion"), dict(body.get("status") or {}))
+        held = op.held.get(key)
+        raw = held[1] if held else _fresher(op, key, meta.get("resourceVersion"), dict(body.get("status") or {}))
         # the lane reads the phase and the notice only: validating the whole status (its plan and
         # conditions) before every step was 3% of the operator's CPU in a 200-job benchmark run
         status = TrainingJobStatus.model_validate({k: raw[k] for k in LANE_FIELDS if k in raw})
@@ -501,6 +523,7 @@ async def job_event(
     if gone:
         _operator.blocked.pop(key, None)
         _operator.written.pop(key, None)
+        _operator.held.pop(key, None)
 
 
 async def profile_event(

@@ -1,0 +1,59 @@
+"""When a step's status is written (controller/status_writes.py): at once, held a moment, or not at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuscaler.controller.status_writes import Write, decide, hold_left_s
+
+PROVISIONING = {"phase": "Provisioning", "message": "0/1 nodes Ready", "costUsd": 0.01}
+STARTING = {"phase": "Starting", "message": "0/1 workers running", "costUsd": 0.01}
+RUNNING = {"phase": "Running", "message": "1 worker(s) running", "costUsd": 0.01}
+
+
+def decided(server: dict[str, Any], new: dict[str, Any], held_for_s: float | None = None, since_write_s: float = 1.0) -> Write:
+    return decide(server, new, held_for_s=held_for_s, since_write_s=since_write_s, refresh_s=300.0, hold_s=3.0)
+
+
+def test_the_move_to_starting_is_held_until_the_hold_ends() -> None:
+    assert decided(PROVISIONING, STARTING) is Write.HOLD
+    assert decided(PROVISIONING, STARTING, held_for_s=2.9) is Write.HOLD
+    assert decided(PROVISIONING, STARTING, held_for_s=3.0) is Write.NOW
+    assert decided(PROVISIONING, {**STARTING, "message": "1/2 workers running"}, held_for_s=1.0) is Write.HOLD
+    # written once Starting, a change within Starting is held as well
+    assert decided(STARTING, {**STARTING, "message": "1/2 workers running"}) is Write.HOLD
+    assert decide(PROVISIONING, STARTING, held_for_s=None, since_write_s=1, refresh_s=300, hold_s=0) is Write.NOW
+
+
+@pytest.mark.parametrize(
+    ("server", "new"),
+    [
+        ({}, {"phase": "Pending"}),  # a new job
+        ({"phase": "Pending"}, PROVISIONING),  # planned, nodes asked for
+        (PROVISIONING, RUNNING),  # the held move and the workers running: one write
+        (STARTING, RUNNING),
+        ({"phase": "Recovering"}, STARTING),  # only a gang's way up from Provisioning is held
+        (RUNNING, {**RUNNING, "phase": "Checkpointing"}),
+        (PROVISIONING, {**PROVISIONING, "message": "1/2 nodes Ready"}),
+    ],
+)
+def test_everything_else_is_written_at_once(server: dict[str, Any], new: dict[str, Any]) -> None:
+    assert decided(server, new, held_for_s=1.0) is Write.NOW
+    assert decided(server, new) is Write.NOW
+
+
+def test_cost_and_eta_alone_wait_for_their_refresh_and_no_change_is_no_write() -> None:
+    assert decided(RUNNING, dict(RUNNING)) is Write.NONE
+    moved = {**RUNNING, "costUsd": 0.02}
+    assert decided(RUNNING, moved, since_write_s=10) is Write.NONE
+    assert decided(RUNNING, moved, since_write_s=300) is Write.NOW
+    # a step back to what the server has drops what was held (nothing to write)
+    assert decided(PROVISIONING, dict(PROVISIONING), held_for_s=1.0) is Write.NONE
+
+
+def test_the_time_left_of_a_hold() -> None:
+    assert hold_left_s(None, 3.0) is None
+    assert hold_left_s(1.0, 3.0) == 2.0
+    assert hold_left_s(5.0, 3.0) == 0.0
