@@ -117,3 +117,27 @@ def test_the_step_writes_the_policy_violation_and_clears_it_once_compliant() -> 
     cond = next(c for c in w.status.conditions if c.type == ConditionType.POLICY_VIOLATION)
     assert cond.status == "False" and cond.reason == "Compliant"
     assert "Planned" in reasons and w.status.phase is Phase.PROVISIONING and w.provider.requests()
+
+
+def test_the_namespace_usage_is_gathered_only_by_a_step_that_plans() -> None:
+    """Gathering the usage reads every TrainingJob the operator knows: a step that does not plan
+    (every step of a job after its first) does not gather it."""
+    gathered: list[int] = []
+
+    def usage() -> NamespaceUsage:
+        gathered.append(1)
+        return NamespaceUsage(gpus=8)
+
+    w = World(planner=functools.partial(gated_plan, catalog=CAT))
+    job = make_job()  # 16 GPUs
+    policy = Policy(name="lab", max_gpus_per_namespace=32)
+    for i in range(5):  # planned, the nodes asked for, Ready, the workers made, ...
+        w.governance = Governance(policy, usage)  # a new one per step, as the handler builds it
+        w.step(job)
+        if i == 1:
+            w.ready()
+    assert w.status.phase is Phase.STARTING and len(gathered) == 1
+    capped = Governance(policy, lambda: NamespaceUsage(gpus=32))  # the namespace holds its cap
+    assert capped.usage.gpus == 32 and capped.usage is capped.usage  # gathered once
+    with pytest.raises(PolicyViolationError):
+        gated_plan(spec(), "job", None, frozenset(), governance=capped, catalog=CAT)

@@ -30,9 +30,10 @@ argument: the handler reads it for each step and passes it to the loop, which pa
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +212,15 @@ class Governance:
     """What the gate needs for one job: the merged policy and the namespace's usage."""
 
     policy: Policy
-    usage: NamespaceUsage
+    given: NamespaceUsage | Callable[[], NamespaceUsage] = field(default_factory=NamespaceUsage)
+    """The namespace's usage, or how to gather it (called at most once, by :attr:`usage`)."""
+
+    @cached_property
+    def usage(self) -> NamespaceUsage:
+        """The namespace's usage, gathered the first time it is read: only a step that plans reads
+        it, and gathering it reads every TrainingJob the operator knows (O(jobs) per step, so
+        O(jobs^2) for a burst of new jobs when every step gathered it)."""
+        return self.given() if callable(self.given) else self.given
 
 
 def gated_plan(

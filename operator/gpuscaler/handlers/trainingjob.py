@@ -68,6 +68,7 @@ from gpuscaler.kube.workers import pod_state, service_name
 from gpuscaler.names import FINALIZER, JOB_LABEL
 from gpuscaler.observe.controller import from_settings as observer_from_settings
 from gpuscaler.planner import PlanResult, plan
+from gpuscaler.policy import NamespaceUsage
 from gpuscaler.settings import Settings
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -314,13 +315,17 @@ async def namespace_jobs(namespace: str | None, name: str, status: kopf.Status, 
 
 
 def governance_for(op: Operator, namespace: str, name: str, kwargs: dict[str, Any]) -> Governance:
-    """The merged policy in force for a job and what its namespace already holds."""
+    """The merged policy in force for a job and what its namespace already holds (gathered from the
+    index when a step that plans first reads it)."""
     objects: kopf.Index[str, Any] | None = kwargs.get("policy_objects")
     bodies = [b for key in (objects or {}) for b in objects[key]] if objects is not None else []
     jobs: kopf.Index[str, Any] | None = kwargs.get("namespace_jobs")
-    usage = namespace_usage(list(jobs.get(namespace, [])) if jobs is not None else [], exclude=name)
-    every = [j for key in (jobs or {}) for j in jobs[key]] if jobs is not None else []
-    usage = replace(usage, held_nodes=held_nodes(every, (namespace, name)))  # held capacity: cluster-wide
+
+    def usage() -> NamespaceUsage:
+        mine = namespace_usage(list(jobs.get(namespace, [])) if jobs is not None else [], exclude=name)
+        every = [j for key in (jobs or {}) for j in jobs[key]] if jobs is not None else []
+        return replace(mine, held_nodes=held_nodes(every, (namespace, name)))  # held capacity: cluster-wide
+
     return Governance(op.policies.for_namespace(namespace, bodies), usage)
 
 
