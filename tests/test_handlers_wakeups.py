@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 import pytest
 
+from gpuscaler.controller.policy import held_nodes, namespace_usage
 from gpuscaler.controller.wakeups import Seen, Wakeups
 from gpuscaler.handlers import trainingjob as h
 from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
@@ -181,3 +182,17 @@ def test_the_pod_and_node_watches_are_filtered_by_the_api_server() -> None:
     assert list(settings.watching.label_selectors.collect(pods)) == [JOB_LABEL]
     assert list(settings.watching.label_selectors.collect(nodes)) == [JOB_LABEL]
     assert list(settings.watching.label_selectors.collect(jobs)) == []
+
+
+def test_a_namespaces_usage_counts_the_statuses_the_operator_holds_or_just_wrote() -> None:
+    """A new job's way up is held (controller/status_writes.py) and a write reaches the index only
+    with its watch event: the usage a namespace cap counts is gathered from the operator's own,
+    newer statuses, so a burst of new jobs cannot pass a cap while their statuses are in flight."""
+    planned = {"phase": "Provisioning", "gpus": 8, "plan": {"nodes": 1, "heldCapacity": "cb-1"}}
+    index = [h.job_usage("ns", n, {}) for n in ("a", "b", "c")]  # the watch saw them created, no status yet
+    op = SimpleNamespace(held={"ns.a": (0.0, planned)}, written={"ns.b": ("7", {**planned, "gpus": 4})})
+    latest = h._latest(op, index)  # type: ignore[arg-type]
+    assert [e["gpus"] for e in latest] == [8, 4, None]
+    assert namespace_usage(latest, exclude="c").gpus == 12
+    assert namespace_usage(index, exclude="c").gpus == 0  # the watch's copy alone
+    assert held_nodes(latest, ("ns", "c")) == {"cb-1": 2}

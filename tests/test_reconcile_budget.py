@@ -93,7 +93,7 @@ class Counted:
     A step's status is written as the handler decides (:func:`gpuscaler.controller.status_writes.decide`,
     on the world's clock): at once, or held a moment (a gang's move to Starting)."""
 
-    def __init__(self, world: World | None = None, hold_s: float = Settings().starting_write_hold_s) -> None:
+    def __init__(self, world: World | None = None, hold_s: float = Settings().bringup_write_hold_s) -> None:
         self.w = world or World()
         self.workers = RecordedWorkers()
         self.w.workers = self.workers  # type: ignore[assignment]
@@ -153,9 +153,13 @@ def test_one_node_job_to_running_within_the_budget() -> None:
         "create_namespaced_role_binding": 1,
         "create_namespaced_pod": 1,  # with what a preemption would cost (0, docs/preemption-cost.md): no PATCH when it runs
     }
-    # status writes: Provisioning (planned, node asked for), Running (the move to Starting, held up
-    # to 3 s, written with it: the workers ran 3 s after they were made)
-    assert c.phases_written == ["Provisioning", "Running"]
+    # status writes: the way up (Provisioning, Starting) is held up to 3 s at a time: Starting, at
+    # the end of the first hold (each step is 1 s: planned at +0 s, Starting from +3 s), then
+    # Running (+6 s); with the gang up within the hold, Running alone
+    assert c.phases_written == ["Starting", "Running"]
+    quick = Counted(hold_s=10)
+    to_running(quick, make_job(ONE_NODE))
+    assert quick.phases_written == ["Running"]
     # the plan, and the start with the way there (a gang up within progressEventAfterS posts no
     # Event on the way: controller/bringup.py)
     assert c.events == {"Planned": 1, "Started": 1}
@@ -198,8 +202,8 @@ def test_a_gang_of_two_costs_one_create_per_node_and_pod_and_still_two_writes() 
     assert c.writes == 2
 
 
-def test_a_gang_still_starting_when_the_hold_ends_is_written_then() -> None:
-    c = Counted(hold_s=1.5)  # the workers run 3 s after they were made
+def test_a_gang_still_on_its_way_when_the_hold_ends_is_written_then() -> None:
+    c = Counted(hold_s=1.5)  # Provisioning from +0 s, Starting from +3 s, Running at +6 s
     to_running(c, make_job(ONE_NODE))
     assert c.phases_written == ["Provisioning", "Starting", "Running"]
     c = Counted(hold_s=0)  # nothing held

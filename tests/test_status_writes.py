@@ -17,8 +17,12 @@ def decided(server: dict[str, Any], new: dict[str, Any], held_for_s: float | Non
     return decide(server, new, held_for_s=held_for_s, since_write_s=since_write_s, refresh_s=300.0, hold_s=3.0)
 
 
-def test_the_move_to_starting_is_held_until_the_hold_ends() -> None:
+def test_a_new_jobs_way_up_is_held_until_the_hold_ends() -> None:
+    assert decided({}, PROVISIONING) is Write.HOLD  # planned, nodes asked for: no status yet
+    assert decided({"phase": "Pending"}, PROVISIONING, held_for_s=1.0) is Write.HOLD
+    assert decided({}, STARTING, held_for_s=2.0) is Write.HOLD  # nodes Ready at once
     assert decided(PROVISIONING, STARTING) is Write.HOLD
+    assert decided(PROVISIONING, {**PROVISIONING, "message": "1/2 nodes Ready"}) is Write.HOLD
     assert decided(PROVISIONING, STARTING, held_for_s=2.9) is Write.HOLD
     assert decided(PROVISIONING, STARTING, held_for_s=3.0) is Write.NOW
     assert decided(PROVISIONING, {**STARTING, "message": "1/2 workers running"}, held_for_s=1.0) is Write.HOLD
@@ -30,13 +34,15 @@ def test_the_move_to_starting_is_held_until_the_hold_ends() -> None:
 @pytest.mark.parametrize(
     ("server", "new"),
     [
-        ({}, {"phase": "Pending"}),  # a new job
-        ({"phase": "Pending"}, PROVISIONING),  # planned, nodes asked for
-        (PROVISIONING, RUNNING),  # the held move and the workers running: one write
+        ({}, {"phase": "Pending"}),  # a new job a policy stops, or that waits for its capacity window
+        ({}, {"phase": "Failed"}),  # an invalid spec
+        ({}, RUNNING),  # the held way up and the workers running: one write
+        (PROVISIONING, RUNNING),
         (STARTING, RUNNING),
-        ({"phase": "Recovering"}, STARTING),  # only a gang's way up from Provisioning is held
+        ({"phase": "Recovering"}, PROVISIONING),  # a gang's way up again after an interruption
+        ({"phase": "Recovering"}, STARTING),
+        ({"phase": "Queued"}, PROVISIONING),  # Kueue admitted the gang
         (RUNNING, {**RUNNING, "phase": "Checkpointing"}),
-        (PROVISIONING, {**PROVISIONING, "message": "1/2 nodes Ready"}),
     ],
 )
 def test_everything_else_is_written_at_once(server: dict[str, Any], new: dict[str, Any]) -> None:

@@ -107,13 +107,13 @@ class Settings(BaseSettings):
         ge=0,
         description="Seconds a woken job waits before its step is queued, so one change's burst of events is one step.",
     )
-    starting_write_hold_s: float = Field(
+    bringup_write_hold_s: float = Field(
         default=3.0,
         ge=0,
         description=(
-            "Seconds a gang's move to Starting may wait before it is written: workers that run by then make "
-            "it one status write (Running) instead of two. Nothing else waits (controller/status_writes.py); 0: "
-            "written at once."
+            "Seconds a new job's way up (Provisioning, Starting) may wait before it is written: a gang running "
+            "by then is one status write (Running) instead of three. Nothing else waits (controller/status_writes.py); "
+            "0: written at once."
         ),
     )
     status_refresh_s: float = Field(

@@ -12,8 +12,8 @@ time-based deadline comes. The watch-event handlers :func:`pod_event`, :func:`no
 changed in a way the loop reads (a node's heartbeat is not such a change). A step writes the
 status itself (:class:`gpuscaler.kube.client.TrainingJobs`), once, and only what changed; until the
 watch brings that write back, the next step starts from the status it wrote, not the older one. A
-gang's move to Starting is held a moment (:mod:`gpuscaler.controller.status_writes`): the next step
-starts from the held status and writes it with its own change.
+new job's way up is held a moment (:mod:`gpuscaler.controller.status_writes`): the next step starts
+from the held status and writes it with its own change.
 """
 
 from __future__ import annotations
@@ -298,32 +298,47 @@ async def policy_objects(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]
     }
 
 
+def job_usage(namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+    """What a namespace cap and the held capacity count of one TrainingJob, from its status."""
+    return {
+        "name": name,
+        "phase": status.get("phase"),
+        "gpus": status.get("gpus"),
+        "costUsd": status.get("costUsd"),
+        "startTime": status.get("startTime"),
+        "namespace": namespace,
+        "heldCapacity": (status.get("plan") or {}).get("heldCapacity"),
+        "nodes": (status.get("plan") or {}).get("nodes"),
+    }
+
+
 async def namespace_jobs(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[str, Any]:
     """Index: every TrainingJob's phase, GPUs and spend by namespace (for namespace caps)."""
-    return {
-        namespace or "": {
-            "name": name,
-            "phase": status.get("phase"),
-            "gpus": status.get("gpus"),
-            "costUsd": status.get("costUsd"),
-            "startTime": status.get("startTime"),
-            "namespace": namespace or "",
-            "heldCapacity": (status.get("plan") or {}).get("heldCapacity"),
-            "nodes": (status.get("plan") or {}).get("nodes"),
-        }
-    }
+    return {namespace or "": job_usage(namespace or "", name, status)}
+
+
+def _latest(op: Operator, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Index entries of :func:`namespace_jobs`, each from the status the operator holds or last wrote
+    when it has one (newer than the watch's: :mod:`gpuscaler.controller.status_writes`)."""
+    out = []
+    for e in entries:
+        key = job_label_value(e["namespace"], e["name"])
+        mine = op.held[key][1] if key in op.held else op.written[key][1] if key in op.written else None
+        out.append(e if mine is None else job_usage(e["namespace"], e["name"], mine))
+    return out
 
 
 def governance_for(op: Operator, namespace: str, name: str, kwargs: dict[str, Any]) -> Governance:
     """The merged policy in force for a job and what its namespace already holds (gathered from the
-    index when a step that plans first reads it)."""
+    index, with the statuses the operator holds or has just written, when a step that plans first
+    reads it)."""
     objects: kopf.Index[str, Any] | None = kwargs.get("policy_objects")
     bodies = [b for key in (objects or {}) for b in objects[key]] if objects is not None else []
     jobs: kopf.Index[str, Any] | None = kwargs.get("namespace_jobs")
 
     def usage() -> NamespaceUsage:
-        mine = namespace_usage(list(jobs.get(namespace, [])) if jobs is not None else [], exclude=name)
-        every = [j for key in (jobs or {}) for j in jobs[key]] if jobs is not None else []
+        mine = namespace_usage(_latest(op, list(jobs.get(namespace, []))) if jobs is not None else [], exclude=name)
+        every = _latest(op, [j for key in (jobs or {}) for j in jobs[key]]) if jobs is not None else []
         return replace(mine, held_nodes=held_nodes(every, (namespace, name)))  # held capacity: cluster-wide
 
     return Governance(op.policies.for_namespace(namespace, bodies), usage)
@@ -402,7 +417,7 @@ def step_job(
         held_for_s=held_for,
         since_write_s=now - op.last_write.get(key, 0),
         refresh_s=op.settings.status_refresh_s,
-        hold_s=op.settings.starting_write_hold_s,
+        hold_s=op.settings.bringup_write_hold_s,
     )
     if write is Write.HOLD:
         op.held[label] = (held[0] if held else now, new)
@@ -428,7 +443,7 @@ def step_job(
         metrics.observe_performance(namespace, name, seen.predicted, seen.throughput, seen.efficiency_factor)
     metrics.RECONCILE.observe(time.perf_counter() - t0)
     wake = next_wake(out.status, nodes, datetime.now(UTC), op.wake)
-    left = hold_left_s(now - op.held[label][0] if label in op.held else None, op.settings.starting_write_hold_s)
+    left = hold_left_s(now - op.held[label][0] if label in op.held else None, op.settings.bringup_write_hold_s)
     return wake if left is None else min(wake, left + op.wake.min_s)  # a hold ends with a step that writes it
 
 
