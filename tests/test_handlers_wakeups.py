@@ -196,3 +196,10 @@ def test_a_namespaces_usage_counts_the_statuses_the_operator_holds_or_just_wrote
     assert namespace_usage(latest, exclude="c").gpus == 12
     assert namespace_usage(index, exclude="c").gpus == 0  # the watch's copy alone
     assert held_nodes(latest, ("ns", "c")) == {"cb-1": 2}
+
+
+def test_index_entries_copies_every_store_or_one() -> None:
+    index = {"ns": [{"name": "a"}, {"name": "b"}], "other": [{"name": "c"}]}
+    assert [e["name"] for e in h.index_entries(index)] == ["a", "b", "c"]
+    assert [e["name"] for e in h.index_entries(index, "ns")] == ["a", "b"]
+    assert h.index_entries(index, "gone") == [] and h.index_entries(None) == []

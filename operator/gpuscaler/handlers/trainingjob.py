@@ -332,16 +332,28 @@ def governance_for(op: Operator, namespace: str, name: str, kwargs: dict[str, An
     """The merged policy in force for a job and what its namespace already holds (gathered from the
     index, with the statuses the operator holds or has just written, when a step that plans first
     reads it)."""
-    objects: kopf.Index[str, Any] | None = kwargs.get("policy_objects")
-    bodies = [b for key in (objects or {}) for b in objects[key]] if objects is not None else []
+    bodies = index_entries(kwargs.get("policy_objects"))
     jobs: kopf.Index[str, Any] | None = kwargs.get("namespace_jobs")
 
     def usage() -> NamespaceUsage:
-        mine = namespace_usage(_latest(op, list(jobs.get(namespace, []))) if jobs is not None else [], exclude=name)
-        every = _latest(op, [j for key in (jobs or {}) for j in jobs[key]]) if jobs is not None else []
+        mine = namespace_usage(_latest(op, index_entries(jobs, namespace)), exclude=name)
+        every = _latest(op, index_entries(jobs))
         return replace(mine, held_nodes=held_nodes(every, (namespace, name)))  # held capacity: cluster-wide
 
     return Governance(op.policies.for_namespace(namespace, bodies), usage)
+
+
+def index_entries(index: Mapping[str, Any] | None, key: str | None = None) -> list[Any]:
+    """A copy of a kopf index's entries (of one key, or of every key), safe on a step's thread.
+
+    The event loop's thread updates the index meanwhile: a Python loop over one of its stores lets
+    that thread in between two items, and the store then changes size under it (a RuntimeError
+    that failed a planning step in a 500-job burst, and the job waited out the retry delay). So
+    each store is copied whole by ``list()``, which runs in C without letting another thread in."""
+    if index is None:
+        return []
+    keys = [key] if key is not None else list(index)
+    return [entry for store in [index.get(k, ()) for k in keys] for entry in list(store)]
 
 
 def unfinished(status: kopf.Status, **_: Any) -> bool:
