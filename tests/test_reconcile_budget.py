@@ -19,9 +19,10 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from gpuscaler.api.events import Event
 from gpuscaler.api.status import Phase
 from gpuscaler.controller.reconcile import Job
-from gpuscaler.controller.status_writes import Write, decide
+from gpuscaler.controller.status_writes import Write, decide, fold_held_events
 from gpuscaler.kube.client import Workers
 from gpuscaler.kube.workers import worker_rbac
 from gpuscaler.settings import Settings
@@ -106,11 +107,10 @@ class Counted:
         self.phases_written: list[str] = []
         self.events: Counter[str] = Counter()
         self.messages: dict[str, list[str]] = {}
+        self.held_events: list[Event] = []
 
     def step(self, job: Job) -> None:
-        reasons = self.w.step(job)
-        for e in self.w.events:
-            self.messages.setdefault(e.reason, []).append(e.message)
+        self.w.step(job)
         after = self.w.status.model_dump(mode="json", by_alias=True, exclude_none=True)
         held_for = (self.w.now - self.held_at).total_seconds() if self.held_at else None
         write = decide(self.server, after, held_for_s=held_for, since_write_s=0, refresh_s=300, hold_s=self.hold_s)
@@ -119,7 +119,10 @@ class Counted:
             self.writes += 1
             self.phases_written.append(after["phase"])
             self.server = after
-        self.events.update(reasons)
+        post, self.held_events = fold_held_events(self.held_events, list(self.w.events), holding=write is Write.HOLD)
+        for e in post:
+            self.messages.setdefault(e.reason, []).append(e.message)
+        self.events.update(e.reason for e in post)
 
     def calls(self) -> int:
         return sum(self.workers.calls.values())
@@ -160,6 +163,10 @@ def test_one_node_job_to_running_within_the_budget() -> None:
     quick = Counted(hold_s=10)
     to_running(quick, make_job(ONE_NODE))
     assert quick.phases_written == ["Running"]
+    # with the gang up within the hold, its plan is said in the Started Event: one Event, one write
+    assert quick.events == {"Started": 1}
+    (said,) = quick.messages["Started"]
+    assert said.startswith("all 1 worker(s) started on p3.2xlarge (requested") and "; planned 1 x p3.2xlarge" in said, said
     # the plan, and the start with the way there (a gang up within progressEventAfterS posts no
     # Event on the way: controller/bringup.py)
     assert c.events == {"Planned": 1, "Started": 1}

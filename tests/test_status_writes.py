@@ -63,3 +63,28 @@ def test_the_time_left_of_a_hold() -> None:
     assert hold_left_s(None, 3.0) is None
     assert hold_left_s(1.0, 3.0) == 2.0
     assert hold_left_s(5.0, 3.0) == 0.0
+
+
+def test_planned_is_held_with_the_status_and_said_in_started_when_the_gang_runs_within_the_hold() -> None:
+    from gpuscaler.api.events import Event
+    from gpuscaler.controller.status_writes import fold_held_events
+
+    planned = Event("Normal", "Planned", "1 x p4d.24xlarge on-demand: expected 1.00 h")
+    started = Event("Normal", "Started", "all 8 worker(s) started (requested, running +2.1s)")
+    other = Event("Warning", "PricesStale", "stale")
+    # held: Planned kept, everything else posted
+    post, keep = fold_held_events([], [planned, other], holding=True)
+    assert post == [other] and keep == [planned]
+    # written with the start: one Started Event that says the plan
+    post, keep = fold_held_events(keep, [started], holding=False)
+    assert keep == [] and [e.reason for e in post] == ["Started"]
+    assert post[0].message == f"{started.message}; planned {planned.message}"
+    # written before the start (the hold ended): Planned posted first, as it was
+    post, keep = fold_held_events([planned], [other], holding=False)
+    assert post == [planned, other] and keep == []
+    # a re-plan within the hold: the latest plan is the one said
+    newer = Event("Normal", "Planned", "2 x g5.12xlarge spot")
+    post, _ = fold_held_events([planned, newer], [started], holding=False)
+    assert post[0].message.endswith(f"; planned {newer.message}")
+    # nothing held: the step's Events as they are
+    assert fold_held_events([], [started], holding=False) == ([started], [])

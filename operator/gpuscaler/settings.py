@@ -112,8 +112,8 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "Seconds a new job's way up (Provisioning, Starting) may wait before it is written: a gang running "
-            "by then is one status write (Running) instead of three. Nothing else waits (controller/status_writes.py); "
-            "0: written at once."
+            "by then is one status write (Running) instead of three, and its Started Event says the plan (no "
+            "Planned Event). Nothing else waits (controller/status_writes.py); 0: written at once."
         ),
     )
     status_refresh_s: float = Field(

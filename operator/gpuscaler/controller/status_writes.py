@@ -14,10 +14,15 @@ written then (its daemon is stepped at that moment), and its next move on the wa
 as long at most. Until a held status is written, the job's next step starts from it, not from the
 one on the server.
 
+The ``Planned`` Event is held with the status (:func:`fold_held_events`): a gang that runs within
+the hold says its plan in its ``Started`` Event (one Event for the way from the plan to running, as
+the status is one write); where the hold ends first, ``Planned`` is posted then, at most
+``bringup_write_hold_s`` late, with the status that carries the plan.
+
 What is held is never lost to the operator's own decisions: a namespace's usage and the held
 capacity in use (policy caps, :func:`gpuscaler.controller.policy.namespace_usage`) are gathered
-from the statuses the operator holds or has just written, not only from the watch's older copy; the
-``Planned`` Event is posted at once. Nothing else is held: a notice, an interruption, a failure, a
+from the statuses the operator holds or has just written, not only from the watch's older copy.
+Nothing else is held: a notice, an interruption, a failure, a
 finish, a policy's refusal, and a gang's way up again after an interruption (Recovering) are
 written by the step that decided them. An operator that restarts during a hold plans the job again
 from the status on the server: the planner gives the same plan, nodes and workers are created if
@@ -28,8 +33,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from gpuscaler.api.events import Event
 from gpuscaler.api.status import Phase
 from gpuscaler.controller.step import status_change
+from gpuscaler.names import EventReason
 
 
 class Write(StrEnum):
@@ -85,3 +92,37 @@ def decide(
 def hold_left_s(held_for_s: float | None, hold_s: float) -> float | None:
     """Seconds until a held status must be written (None: nothing held)."""
     return None if held_for_s is None else max(hold_s - held_for_s, 0.0)
+
+
+HELD_EVENTS = frozenset({EventReason.PLANNED.value})
+"""The Events held with a held status (the others are posted by the step that decided them)."""
+
+
+def fold_held_events(held: list[Event], events: list[Event], *, holding: bool) -> tuple[list[Event], list[Event]]:
+    """The Events a step posts, and those it keeps with its held status.
+
+    While the status is held (``holding``), the step's :data:`HELD_EVENTS` join ``held`` and the rest
+    are posted. When it is written, the latest held ``Planned`` goes into the step's ``Started`` Event
+    (``"<Started message>; planned <Planned message>"``) where the gang started in this step, and is
+    posted first, as it was, where it did not.
+
+    Args:
+        held: The Events kept from the job's earlier held steps (oldest first).
+        events: This step's Events.
+        holding: This step's status is held (:attr:`Write.HOLD`).
+
+    Returns:
+        (to post now, to keep with the held status).
+    """
+    if holding:
+        keep = [e for e in events if e.reason in HELD_EVENTS]
+        return [e for e in events if e.reason not in HELD_EVENTS], held + keep
+    if not held:
+        return events, []
+    planned = held[-1]  # a re-plan within the hold supersedes the plan before it
+    at = next((i for i, e in enumerate(events) if e.reason == EventReason.STARTED), None)
+    if at is None:
+        return [planned, *events], []
+    started = events[at]
+    merged = Event(started.type, started.reason, f"{started.message}; planned {planned.message}")
+    return [*events[:at], merged, *events[at + 1:]], []

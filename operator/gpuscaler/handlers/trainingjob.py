@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from gpuscaler import __version__
 from gpuscaler.api import TrainingJobSpec
+from gpuscaler.api.events import Event
 from gpuscaler.api.status import Phase, TrainingJobStatus
 from gpuscaler.catalog import Catalog, load_catalog
 from gpuscaler.cloud import JobRef, NodePoolProvider, job_label_value, make_provider
@@ -54,7 +55,7 @@ from gpuscaler.controller.reconcile import (
     Outcome,
     Reconciler,
 )
-from gpuscaler.controller.status_writes import Write, decide, hold_left_s
+from gpuscaler.controller.status_writes import Write, decide, fold_held_events, hold_left_s
 from gpuscaler.controller.wakeups import Lanes, Seen, StepGate, WakeConfig, Wakeups, drive, lane, next_wake
 from gpuscaler.handlers import metrics
 from gpuscaler.handlers.errors import kopf_errors, retry_delay
@@ -107,6 +108,8 @@ class Operator:
     held: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     """Job key -> (monotonic time first held, status) of a status not written yet
     (:mod:`gpuscaler.controller.status_writes`): the job's next step starts from it."""
+    held_events: dict[str, list[Event]] = field(default_factory=dict)
+    """Job key -> the Events held with its held status (``Planned``: :func:`fold_held_events`)."""
     blocked: dict[str, str] = field(default_factory=dict)
     """Job key -> namespace of the jobs a policy stops (PolicyViolation): woken when a job of their
     namespace finishes."""
@@ -441,7 +444,10 @@ def step_job(
         rv = op.jobs.patch_status(namespace, name, patch)
         op.written[label] = (rv, new)
         op.last_write[key] = now
-    for ev in out.events:
+    post, keep = fold_held_events(op.held_events.pop(label, []), list(out.events), holding=write is Write.HOLD)
+    if keep:
+        op.held_events[label] = keep
+    for ev in post:
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
         logger.info("%s: %s", ev.reason, ev.message)
     if any(c.type == "PolicyViolation" and c.status == "True" for c in out.status.conditions):
@@ -556,6 +562,7 @@ async def job_event(
         _operator.blocked.pop(key, None)
         _operator.written.pop(key, None)
         _operator.held.pop(key, None)
+        _operator.held_events.pop(key, None)
 
 
 async def profile_event(
