@@ -112,14 +112,14 @@ def fold_held_events(held: list[Event], events: list[Event], *, holding: bool) -
         holding: This step's status is held (:attr:`Write.HOLD`).
 
     Returns:
-        (to post now, to keep with the held status).
+        (to post now, to keep with the held status: the latest held Event, or none).
     """
-    if holding:
+    if holding:  # only the latest is ever posted: a re-plan within the hold supersedes the plan before it
         keep = [e for e in events if e.reason in HELD_EVENTS]
-        return [e for e in events if e.reason not in HELD_EVENTS], held + keep
+        return [e for e in events if e.reason not in HELD_EVENTS], (held + keep)[-1:]
     if not held:
         return events, []
-    planned = held[-1]  # a re-plan within the hold supersedes the plan before it
+    planned = held[-1]
     at = next((i for i, e in enumerate(events) if e.reason == EventReason.STARTED), None)
     if at is None:
         return [planned, *events], []
