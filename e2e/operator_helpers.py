@@ -20,6 +20,7 @@ import yaml
 
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.cloud import JOB_LABEL, job_label_value
+from gpuscaler.devcluster import chart
 from gpuscaler.runtime.progress import Progress
 from gpuscaler.testing import pinned, training_job, worker_template
 
@@ -75,12 +76,17 @@ class OperatorProcess:
 @contextlib.contextmanager
 def operators(cluster: E2ECluster, namespace: str, log: Path, **base: str) -> Iterator[Callable[..., OperatorProcess]]:
     """``start(**settings)``: start an operator for ``namespace`` with the ``base`` settings and then
-    ``settings`` (``GPUSCALER_*`` variables), logging to ``log``. On exit the namespace's jobs are
+    ``settings`` (``GPUSCALER_*`` variables), logging to ``log``. The first start installs the Helm
+    chart's finalizer policy for the namespace, as the chart does beside its operator
+    (:func:`gpuscaler.devcluster.chart.install_finalizer_policy`). On exit the namespace's jobs are
     deleted while the last operator runs (its finalizer releases their pods and nodes), every
-    operator is stopped and the log's tail printed."""
+    operator is stopped, the policy removed and the log's tail printed."""
     started: list[OperatorProcess] = []
+    policy: list[chart.Installed | None] = []
 
     def start(**settings: str) -> OperatorProcess:
+        if not policy:
+            policy.append(chart.install_finalizer_policy(cluster.env, namespace))
         op = OperatorProcess(cluster, namespace, log, **{**base, **settings})
         op.start()
         started.append(op)
@@ -93,6 +99,8 @@ def operators(cluster: E2ECluster, namespace: str, log: Path, **base: str) -> It
             kubectl(cluster, "delete", "trainingjobs", "--all", "-n", namespace, "--timeout=60s", check=False)
         for op in started:
             op.stop()
+        for installed in policy:
+            chart.uninstall_finalizer_policy(cluster.env, installed)
         if log.exists():
             print(log.read_text(errors="replace")[-6000:])
 

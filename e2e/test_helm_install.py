@@ -11,6 +11,7 @@ resolves ``nodepools.karpenter.sh`` and the like through discovery.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import urllib.request
@@ -25,6 +26,7 @@ from kubernetes import client
 import helm_install_helpers
 from e2e_helpers import E2ECluster, rbac_checked, wait_for
 from gpuscaler.devcluster.cluster import wait_established
+from gpuscaler.names import FINALIZER
 from gpuscaler.testing import pinned, training_job, worker_template
 from helm_install_helpers import (
     CHART,
@@ -36,6 +38,7 @@ from helm_install_helpers import (
     run,
     sa_kubeconfig,
 )
+from operator_helpers import job_nodes, job_pods
 
 provider_crds = helm_install_helpers.provider_crds
 release = helm_install_helpers.release
@@ -281,7 +284,11 @@ def test_operator_runs_a_job_with_the_charts_credentials(
         job = training_job(
             "rbac", constraints=pinned("p3.2xlarge"), template=worker_template("registry.invalid/trainer:e2e")
         )
-        run(dev_cluster, "kubectl", "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(job))
+        created = run(dev_cluster, "kubectl", "create", "-n", namespace, "-f", "-", "-o", "json", stdin=yaml.safe_dump(job))
+        # the chart's finalizer policy (the API server serves MutatingAdmissionPolicy v1): the
+        # finalizer is on the job as stored by its creation, before the operator saw it
+        assert {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"} <= {m["kind"] for m in release.manifests}
+        assert json.loads(created.stdout)["metadata"]["finalizers"] == [FINALIZER]
 
         def phase() -> str:
             obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", "rbac")
@@ -299,5 +306,19 @@ def test_operator_runs_a_job_with_the_charts_credentials(
         role = rbac.read_namespaced_role("gpuscaler-worker", namespace)
         assert [(r.resources, r.verbs) for r in role.rules] == [(["pods"], ["get", "patch"])]
         assert rbac.read_namespaced_role_binding("gpuscaler-worker", namespace).role_ref.name == "gpuscaler-worker"
+        # kopf found its finalizer present: it wrote nothing to the job (its PATCH would add a
+        # managedFields entry of manager "kopf"); the operator wrote only the status
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "trainingjobs", "rbac")
+        writers = {(f["manager"], f.get("subresource", "")) for f in obj["metadata"]["managedFields"]}
+        assert not {w for w in writers if w[0].startswith("kopf")}, writers
+        assert obj["metadata"]["finalizers"] == [FINALIZER]
+        nodes = job_nodes(core, namespace, "rbac")
+        assert nodes
         # delete while the operator runs: its finalizer releases the worker and the kwok node
         run(dev_cluster, "kubectl", "delete", "trainingjob", "rbac", "-n", namespace, "--timeout=60s")
+        wait_for(
+            lambda: not job_pods(core, namespace, "rbac") and not job_nodes(core, namespace, "rbac"),
+            timeout=30,
+            interval=0.5,
+            what="the job's worker and node released by the operator's cleanup",
+        )

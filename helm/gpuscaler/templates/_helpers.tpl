@@ -90,6 +90,16 @@ namespaced mode (gpuscaler.kube.admission binding_name: each watched namespace k
 {{- end }}
 
 {{/*
+The finalizer policy's name (templates/finalizer-policy.yaml), and its binding's: the policy's,
+with -<namespace> where the operator watches one namespace.
+*/}}
+{{- define "gpuscaler.finalizerPolicy" -}}{{ include "gpuscaler.fullname" . }}-finalizer{{- end }}
+{{- define "gpuscaler.finalizerPolicyBinding" -}}
+{{- $ns := include "gpuscaler.watchNamespace" . }}
+{{- if $ns }}{{ include "gpuscaler.finalizerPolicy" . }}-{{ $ns }}{{ else }}{{ include "gpuscaler.finalizerPolicy" . }}{{ end }}
+{{- end }}
+
+{{/*
 Where the policies ConfigMap is mounted, and the file the operator reads.
 */}}
 {{- define "gpuscaler.policyDir" -}}/etc/gpuscaler/policies{{- end }}

@@ -33,6 +33,7 @@ import yaml
 
 from gpuscaler import names
 from gpuscaler.devcluster import build as buildmod
+from gpuscaler.devcluster import chart
 from gpuscaler.devcluster import cluster as clustermod
 from gpuscaler.devcluster.workers import RunnerConfig, WorkerRunner, bind_claim
 
@@ -133,6 +134,7 @@ def run_demo(args: argparse.Namespace, log: Callable[[str], None]) -> int:
         crd_names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in paths]
         env = c.env(dict(os.environ))
         clustermod.apply_crds(env, paths, crd_names)
+        chart.install_finalizer_policy(env, NAMESPACE)  # as the Helm chart does beside its operator
         op_env = dict(
             env,
             GPUSCALER_POLICY_FILE=str(root / "policies" / POLICY_FILE),
