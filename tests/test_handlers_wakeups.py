@@ -18,6 +18,8 @@ from gpuscaler.names import INTERRUPTION_ANNOTATION, JOB_LABEL
 from loop_harness import node_body
 
 KEY = "ns.job"
+INDEX_OF = {"pod_event": "job_pods", "node_event": "job_nodes", "job_event": "namespace_jobs"}
+"""The index function that sees a watch-event handler's events but deletions."""
 
 
 @pytest.fixture
@@ -31,16 +33,31 @@ def op() -> Iterator[SimpleNamespace]:
 
 
 def woken(op: SimpleNamespace, *events: tuple[str, Any]) -> list[bool]:
-    """Feed (handler, kwargs) calls to the handlers with one job registered; which calls woke it."""
+    """Feed (handler, kwargs) calls to the handlers with one job registered; which calls woke it.
+
+    As kopf calls them: a deletion goes to the watch-event handler (``pod_event``...: registered
+    with ``when=h.deleted``), every other event to the index function (``job_pods``...), which
+    wakes the job once kopf has stored its entry (a callback queued on the loop)."""
 
     async def run() -> list[bool]:
         flag = op.wakeups.register(KEY)
         out = []
-        for fn, kwargs in events:
+        for handler, event in events:
             flag.clear()
+            fn, kwargs = handler, event
+            if handler not in INDEX_OF:  # no index function (policies): every event to the handler
+                pass
+            elif event["type"] == "DELETED":
+                assert h.deleted(**event)
+            else:
+                assert not h.deleted(**event)
+                fn = INDEX_OF[handler]
+                kwargs = {k: v for k, v in event.items() if k != "type"}  # an index function gets no type
             await getattr(h, fn)(**kwargs)
+            stored = flag.is_set()  # nothing woke it before kopf stores the index entry
             await asyncio.sleep(0)
             out.append(flag.is_set())
+            assert fn.endswith("_event") or not stored
         return out
 
     return asyncio.run(run())
@@ -203,3 +220,14 @@ def test_index_entries_copies_every_store_or_one() -> None:
     assert [e["name"] for e in h.index_entries(index)] == ["a", "b", "c"]
     assert [e["name"] for e in h.index_entries(index, "ns")] == ["a", "b"]
     assert h.index_entries(index, "gone") == [] and h.index_entries(None) == []
+
+
+def test_the_watch_handlers_see_deletions_only_and_the_index_functions_every_other_event() -> None:
+    """The registrations (gpuscaler.main): what wakes a job on an event but a deletion is the
+    index function kopf calls for every such event, and the handler is kept for the deletions."""
+    import gpuscaler.main  # noqa: F401  (registers the handlers in kopf's default registry)
+
+    registry = kopf.get_default_registry()
+    watching = {x.fn.__name__: x for x in registry._watching.get_all_handlers()}
+    assert all(watching[fn].when is h.deleted for fn in INDEX_OF)
+    assert {x.fn.__name__ for x in registry._indexing.get_all_handlers()} >= set(INDEX_OF.values())

@@ -83,6 +83,7 @@ class RecordedWorkers(Workers):
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.core = RecordingApi(self.calls, self.objects)
         self.rbac = RecordingApi(self.calls, self.objects)
+        self.creates = RecordingApi(self.calls, self.objects)
 
     def pods(self) -> list[dict[str, Any]]:
         return [b for (kind, _, _), b in self.objects.items() if kind == "Pod"]

@@ -176,7 +176,7 @@ def test_a_pod_refused_for_its_missing_account_makes_the_client_forget_it() -> N
 
             return call
 
-    w.core = Refusing()
+    w.creates = Refusing()
     pod = {"kind": "Pod", "metadata": {"namespace": "ns", "name": "j-worker-0"}}
     with pytest.raises(KubeError, match="403") as err:
         w.create_if_absent(pod)

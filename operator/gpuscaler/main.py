@@ -36,9 +36,10 @@ kopf.daemon(
     cancellation_backoff=DAEMON_EXIT_S,
     cancellation_timeout=DAEMON_EXIT_S,
 )(h.job_daemon)  # type: ignore[arg-type]  # kopf's Protocols do not know index kwargs
-kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})(h.pod_event)
-kopf.on.event("nodes", labels={JOB_LABEL: kopf.PRESENT})(h.node_event)
-kopf.on.event(API_GROUP, API_VERSION, PLURAL)(h.job_event)
+# every other watch event of these reaches their index functions above, which wake the jobs (h.deleted)
+kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT}, when=h.deleted)(h.pod_event)
+kopf.on.event("nodes", labels={JOB_LABEL: kopf.PRESENT}, when=h.deleted)(h.node_event)
+kopf.on.event(API_GROUP, API_VERSION, PLURAL, when=h.deleted)(h.job_event)
 if _settings.watch_policies:
     kopf.on.event(API_GROUP, API_VERSION, POLICY_PLURAL)(h.policy_event)
 if _settings.profiles_enabled:

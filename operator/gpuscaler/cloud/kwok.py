@@ -27,6 +27,7 @@ from gpuscaler.cloud.provider import (
     Scheduling,
     node_names,
 )
+from gpuscaler.kube_create import Creates
 from gpuscaler.names import CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, JOB_LABEL, PRICE_ANNOTATION
 
 HTTP_NOT_FOUND = 404
@@ -54,6 +55,8 @@ class KwokProvider(MakesNodes):
             toleration_key: Taint key of the GPU nodes that workers tolerate.
         """
         self.core: Any = api if isinstance(api, client.CoreV1Api) else client.CoreV1Api(api)
+        self.creates: Any = Creates(self.core.api_client)
+        """Nodes are created without the client's typed models (:mod:`gpuscaler.kube_create`)."""
         self.delay = provisioning_delay_s
         self.capacity = dict(capacity or {})
         self.toleration_key = toleration_key
@@ -92,7 +95,7 @@ class KwokProvider(MakesNodes):
                 annotations={PRICE_ANNOTATION: f"{request.usd_per_hour_per_node:.6g}"},
             )
             try:
-                self.core.create_node(body)
+                self.creates.create_node(body)
                 created.append(name)
             except ApiException as err:
                 if err.status == HTTP_CONFLICT:

@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuscaler.api.trainingjob import API_GROUP, API_VERSION, PLURAL
 from gpuscaler.errors import ErrorKind, GpuscalerError
+from gpuscaler.kube_create import Creates
 
 HTTP_FORBIDDEN = 403
 HTTP_NOT_FOUND = 404
@@ -98,6 +99,8 @@ class Workers:
     def __init__(self, api: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.core: Any = client.CoreV1Api(api)
         self.rbac: Any = client.RbacAuthorizationV1Api(api)
+        self.creates: Any = Creates(api)
+        """Pods are created without the client's typed models (:mod:`gpuscaler.kube_create`)."""
         self.clock = clock
         self._shared: dict[tuple[str, str, str], float] = {}
         """(kind, namespace, name) of shared objects known to exist -> when that was learnt."""
@@ -146,7 +149,7 @@ class Workers:
         shared = kind in SHARED_KINDS
         try:
             if kind == "Pod":
-                self.core.create_namespaced_pod(ns, body)
+                self.creates.create_namespaced_pod(ns, body)
             elif kind == "Service":
                 self.core.create_namespaced_service(ns, body)
             elif kind == "ServiceAccount":
