@@ -25,6 +25,7 @@ import pytest
 from kubernetes import client, config
 
 import any_cluster
+import shards
 from e2e_helpers import E2ECluster, wait_for
 from gpuscaler.devcluster import build
 from gpuscaler.devcluster.cluster import Cluster, apply_crds
@@ -39,6 +40,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         help=f"run the e2e suite on the existing cluster of this kubeconfig (as ${any_cluster.KUBECONFIG_ENV})",
     )
+    parser.addoption(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run only the K-th of N shards of the e2e modules, dealt by measured duration (e2e/shards.py); "
+        "scripts/test.sh runs the N shards at once, each on its own dev cluster",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,6 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--kubeconfig / ${any_cluster.KUBECONFIG_ENV}: {external} is not a file (the existing cluster's kubeconfig)"
         )
+    shard = config.getoption("--shard")
+    if shard is not None:
+        try:
+            shards.parse(shard)
+        except ValueError as err:
+            raise pytest.UsageError(str(err)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -76,6 +90,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+    shard = config.getoption("--shard")
+    if shard is not None:  # whole modules, the same split in every shard's session (shards.deal)
+        k, n = shards.parse(shard)
+        mine = set(shards.deal([Path(str(item.fspath)).name for item in items], n)[k - 1])
+        kept = [item for item in items if Path(str(item.fspath)).name in mine]
+        config.hook.pytest_deselected(items=[item for item in items if Path(str(item.fspath)).name not in mine])
+        items[:] = kept
     items.sort(key=lambda item: Path(str(item.fspath)).name in LAST_MODULES)  # stable: order kept otherwise
 
 

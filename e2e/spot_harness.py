@@ -142,6 +142,11 @@ class Harness:
     poll_s: float = 0.1
     torchrun: bool = False
     """Launch each worker under ``torchrun --nproc-per-node 1`` (needs torch)."""
+    resumed_step_sleep: float | None = None
+    """Sleep per step of a process started once the checkpoint directory holds a complete checkpoint
+    (``step-N``: a run that resumes); None: ``step_sleep``. For a test whose interruption is timed
+    by the clock (a capacity block's window) and whose checks of the resumed run do not depend on
+    its pace."""
     runner: WorkerRunner | None = None
 
     @property
@@ -167,6 +172,8 @@ class Harness:
         """The harness's worker instead of the pod's image, with the shared checkpoint directory."""
         env["GPUSCALER_CHECKPOINT_DIR"] = str(self.ckpt_dir)
         rank = int((pod.metadata.labels or {}).get("gpuscaler.io/rank", "0"))
+        resumes = self.resumed_step_sleep is not None and any(self.ckpt_dir.glob("step-*"))  # a complete one
+        pace = self.resumed_step_sleep if resumes else self.step_sleep
         launcher = (
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "--max-restarts", "0"]
             if self.torchrun
@@ -175,7 +182,7 @@ class Harness:
         return [
             *launcher, str(HERE), "worker",
             "--total-steps", str(self.total_steps), "--out", str(self.weights), "--rank", str(rank),
-            "--samples-per-step", str(self.samples_per_step), "--step-sleep", str(self.step_sleep),
+            "--samples-per-step", str(self.samples_per_step), "--step-sleep", str(pace),
             "--events-log", str(self._events_log(pod.metadata.name, pod.metadata.uid)),
         ]
 

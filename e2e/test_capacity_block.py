@@ -32,6 +32,9 @@ pytestmark = pytest.mark.timeout(720)
 
 STEP_S = 0.02
 """Sleep per training step (the spot tests' is 0.03): the job outlasts what is left of the window."""
+RESUMED_STEP_S = 0.002
+"""Sleep per step of the run on spot after the move: its checks (final weights, steps redone, the
+job Succeeded on spot) do not depend on its pace, and at STEP_S it took about 1.5 minutes."""
 WINDOW_LEFT_S = 320
 """Seconds of the block's window left when the job is planned: more than the planner's start-up
 allowance (3 min) plus the margin (about a minute), or the block is too short to plan into at all."""
@@ -60,7 +63,7 @@ def test_a_job_in_a_capacity_block_checkpoints_before_its_end_and_continues_on_s
     spot_helpers.start_operator(operator, tmp_path, extra=block_policy(datetime.now(UTC)))
     steps = int((WINDOW_LEFT_S - 30) / STEP_S)  # each step takes longer than its sleep: past the move
     apply(dev_cluster, namespace, spot_helpers.spot_job("tj", steps))
-    h = harness("tj", steps)
+    h = harness("tj", steps, resumed_step_sleep=RESUMED_STEP_S)
     wait_phase(custom, namespace, "tj", "Running", timeout=90)
     st = get_job(custom, namespace, "tj")["status"]
     plan = st["plan"]

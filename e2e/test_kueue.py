@@ -62,6 +62,12 @@ FLAVORS = {
 }
 
 
+QUEUED_RESYNC_S = "5"
+"""``GPUSCALER_RESYNC_INTERVAL_S`` of the operators here: no watch event wakes a Queued job when Kueue
+changes its Workload (the reason it waits, its admission), so it sees them at its next resync, 60 s
+by default; what these tests check is what it does then, not the default's wait."""
+
+
 def quota(gpus: int) -> list[dict[str, Any]]:
     """A flavor's quotas in a ClusterQueue: ``gpus`` GPUs, CPU and memory beyond any test's need."""
     return [
@@ -291,7 +297,8 @@ def kq_operator(kq: Kueued, ns: str, tmp_path: Path) -> Iterator[OperatorProcess
     e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)  # checkpoints every 10 s allowed (the spot test's interval)
-    op = OperatorProcess(e2e, ns, tmp_path / "operator.log", GPUSCALER_POLICY_FILE=str(policy))
+    op = OperatorProcess(e2e, ns, tmp_path / "operator.log", GPUSCALER_POLICY_FILE=str(policy),
+                         GPUSCALER_RESYNC_INTERVAL_S=QUEUED_RESYNC_S)  # fmt: skip
     op.start()
     yield op
     kubectl(e2e, "delete", "trainingjobs", "--all", "-n", ns, "--timeout=60s", check=False)
@@ -479,7 +486,8 @@ def test_quota_fallback_moves_a_queued_job_to_the_plan_kueue_has_quota_for(kq: K
     e2e = E2ECluster(kq.cluster.kubeconfig, kq.api, env, kq.cluster.binaries, kq.cluster)
     apply_crds(env, [ROOT / "crds" / n for n in ("trainingjob.yaml", "gpuscalingpolicy.yaml", "performanceprofile.yaml")],
                ["trainingjobs.gpuscaler.io", "gpuscalingpolicies.gpuscaler.io", "performanceprofiles.gpuscaler.io"])
-    op = OperatorProcess(e2e, ns, tmp_path / "operator.log", GPUSCALER_KUEUE_QUOTA_FALLBACK="true")
+    op = OperatorProcess(e2e, ns, tmp_path / "operator.log", GPUSCALER_KUEUE_QUOTA_FALLBACK="true",
+                         GPUSCALER_RESYNC_INTERVAL_S=QUEUED_RESYNC_S)  # fmt: skip
     op.start()
     try:
         manifest = job_manifest("fallback", instance=P4D.name, gpus=2 * GPUS_PER_NODE)

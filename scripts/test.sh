@@ -8,9 +8,10 @@
 # included: GPUSCALER_REQUIRE_TORCH=1 makes a missing framework a failure, not a skip) and
 # end-to-end tests (e2e/) against a real local control plane (etcd, kube-apiserver, scheduler,
 # controller manager, kwok). The unit tests need no dev-cluster binaries, so they run while the
-# binaries still build; the end-to-end tests after. The unit tests that start real torchrun gangs
-# ($GANG_TESTS, about half the unit suite's time) run beside the end-to-end tests, which leave a
-# third of the CPU idle waiting on the API server. Arguments go to every pytest run.
+# binaries still build; the end-to-end tests after, in shards run at once (each on its own dev
+# cluster: the suite mostly waits on the API server). The unit tests that start real torchrun
+# gangs ($GANG_TESTS, about half the unit suite's time) run beside them. Arguments go to every
+# pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE_PYTHON="${PYTHON:-python3}"
@@ -116,9 +117,11 @@ scripts/ci-prometheus.sh
 echo "==> shellcheck; e2e on an existing cluster (a dev cluster started separately, as a user's)"
 PYTHON="$PYTHON" scripts/ci-existing-cluster.sh
 
-echo "==> end-to-end tests (e2e/), Kueue's and Karpenter's last, while those still build"
+# The e2e suite mostly waits on the API server, so it runs as shards at once, each on a private
+# dev cluster of its own (scripts/ci-e2e-shards.sh, e2e/shards.py).
+echo "==> end-to-end tests (e2e/) in ${E2E_SHARDS:-2} shards at once (e2e/shards.py), Kueue's and Karpenter's last in theirs"
 e2e_status=0
-run_pytest e2e "$@" || e2e_status=$?
+PYTHON="$PYTHON" scripts/ci-e2e-shards.sh "$@" || e2e_status=$?
 
 echo "==> unit tests of real torchrun gangs (their log)"
 gang_status=0
