@@ -8,7 +8,8 @@ that existing cluster instead (a dev cluster from ``gpuscaler dev-cluster up -d`
 gives every test its own namespace, removes what it made at the end (after failures too), and a
 test needing what the cluster lacks (kwok, helm, a private control plane) skips with the reason;
 see :mod:`any_cluster` and docs/e2e-on-your-cluster.md. Every test in this directory is marked
-``e2e``.
+``e2e``. ``--shard K/N`` keeps the K-th of N sets of whole modules (:mod:`shards`; CI runs the N
+sessions at once, each on its own private cluster: ``scripts/ci-e2e-shards.sh``).
 """
 
 from __future__ import annotations

@@ -19,16 +19,37 @@ from __future__ import annotations
 import re
 
 SECONDS: dict[str, float] = {
-    "test_capacity_block.py": 360,
     "test_spot.py": 328,
-    "test_kueue.py": 288,
+    "test_capacity_block.py": 318,
+    "test_performance_profiles.py": 206,
+    "test_kueue.py": 178,
+    "test_observe.py": 159,
     "test_dev_cluster_workers.py": 155,
     "test_operator.py": 72,
+    "test_karpenter_operator.py": 71,
+    "test_early_correction.py": 68,
+    "test_live_prices.py": 51,
+    "test_worker_admission.py": 54,
+    "test_karpenter_kwok.py": 50,
+    "test_worker_rbac.py": 27,
     "test_helm_install.py": 32,
+    "test_any_cluster.py": 25,
+    "test_examples_applied.py": 18,
+    "test_invalid_spec.py": 21,
     "test_nodes.py": 19,
+    "test_zones_kwok.py": 16,
+    "test_policy_budget.py": 15,
+    "test_providers_crds.py": 11,
+    "test_capacity_karpenter.py": 11,
+    "test_kind_manifests.py": 11,
+    "test_jobs_gc.py": 9,
+    "test_devcluster_up.py": 8,
+    "test_scheduling.py": 7,
+    "test_tools.py": 6,
 }
-"""Seconds each module took alone at commit b8d4ddc (``pytest e2e/MODULE --durations=0``, on the
-2-core machine beside other work; see docs/benchmarks.md, "CI, cold and warm")."""
+"""Seconds each module took alone (``pytest e2e/MODULE --durations=0``), on the 2-core machine beside
+other work, 2026-12-07, at the newest commit measured (b8d4ddc, d162ad5; 3c2c756, whose e2e suite
+is the same, for the modules measured only there): docs/benchmarks.md, "Per-module e2e durations"."""
 
 UNMEASURED_S = 30.0
 """What a module missing from :data:`SECONDS` counts (about the median module)."""
