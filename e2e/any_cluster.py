@@ -298,8 +298,11 @@ HELM_CLUSTER_SCOPED = (
     ("clusterrolebinding", client.RbacAuthorizationV1Api, "cluster_role_binding"),
     ("validatingadmissionpolicy", client.AdmissionregistrationV1Api, "validating_admission_policy"),
     ("validatingadmissionpolicybinding", client.AdmissionregistrationV1Api, "validating_admission_policy_binding"),
+    ("mutatingadmissionpolicy", client.AdmissionregistrationV1Api, "mutating_admission_policy"),
+    ("mutatingadmissionpolicybinding", client.AdmissionregistrationV1Api, "mutating_admission_policy_binding"),
 )
-"""The cluster-scoped kinds the chart installs: (name, API class, method suffix of list_/delete_)."""
+"""The cluster-scoped kinds the chart installs: (name, API class, method suffix of list_/delete_); the
+mutating ones only where the API server serves them (Kubernetes >= 1.36)."""
 
 
 CHART_CRDS_DIR = Path(__file__).resolve().parents[1] / "helm" / "gpuscaler" / "crds"
@@ -328,7 +331,11 @@ def _helm_leftovers(cluster: E2ECluster, namespaces: Iterable[str]) -> list[str]
     removed = []
     for kind, api_class, suffix in HELM_CLUSTER_SCOPED:
         api = _api(api_class, cluster)
-        for obj in getattr(api, f"list_{suffix}")().items:
+        try:
+            found = getattr(api, f"list_{suffix}")().items
+        except ApiException:  # a kind this API server does not serve
+            continue
+        for obj in found:
             if (obj.metadata.annotations or {}).get(HELM_RELEASE_NAMESPACE) in wanted:
                 with contextlib.suppress(ApiException):
                     getattr(api, f"delete_{suffix}")(obj.metadata.name)

@@ -21,6 +21,7 @@ import kind_manifest_helpers
 import operator_helpers
 from e2e_helpers import E2ECluster
 from gpuscaler.cloud import JOB_LABEL, job_label_value
+from gpuscaler.devcluster import chart
 from gpuscaler.names import FINALIZER
 
 stage_crd = kind_manifest_helpers.stage_crd
@@ -169,6 +170,13 @@ def test_sweep_removes_what_a_failed_test_left_and_nothing_else(
         annotations = {any_cluster.HELM_RELEASE_NAMESPACE: ns}
         rbac.create_cluster_role({"metadata": {"name": name, "annotations": annotations}, "rules": []})
         roles[ns] = name
+    expected = []
+    if chart.serves_mutating_policies(existing.env):  # the chart's finalizer policy binding (Kubernetes >= 1.36)
+        binding = f"sweep-{uuid.uuid4().hex[:5]}"
+        annotations = {any_cluster.HELM_RELEASE_NAMESPACE: left}
+        body = {"metadata": {"name": binding, "annotations": annotations}, "spec": {"policyName": "gone"}}
+        client.AdmissionregistrationV1Api(existing.api).create_mutating_admission_policy_binding(body)
+        expected.append(f"mutatingadmissionpolicybinding/{binding}")
     gadgets = crd_body(f"gadgets{uuid.uuid4().hex[:4]}")
     crds.append(gadgets["metadata"]["name"])
     any_cluster.claim_crds(existing, [gadgets])
@@ -182,6 +190,7 @@ def test_sweep_removes_what_a_failed_test_left_and_nothing_else(
                 f"namespace/{left}",
                 f"clusterrole/{roles[left]}",
                 f"crd/{gadgets['metadata']['name']}",
+                *expected,
             ]
         )
         assert not any_cluster.session_namespaces(existing)  # waited for: gone, not just Terminating
