@@ -66,8 +66,17 @@ def test_the_block_end_is_a_planned_move_to_the_next_cheapest_capacity() -> None
     reasons = w.step(job)
     assert w.status.phase is Phase.RECOVERING and "Checkpointed" in reasons
     assert w.status.interruptions == 0, "a planned move is not an interruption"
-    reasons = w.run_to(job, Phase.RUNNING)
+    reasons = w.step(job)  # the old workers are deleted; once gone, the rest is re-planned
+    while "Replanned" not in reasons and w.status.phase is Phase.RECOVERING:
+        reasons = w.step(job)
     assert "Replanned" in reasons
+    made = [n for names in w.provider.ensured for n in names]
+    assert made and w.status.phase is not Phase.RECOVERING, (
+        "the new plan's nodes are requested in the step that re-plans (a planned move has no watch event "
+        "to wake the next step)"
+    )
+    assert not set(made) & set(w.nodes), "the replacement is new capacity, not the block's node"
+    reasons += w.run_to(job, Phase.RUNNING)
     p = w.status.plan
     assert p is not None and p.capacity_type in (CapacityType.SPOT.value, CapacityType.ON_DEMAND.value) and p.segments == []
     rec = w.status.interruption_history[-1]
