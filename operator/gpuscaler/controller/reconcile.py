@@ -205,11 +205,7 @@ class Reconciler:
                 return
             self._begin_gang(ctx)
 
-        assert st.plan is not None
-        request = self._request(job, st.plan)
-        current, stale = self._split_nodes(request, ctx.nodes)
-        if stale:  # nodes of an earlier plan (a re-plan moved the job elsewhere): scale down
-            self._release(ctx, stale)
+        request, current = self._plan_nodes(ctx, ctx.nodes)  # an earlier plan's nodes are released
 
         handler = {
             Phase.QUEUED: self._queued,
@@ -238,7 +234,7 @@ class Reconciler:
     _queued = phase_plan._queued
     _plan_within_quota = phase_plan._plan_within_quota
     _back_off = phase_plan._back_off
-    _split_nodes = phase_plan._split_nodes
+    _plan_nodes = phase_plan._plan_nodes
     _priced = phase_plan._priced
     _request = phase_plan._request
     # provision: :mod:`gpuscaler.controller.phases.provision`

@@ -302,10 +302,13 @@ def _observed(source: str, seen_key: str, state: Any, job: str | None, *, deferr
     after kopf has stored the entry the function returns (the woken step reads the index)."""
     metrics.WATCH_EVENTS.labels(source).inc()
     if _operator is not None and _operator.seen.changed(seen_key, state):
-        if deferred:
-            asyncio.get_running_loop().call_soon(_wake, source, job)
-        else:
-            _wake(source, job)
+        (_wake_soon if deferred else _wake)(source, job)
+
+
+def _wake_soon(source: str, key: str | None) -> None:
+    """:func:`_wake` queued on the event loop (from an index function: after kopf has stored the
+    entry the function returns, which the woken step reads)."""
+    asyncio.get_running_loop().call_soon(_wake, source, key)
 
 
 async def job_pods(
@@ -602,7 +605,7 @@ def _job_seen(
         return
     key = job_label_value(namespace, name)
     gone = type == "DELETED"
-    wake = _wake if not deferred else lambda source, job: asyncio.get_running_loop().call_soon(_wake, source, job)
+    wake = _wake_soon if deferred else _wake
     if _operator.seen.changed(f"job/{key}", None if gone else (meta.get("generation"), meta.get("deletionTimestamp"))):
         wake("trainingjob", key)
     phase = None if gone else status.get("phase")

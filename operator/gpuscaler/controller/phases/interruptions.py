@@ -90,13 +90,9 @@ def _recovering(self: Reconciler, ctx: StepContext, request: NodeRequest, nodes:
         return
     self._begin_gang(ctx)
     st.message = f"restarting the gang (attempt {st.attempt})"
-    if st.phase is Phase.PROVISIONING and st.plan is not None:
+    if st.phase is Phase.PROVISIONING:
         # As a first start does (Reconciler.step): the new plan's nodes are requested in this step.
         # Left to the next, a move with no watch event to wake it (a planned move: the old nodes
         # go only as stale ones, in that next step) waited for the progress timer (30 s).
-        request = self._request(ctx.job, st.plan)
-        alive = [n for n in ctx.nodes if n.name not in ctx.out.released]
-        current, stale = self._split_nodes(request, alive)
-        if stale:
-            self._release(ctx, stale)
+        request, current = self._plan_nodes(ctx, [n for n in ctx.nodes if n.name not in ctx.out.released])
         self._provisioning(ctx, request, current)

@@ -254,12 +254,18 @@ def _back_off(self: Reconciler, ctx: StepContext, nodes: list[NodeState], reason
     )
 
 
-def _split_nodes(self: Reconciler, request: NodeRequest, nodes: list[NodeState]) -> tuple[list[NodeState], list[NodeState]]:
-    """The live nodes of the current plan, and those of an earlier plan (to release), as the
-    provider tells its nodes apart (:meth:`gpuscaler.cloud.NodePoolProvider.owns`)."""
+def _plan_nodes(self: Reconciler, ctx: StepContext, nodes: list[NodeState]) -> tuple[NodeRequest, list[NodeState]]:
+    """The plan's node request and its live nodes among ``nodes``; the live nodes of an earlier plan
+    (a re-plan moved the job elsewhere) are released, as the provider tells its nodes apart
+    (:meth:`gpuscaler.cloud.NodePoolProvider.owns`)."""
+    assert ctx.status.plan is not None
+    request = self._request(ctx.job, ctx.status.plan)
     live = [n for n in nodes if not n.deleting]
     ours = [self.provider.owns(request, n) for n in live]
-    return [n for n, o in zip(live, ours, strict=True) if o], [n for n, o in zip(live, ours, strict=True) if not o]
+    stale = [n for n, o in zip(live, ours, strict=True) if not o]
+    if stale:
+        self._release(ctx, stale)
+    return request, [n for n, o in zip(live, ours, strict=True) if o]
 
 
 def _priced(self: Reconciler, node: NodeState) -> NodeState:
