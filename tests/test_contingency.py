@@ -2,7 +2,7 @@
 
 The figures of :mod:`gpuscaler.planner.contingency` are upper bounds on the miss probability of the
 world they describe (a true speed ``f`` around the prediction, a noisy measurement, a move to the
-fallback at the next checkpoint); a Monte Carlo of that world, with the fallback's error
+fallback from a checkpoint asked for when the correction is known); a Monte Carlo of that world, with the fallback's error
 independent of the plan's, the same draw, or as correlated as the model's errors, must land under them.
 """
 
@@ -78,6 +78,9 @@ def test_a_risky_plan_with_a_safe_fallback_becomes_feasible() -> None:
         assert k.miss_probability <= 0.05 < k.static_miss_probability
         assert 0.0 < k.move_probability < 1.0
         assert k.move_h < k.slack_h
+        # the move starts from a checkpoint the operator asks for when it decides, not the next periodic one
+        assert k.move_h == pytest.approx(k.decide_h + (contingency.TIMING.request_s + c.checkpoint_write_s) / 3600.0)
+        assert k.move_h < k.decide_h + c.outlook.interval_s / 3600.0
 
 
 def test_a_window_longer_than_the_slack_gains_nothing() -> None:
@@ -237,7 +240,7 @@ def test_one_recourse_per_plan_call_gives_a_fresh_one_s_answer() -> None:
 def test_the_operator_s_observer_moves_a_late_job_to_the_fallback_when_nothing_meets_the_risk() -> None:
     """A job measured at half its predicted speed with 1.8 h left: under the corrected model no plan
     meets its 30% risk (the V100 plan's P(miss) is about 49%), so before the contingency the observer
-    stayed; now it moves, at the next checkpoint, to the contingency's fallback, the V100 plan."""
+    stayed; now it moves, from a checkpoint it asks for at once, to the contingency's fallback, the V100 plan."""
     from datetime import timedelta
 
     from correction_helpers import CATALOG, CFG, SPEC, T0, planner, running
@@ -248,14 +251,17 @@ def test_the_operator_s_observer_moves_a_late_job_to_the_fallback_when_nothing_m
     slow = 0.5 * st.plan.throughput
     obs = Observer(None, CFG, CATALOG)
     reasons: list[str] = []
+    asked = False
     for s in range(0, 181, 5):
         st.progress.samples = slow * s
         left = 1.8 - s / 3600
         res = obs.step("ns", "j", 1, st, 40, T0 + timedelta(seconds=s), planner(st, left),
                        JobContext(slow * s, left, 0.3, 30))  # fmt: skip
         reasons += [e.reason for e in res.events]
+        asked = asked or res.checkpoint_now
     seen = st.observed
     assert seen is not None and "ReplanPending" in reasons, (reasons, seen and seen.replan_reason)
+    assert asked  # a move for the deadline: the loop is asked for a checkpoint now
     assert "the contingency moves to the fastest sensible plan" in seen.replan_reason
     left = 1.8 - 185 / 3600
     res = obs.step("ns", "j", 1, st, 50, T0 + timedelta(seconds=185), planner(st, left),

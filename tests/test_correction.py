@@ -91,9 +91,24 @@ B = PlanOption(("g6.xlarge", 1, "spot", "amp"), "1 x g6.xlarge", 0.8, 9.5, 12.0)
 def test_should_replan_when_the_deadline_is_at_risk_even_if_not_cheaper() -> None:
     d = should_replan(0.4, 0.05, A, B, CorrectionConfig(restart_s=300, margin=0.10))
     assert d.replan and "P(miss deadline) 40.0% > maxDeadlineRisk 5.0%" in d.reason
+    assert d.urgent  # for the deadline: from a checkpoint asked for at once
     # at risk, but the corrected planner has nothing better: stay
     d = should_replan(0.4, 0.05, A, A, CorrectionConfig(restart_s=300, margin=0.10))
     assert not d.replan and "still finds" in d.reason
     # within the risk: only a saving beyond the margin moves the job (B saves 5% - restart)
     d = should_replan(0.01, 0.05, A, B, CorrectionConfig(restart_s=300, margin=0.10))
     assert not d.replan and "margin" in d.reason
+
+
+def test_only_a_move_for_the_deadline_is_urgent() -> None:
+    """A move for the deadline does not wait for the next periodic checkpoint (``urgent``), whether to the
+    corrected planner's choice or, with nothing meeting the risk, to the contingency's fallback; a move for
+    cost does (nothing is lost by waiting)."""
+    cfg = CorrectionConfig(restart_s=300, margin=0.10)
+    to_fallback = should_replan(0.4, 0.05, A, None, cfg, fallback=B)
+    assert to_fallback.replan and to_fallback.fallback and to_fallback.urgent
+    cheap = PlanOption(("g6.xlarge", 1, "spot", "amp"), "1 x g6.xlarge", 0.5, 5.0, 9.5)
+    for_cost = should_replan(0.01, 0.05, A, cheap, cfg)
+    assert for_cost.replan and not for_cost.urgent, for_cost
+    stay = should_replan(0.01, 0.05, A, A, cfg)
+    assert not stay.replan and not stay.urgent

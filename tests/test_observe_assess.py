@@ -188,6 +188,8 @@ def test_observer_corrects_then_replans_at_the_next_checkpoint() -> None:
     assert seen.ratio == pytest.approx(0.5, abs=0.01) and seen.throughput == pytest.approx(0.5 * predicted, rel=1e-3)
     assert seen.replan_pending and seen.replan_after_checkpoint_step == 40
     assert [e.reason for e in res.events] == ["ModelCorrected", "ReplanPending"]
+    # a move for cost: no checkpoint asked for, it waits for the next periodic one
+    assert not res.checkpoint_now and "after checkpoint step 40" in res.events[-1].message
     assert not any(c.type == "InputBound" for c in st.conditions)
     # no new checkpoint yet: wait
     res = obs.step("ns", "j", 1, st, 40, T0 + timedelta(seconds=31), planner_for(spec))

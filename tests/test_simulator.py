@@ -17,6 +17,7 @@ from gpuscaler.api import TrainingJobSpec
 from gpuscaler.catalog import CapacityType, load_catalog
 from gpuscaler.observe import controller
 from gpuscaler.planner import correction, resolve, resolve_workload
+from gpuscaler.planner.contingency import TIMING
 from gpuscaler.simulator import (
     ALL_STRATEGIES,
     CachedPlanner,
@@ -206,7 +207,8 @@ def test_throughput_error_changes_the_world_not_the_plan() -> None:
 def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU type 30% slower than the model: the simulated operator measures it from noisy progress
     readings with the operator's own early-correction code, corrects the factor, re-plans at a
-    checkpoint and meets the deadline that the same plan without correction misses."""
+    checkpoint it asks for at once (the deadline is at risk) and meets the deadline that the same plan
+    without correction misses."""
     spec = _spec(workload={"model": "resnet50"}, globalBatch=1024, training={"epochs": 170}, maxDuration="8h",
                  constraints={"providers": ["aws"], "spot": "never", "maxDeadlineRisk": 0.5})
     trace = Trace("slow", (TraceJob("resnet", 0.0, spec),))
@@ -236,7 +238,13 @@ def test_simulated_operator_corrects_a_slow_gpu_type(monkeypatch: pytest.MonkeyP
     assert out.corrections == 1 and out.moves == 1
     assert not out.missed_deadline
     assert out.segments[0].interrupted is False and out.segments[0].lost_s == 0  # moved at a checkpoint
-    assert out.segments[0].end_h - out.segments[0].start_h >= 0.5  # not within replanMinInterval (30 min)
+    first_seg = out.segments[0]
+    assert first_seg.end_h - first_seg.start_h >= 0.5  # not within replanMinInterval (30 min)
+    # a move for the deadline: from a checkpoint asked for when the move was decided (its write ends the
+    # segment), not the next periodic one
+    assert first_seg.interval_s is not None and first_seg.compute_s < first_seg.interval_s, first_seg
+    assert first_seg.end_h - first_seg.start_h == pytest.approx(0.5 + (TIMING.request_s + first_seg.write_s) / 3600.0)
+    assert first_seg.checkpoint_s == pytest.approx(first_seg.write_s)
     moved = out.segments[1]
     assert (moved.instance, moved.nodes) != (out.segments[0].instance, out.segments[0].nodes)
     _check_books(res, trace)

@@ -182,7 +182,7 @@ class EventReason(StrEnum):
     REPLANNED_WITHIN_QUOTA = "ReplannedWithinQuota"
     """Normal: the plan was changed to fit the namespace's quota."""
     REPLAN_PENDING = "ReplanPending"
-    """Normal: a re-plan is decided and waits for the next checkpoint."""
+    """Normal: a re-plan is decided and waits for a checkpoint (for the deadline, one the operator asks for at once)."""
     REPLAN_CANCELLED = "ReplanCancelled"
     """Normal: a pending re-plan no longer pays at the checkpoint and is dropped."""
     PLANNED_MOVE = "PlannedMove"

@@ -228,7 +228,7 @@ class ObservedStatus(StatusModel):
     message: str = Field(default="", description="What the last assessment concluded.")
     last_assessed: datetime | None = Field(default=None, description="When the metrics were last assessed.")
     last_corrected: datetime | None = Field(default=None, description="When the efficiency factor last changed.")
-    replan_pending: bool = Field(default=False, description="A cheaper plan was found; the move waits for the next checkpoint.")
+    replan_pending: bool = Field(default=False, description="A re-plan was decided; the move waits for a checkpoint (for the deadline, one the operator asks the workers for at once; for cost, the next periodic one).")
     replan_reason: str = Field(default="", description="Why a re-plan is pending (or why the last one was made).")
     replan_after_checkpoint_step: int | None = Field(default=None, ge=0, description="Move when a checkpoint newer than this step is reported.")
     last_replan: datetime | None = Field(default=None, description="When the job last moved to a plan found by observation.")

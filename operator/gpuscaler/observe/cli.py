@@ -84,7 +84,7 @@ def render(name: str, namespace: str, st: TrainingJobStatus, live: JobMetrics | 
             f"[{o.gpus_seen} GPU(s), {o.pods} pod(s), assessed {o.last_assessed.isoformat() if o.last_assessed else 'never'}]"
         )
         if o.replan_pending:
-            lines.append(f"re-plan     pending until the next checkpoint: {o.replan_reason}")
+            lines.append(f"re-plan     pending until a checkpoint: {o.replan_reason}")
         elif o.replans:
             lines.append(f"re-plans    {o.replans}, last {o.last_replan.isoformat() if o.last_replan else '?'}: {o.replan_reason}")
     left_h, total = projected_cost(st)

@@ -18,8 +18,9 @@ Running job. The observer:
    type) and the running plan's corrected P(miss deadline) for the work left;
 4. when the factor changed or that P(miss) exceeds the job's ``maxDeadlineRisk``, asks the
    planner for the rest with the corrected model and
-   :func:`gpuscaler.planner.correction.should_replan` decides; a re-plan waits for the next
-   checkpoint (step 1). Hysteresis: the factor changes only beyond the divergence threshold, a
+   :func:`gpuscaler.planner.correction.should_replan` decides; a re-plan waits for a checkpoint
+   (step 1): for the deadline, one the loop asks the workers for at once (``checkpoint_now``, the
+   spot handshake's request, as the plan's contingency counted); for cost, the next periodic one. Hysteresis: the factor changes only beyond the divergence threshold, a
    move for cost must save more than the margin after paying for the restart, and no move comes
    within ``min_interval_s`` of the last plan change.
 
@@ -133,6 +134,9 @@ class ObserveResult:
     """Events to post."""
     replan: PlanResult | None = None
     """Move the gang to this plan now (at a checkpoint)."""
+    checkpoint_now: bool = False
+    """A re-plan for the deadline was just decided: ask the workers for a checkpoint now
+    (``gpuscaler.io/checkpoint-requested``) rather than wait for the next periodic one."""
 
 
 @dataclass(frozen=True)
@@ -453,7 +457,11 @@ class Observer:
         obs.replan_pending = True
         obs.replan_reason = decision.reason
         obs.replan_after_checkpoint_step = step
-        at = f"after checkpoint step {step}" if step is not None else "at the first checkpoint"
+        if decision.urgent:
+            look.out.checkpoint_now = True
+            at = "from the checkpoint asked for now"
+        else:
+            at = f"after checkpoint step {step}" if step is not None else "at the first checkpoint"
         look.out.events.append(Event("Normal", EventReason.REPLAN_PENDING, f"{decision.reason}; moving {at}"))
 
     def _checkpoint_reached(self, obs: ObservedStatus, checkpoint_step: int | None) -> bool:

@@ -2,7 +2,8 @@
 
 A plan's static P(miss) (:mod:`gpuscaler.planner.risk`) counts the model's error band as if the job
 could never learn its real speed. It can: the operator measures the running gang's throughput
-(:mod:`gpuscaler.planner.correction`), and a job found behind moves, at its next checkpoint, to the
+(:mod:`gpuscaler.planner.correction`), and a job found behind asks its workers for a checkpoint (the
+spot handshake's request) and moves, once it is written, to the
 *fallback* (:func:`fallback`: the fastest on-demand plan costing at most
 :data:`FALLBACK_COST_FACTOR` x the cheapest, the rule the operator's recovery uses when a deadline
 cannot be met; or at most :data:`WIDER_FALLBACK_COST_FACTOR` x where that lets a cheaper plan meet
@@ -14,7 +15,7 @@ operator's shipped settings):
 
 ```
 t_dec = max(startup + warmup + window, min_interval)     the correction is known and a move may come
-t_move = t_dec + interval(c) + write(c)                  at the latest: the next periodic checkpoint
+t_move = t_dec + request + write(c)                      the checkpoint the operator asks for is written
 overhead = write(c) + restart + startup                  checkpoint, restart, provisioning of the move
 ```
 
@@ -131,6 +132,9 @@ class RecourseTiming:
     """Seconds of progress a correction needs (``GPUSCALER_CORRECTION_MIN_WINDOW_S``)."""
     min_interval_s: float = 1800.0
     """No move within this many seconds of a plan change (``GPUSCALER_REPLAN_MIN_INTERVAL_S``)."""
+    request_s: float = 60.0
+    """Seconds from the operator's checkpoint request to the step boundary where the workers start writing
+    it (the request reaches them through their pod watch in seconds; a step of up to a minute)."""
     measured_log_sigma: float = MEASURED_LOG_SIGMA_FLOOR
     """How sure a correction is, log-space sigma (the floor: a window of minutes early in a run)."""
 
@@ -149,7 +153,7 @@ class Contingency(NamedTuple):
     decide_h: float
     """Hours from the plan's start when the correction is known and a move may be decided."""
     move_h: float
-    """Hours from the plan's start by which the move is made (the next checkpoint, at the latest)."""
+    """Hours from the plan's start by which the move is made (the checkpoint the operator asks for is written)."""
     slack_h: float
     """The latest hour a move can start and still finish at the fallback's predicted speed."""
     threshold: float
@@ -193,7 +197,7 @@ class Contingency(NamedTuple):
             return f"no contingency: {self.reason}"
         return (
             f"if the first {self.decide_h * 60:.0f} min measure below {self.threshold:,.1f} {unit}/s, move to "
-            f"{self.target.label} (by {self.move_h:.1f} h, at the next checkpoint): P(miss) "
+            f"{self.target.label} (by {self.move_h:.1f} h, from a checkpoint asked for then): P(miss) "
             f"{self.miss_probability:.1%} ({self.static_miss_probability:.1%} if it could not move), expected "
             f"extra cost ${self.extra_cost_usd:,.2f} (moves with P {self.move_probability:.0%})"
         )
@@ -361,7 +365,7 @@ class Recourse:
     per call).
     """
 
-    __slots__ = ("_decide_h", "_room", "_s_obs", "_startup_h", "_z", "deadline_h", "max_risk",
+    __slots__ = ("_decide_h", "_request_h", "_room", "_s_obs", "_startup_h", "_z", "deadline_h", "max_risk",
                  "restart_s", "startup_s", "target")  # fmt: skip
 
     def __init__(
@@ -382,6 +386,7 @@ class Recourse:
         self._startup_h = startup_s / 3600.0
         self._decide_h = max(self._startup_h + (timing.warmup_s + timing.window_s) / 3600.0,
                              timing.min_interval_s / 3600.0)  # fmt: skip
+        self._request_h = timing.request_s / 3600.0
         self._room = deadline_h - self._startup_h
         self._z = trigger_z(max_risk)
         self._s_obs = timing.measured_log_sigma
@@ -392,7 +397,7 @@ class Recourse:
         static = o.deadline_miss_probability
         target = self.target
         decide_h = self._decide_h
-        move_h = decide_h + (o.interval_s + c.checkpoint_write_s) / 3600.0
+        move_h = decide_h + self._request_h + c.checkpoint_write_s / 3600.0
         run_h = o.expected_hours - self._startup_h
         if self._room <= 0 or run_h <= 0:
             return Contingency(target, decide_h, move_h, 0.0, 0.0, 0.0, static, static, 0.0, PASSED)

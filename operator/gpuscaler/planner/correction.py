@@ -21,9 +21,10 @@ and re-plan by exactly the same rule:
    ``s_post`` is how sure the correction is; the planner draws a measured GPU's band with it.
 3. :func:`remaining_miss_probability`: the running plan's P(miss deadline) for the work left at
    the corrected throughput with ``s_post`` (:func:`gpuscaler.planner.risk.outlook`).
-4. :func:`should_replan`: re-plan (at the next checkpoint) when that P(miss) exceeds the job's
-   ``maxDeadlineRisk`` and the corrected planner has another plan, or when another plan is cheaper
-   for the rest by more than the margin after paying for the move (:func:`decide_replan`).
+4. :func:`should_replan`: re-plan when that P(miss) exceeds the job's ``maxDeadlineRisk`` and the
+   corrected planner has another plan (``urgent``: at a checkpoint the operator asks for at once), or
+   when another plan is cheaper for the rest by more than the margin after paying for the move
+   (:func:`decide_replan`; at the next periodic checkpoint).
 """
 
 from __future__ import annotations
@@ -296,6 +297,11 @@ class ReplanDecision:
     fallback: bool = False
     """The move is the contingency's: to the fallback (:func:`gpuscaler.planner.contingency.fallback`)
     because no plan meets the risk under the corrected model."""
+    urgent: bool = False
+    """The move is for the deadline (its corrected P(miss) is over the limit): it does not wait for the next
+    periodic checkpoint, the operator asks the workers for one at once (the spot handshake's request), as
+    the plan's contingency counted (:mod:`gpuscaler.planner.contingency`). A move for cost waits for the
+    periodic one (nothing is lost by waiting, and no checkpoint is written for it)."""
 
 
 def decide_replan(
@@ -353,7 +359,8 @@ def should_replan(
     remaining_fraction: float = 1.0,
     fallback: PlanOption | None = None,
 ) -> ReplanDecision:
-    """The early-correction verdict: re-plan at the next checkpoint, or keep running.
+    """The early-correction verdict: re-plan (at a checkpoint asked for at once when the deadline is at
+    risk, else at the next periodic one), or keep running.
 
     Args:
         miss_probability: The running plan's corrected P(miss deadline)
@@ -381,10 +388,11 @@ def should_replan(
                     f"{risk}, and no plan meets it under the corrected model: the contingency moves to the fastest "
                     f"sensible plan, {fallback.label} ({fallback.expected_hours:.2f} h expected)",
                     fallback=True,
+                    urgent=True,
                 )
             return ReplanDecision(False, f"{risk}, and no plan meets the deadline under the corrected model")
         if current is not None and best.key == current.key:
             return ReplanDecision(False, f"{risk}, but the corrected planner still finds {current.label} best")
         return ReplanDecision(True, f"{risk}: move to {best.label} (${best.expected_cost_usd:,.2f}, "
-                                    f"{best.expected_hours:.2f} h expected)")
+                                    f"{best.expected_hours:.2f} h expected)", urgent=True)
     return decide_replan(current, best, remaining_fraction, cfg.restart_s, cfg.margin)

@@ -40,8 +40,8 @@ handshake on a reclaim notice (nothing else in the field does one).
     ``managed-spot-padded`` plus gpuscaler's own observe-and-correct loop
     (:mod:`gpuscaler.simulator.observing`, the operator's :mod:`gpuscaler.planner.correction`):
     it measures the running plan's throughput, re-plans the rest with the corrected factor by the
-    padded rule and moves at the next checkpoint when the operator's ``should_replan`` says so. No
-    handshake. The ablation: what gpuscaler adds beyond it is the planner's own risk model (and
+    padded rule and moves when the operator's ``should_replan`` says so (for the deadline from a
+    checkpoint asked for at once, for cost at the next periodic one). No handshake on a notice. The ablation: what gpuscaler adds beyond it is the planner's own risk model (and
     the handshake).
 
 ``uniform-progress``

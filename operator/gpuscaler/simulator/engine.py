@@ -34,8 +34,10 @@ Inside a segment, training runs ``interval`` seconds of compute, then writes a c
   nothing is lost, the rest of the notice is idle; when the write does not fit in the notice the
   job behaves as without a handshake (at most one interval lost).
 
-A move loses nothing: at a periodic checkpoint (the operator's re-plan after a correction), or now
-after writing one (a strategy leaving on-demand for spot).
+A move loses nothing: at a periodic checkpoint (the operator's re-plan after a correction for cost),
+or after writing one (a re-plan for the deadline, from the checkpoint the operator asks for: its
+request reaches the workers :data:`~gpuscaler.planner.contingency.RecourseTiming.request_s` later; a
+strategy leaving on-demand for spot, at once).
 
 Held capacity (a policy's ``capacity``: reservations, capacity blocks, flex-start;
 :mod:`gpuscaler.simulator.pools`): every strategy's run sees the same pools, each keeping who holds
@@ -57,6 +59,7 @@ from datetime import timedelta
 
 from gpuscaler.catalog import CapacityType, Workload
 from gpuscaler.planner import resolve, resolve_workload
+from gpuscaler.planner.contingency import TIMING
 from gpuscaler.planner.correction import keep_factor
 from gpuscaler.planner.held import margin_s
 from gpuscaler.planner.planner import STARTUP_S
@@ -538,10 +541,17 @@ class _Run:
             if earliest < a.end_h:
                 self.push(earliest, OBSERVE, i)  # look again (with more readings) when a move may come
             return
-        at = self._next_checkpoint(a, t)
-        if at is None:
-            return  # the job finishes before its next checkpoint
-        end_h, compute, _ = at
+        # a move for the deadline starts from a checkpoint the operator asks for now (the request reaches
+        # the workers at a step boundary, TIMING.request_s); a move for cost waits for the periodic one
+        asked_h = t + TIMING.request_s / 3600.0
+        if at_risk:
+            compute, _, _ = progress(max(a.run_s(asked_h), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
+            end_h = asked_h + d.candidate.checkpoint_write_s / 3600.0
+        else:
+            at = self._next_checkpoint(a, t)
+            if at is None:
+                return  # the job finishes before its next checkpoint
+            end_h, compute, _ = at
         before = st.remaining_samples
         st.remaining_samples = max(before - compute * a.rate, 0.0)  # what is left at that checkpoint
         try:
@@ -551,7 +561,10 @@ class _Run:
         decision = decide_move(miss, st.spec.constraints.max_deadline_risk, r.current, r.best, self.rules, r.fallback)
         to = r.fallback if decision.fallback else r.best
         if decision.replan and to is not None:
-            self._schedule_move(i, a, t, to, at_checkpoint=True)
+            if decision.urgent:
+                self._schedule_move(i, a, asked_h, to, at_checkpoint=False)
+            else:
+                self._schedule_move(i, a, t, to, at_checkpoint=True)
 
     def _next_checkpoint(self, a: _Active, t: float) -> tuple[float, float, float] | None:
         """(hour, compute s, checkpoint s) when the next periodic checkpoint is written after ``t``."""

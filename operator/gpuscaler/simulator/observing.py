@@ -16,8 +16,9 @@ correction of :mod:`gpuscaler.planner.correction`, the functions the operator's 
    rest and the running plan's figures in the same result, whether to move (deadline at risk, or
    cheaper by more than the margin; behind with no plan meeting the risk: to the contingency's
    fallback, :func:`gpuscaler.planner.contingency.fallback`, where the plan's P(miss) with
-   recourse assumed it would go); no move within ``min_interval_s`` of a plan change; a move
-   happens at the next periodic checkpoint.
+   recourse assumed it would go); no move within ``min_interval_s`` of a plan change; a move for
+   the deadline (``urgent``) starts from a checkpoint asked for at once, one for cost at the next
+   periodic checkpoint.
 
 When a job finishes, :func:`record_profile` does what the operator's profile recorder does: it
 measures the last gang's readings with :func:`gpuscaler.planner.profiles.measure_run` (enough
