@@ -13,6 +13,7 @@ from gpuscaler.planner.correction import (
     PlanOption,
     ProgressPoint,
     correct,
+    fallback_for,
     measure,
     posterior,
     remaining_miss_probability,
@@ -112,3 +113,18 @@ def test_only_a_move_for_the_deadline_is_urgent() -> None:
     assert for_cost.replan and not for_cost.urgent, for_cost
     stay = should_replan(0.01, 0.05, A, A, cfg)
     assert not stay.replan and not stay.urgent
+
+
+def test_a_job_on_the_fallback_moves_to_its_alternate_only_when_that_is_sooner() -> None:
+    """``fallback_for``: the planner's fallback, unless the job runs it; then the fallback's alternate (the
+    fastest plan on another GPU type), once the corrected model puts it sooner than the running plan."""
+    from types import SimpleNamespace
+
+    running = SimpleNamespace(name="a100", expected_hours=6.0)
+    other = SimpleNamespace(name="v100", expected_hours=5.0)
+    on_it = lambda c: c is running  # noqa: E731
+    assert fallback_for(other, None, on_it) is other  # not on the fallback: go there
+    assert fallback_for(running, other, on_it) is other  # on it, and the alternate is now sooner
+    assert fallback_for(running, SimpleNamespace(name="v100", expected_hours=6.5), on_it) is None  # slower: stay
+    assert fallback_for(running, None, on_it) is None
+    assert fallback_for(None, other, on_it) is None

@@ -11,7 +11,7 @@ import pytest
 from gpuscaler.catalog import load_catalog
 from gpuscaler.cli import main
 from gpuscaler.perfmodel import calibration, uncertainty
-from gpuscaler.planner import contingency, decisions, departures, plan
+from gpuscaler.planner import decisions, departures, plan
 from gpuscaler.planner.decisions import CHOOSERS, Option, spec_sheet
 from gpuscaler.planner.evaluate import checkpoint_write_seconds
 from gpuscaler.policy import Policy
@@ -164,17 +164,57 @@ def test_the_no_plan_floor_is_what_exact_medians_still_refuse() -> None:
     assert 0.0 < fl["pooled"] < 100.0
 
 
-def test_the_wider_fallback_lowers_the_planner_s_regret_with_no_more_misses() -> None:
-    """With the fallback allowed to widen to 4x where that makes a cheaper plan feasible
-    (``contingency.with_fallback``), the planner's mean regret is lower than with the 2x fallback alone,
-    on the same decisions, and it misses no more deadlines and refuses no more."""
-    wide = decisions.scores()["pooled"]["planner"]
+def test_the_fallback_s_alternate_lowers_the_planner_s_regret_with_no_more_misses() -> None:
+    """With the fallback's own recourse (measured slow, it moves to the fastest plan on another GPU type:
+    ``contingency.ALTERNATE_COST_FACTOR``), the planner's mean and worst regret are lower than with a
+    fallback that cannot move, on the same decisions, and it misses no more deadlines and refuses no more.
+    Without it the fastest sensible plan keeps its static risk, and a plan a little over the limit loses
+    to a dearer one whose own recourse is that very plan (electra-base SQuAD at 2x: +144%)."""
+    with_alt = decisions.scores()["pooled"]["planner"]
     mp = pytest.MonkeyPatch()
-    mp.setattr(contingency, "FALLBACK_COST_FACTORS", (contingency.FALLBACK_COST_FACTOR,))
+    mp.setattr(decisions, "ALTERNATE_COST_FACTOR", 0.0)  # no plan costs under 0 x the cheapest: no alternate
     try:
-        narrow = decisions.scores()["pooled"]["planner"]
+        without = decisions.scores()["pooled"]["planner"]
     finally:
         mp.undo()
-    assert wide["mean_regret_pct"] < narrow["mean_regret_pct"]
-    assert wide["misses"] <= narrow["misses"]
-    assert wide["no_plan_where_feasible"] <= narrow["no_plan_where_feasible"]
+    assert with_alt["mean_regret_pct"] < without["mean_regret_pct"]
+    assert with_alt["worst_regret_pct"] < without["worst_regret_pct"]
+    assert with_alt["misses"] <= without["misses"]
+    assert with_alt["no_plan_where_feasible"] <= without["no_plan_where_feasible"]
+
+
+def test_an_option_s_p_miss_is_near_calibrated_on_held_out_rows() -> None:
+    """What the refusals rest on: for every fold, training code and deadline of the scores, each held-out
+    option's static P(miss) from the fold's prediction against whether its measured throughput misses.
+    Over the options the figure leaves in doubt (10% to 90%) the mean P(miss) is within 8 points of the
+    share that miss (51.6% against 47.9% when written): the band is neither a guess nor padding."""
+    prices = decisions.gpu_prices(CAT)
+    policy = Policy()
+    options = {i: Option(i, r, prices[r.gpu.id][0] * r.cfg.gpus, prices[r.gpu.id][1],
+                         checkpoint_write_seconds(r.workload, r.cfg, policy, None))
+               for i, r in enumerate(ROWS) if r.gpu.id in prices}  # fmt: skip
+    groups: dict[Any, list[int]] = {}
+    for i, o in options.items():
+        groups.setdefault(decisions.training_code(o.row), []).append(i)
+    predicted_sum, missed, n = 0.0, 0, 0
+    for fold in FOLDS["folds"]:
+        held = set(fold["held_out"])
+        for members in groups.values():
+            opts = [options[i] for i in members]
+            if len(opts) < 2 or not held & set(members):
+                continue
+            fastest = min(opts, key=lambda o: o.hours(o.row.measured, 1.0))
+            samples = fastest.row.measured * 3600.0 * decisions.REFERENCE_HOURS
+            t_fast = fastest.hours(fastest.row.measured, samples)
+            for k in decisions.TIGHTNESS:
+                for o in opts:
+                    if o.index not in held:
+                        continue
+                    c = decisions._candidate(o, float(fold["predicted"][o.index]), samples, k * t_fast)
+                    p = c.outlook.deadline_miss_probability
+                    if 0.1 <= p <= 0.9:
+                        predicted_sum += p
+                        missed += o.hours(o.row.measured, samples) > k * t_fast
+                        n += 1
+    assert n >= 300
+    assert abs(predicted_sum / n - missed / n) <= 0.08, (predicted_sum / n, missed / n, n)

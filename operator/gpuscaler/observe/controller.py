@@ -57,6 +57,7 @@ from gpuscaler.planner.correction import (
     CorrectionConfig,
     ProgressPoint,
     correct,
+    fallback_for,
     keep_factor,
     plan_option,
     remaining_miss_probability,
@@ -432,13 +433,13 @@ class Observer:
         key = (p.instance_type, p.nodes, p.capacity_type, p.precision)
         current = next((plan_option(c) for c in result.feasible if plan_option(c).key == key), None)
         best = plan_option(result.chosen) if result.chosen is not None else None
-        fallback = plan_option(result.fallback) if result.fallback is not None else None
-        if fallback is not None and fallback.key == key:
-            fallback = None  # already on it
+        # already on the fallback: its alternate (the plan's contingency priced that move)
+        target = fallback_for(result.fallback, result.alternate, lambda c: plan_option(c).key == key)
+        fallback = plan_option(target) if target is not None else None
         # plan_with plans the rest only: the options' costs are the rest's
         decision = should_replan(miss, look.max_risk, current, best, self.config.correction(), fallback=fallback)
-        if decision.replan and decision.fallback and result.fallback is not None:
-            result = replace(result, chosen=result.fallback, why=decision.reason)
+        if decision.replan and decision.fallback and target is not None:
+            result = replace(result, chosen=target, why=decision.reason)
         return decision, result
 
     def _consider_replan(self, look: _Look, miss: float) -> None:

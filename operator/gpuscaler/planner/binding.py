@@ -118,7 +118,8 @@ class Binding:
                 "also": list(self.also)}  # fmt: skip
 
 
-def miss_at(c: Candidate, deadline_h: float, spec: TrainingJobSpec, target: Candidate | None, startup_s: float) -> float:
+def miss_at(c: Candidate, deadline_h: float, spec: TrainingJobSpec, target: Candidate | None, startup_s: float,
+            alternate: Candidate | None = None) -> float:  # fmt: skip
     """The P(miss) plan ``c`` would have with ``deadline_h`` hours, its contingency included."""
     o = c.outlook
     rate = o.interruptions / o.expected_hours if o.expected_hours > 0 else 0.0
@@ -127,20 +128,20 @@ def miss_at(c: Candidate, deadline_h: float, spec: TrainingJobSpec, target: Cand
                      o.log_sigma)  # fmt: skip
     bare = c._replace(outlook=static, contingency=None)
     recourse = Recourse(target, deadline_h=deadline_h, max_risk=spec.constraints.max_deadline_risk,
-                        restart_s=restart, startup_s=startup_s)  # fmt: skip
+                        restart_s=restart, startup_s=startup_s, alternate=alternate)  # fmt: skip
     return recourse.of(bare).miss_probability
 
 
 def more_hours(c: Candidate, deadline_h: float, spec: TrainingJobSpec, target: Candidate | None,
-               startup_s: float) -> float | None:  # fmt: skip
+               startup_s: float, alternate: Candidate | None = None) -> float | None:  # fmt: skip
     """Hours more than ``deadline_h`` at which ``c`` meets ``maxDeadlineRisk`` (None: not within 2^12 x)."""
     risk = spec.constraints.max_deadline_risk
-    if not over_risk(miss_at(c, deadline_h, spec, target, startup_s), risk):
+    if not over_risk(miss_at(c, deadline_h, spec, target, startup_s, alternate), risk):
         return 0.0
     step = max(c.expected_hours, 0.1)
     hi = deadline_h + step
     for _ in range(12):
-        if not over_risk(miss_at(c, hi, spec, target, startup_s), risk):
+        if not over_risk(miss_at(c, hi, spec, target, startup_s, alternate), risk):
             break
         step *= 2.0
         hi = deadline_h + step
@@ -149,7 +150,7 @@ def more_hours(c: Candidate, deadline_h: float, spec: TrainingJobSpec, target: C
     lo = max(deadline_h, hi - step)
     while hi - lo > MORE_HOURS_TOL:
         mid = (lo + hi) / 2.0
-        if over_risk(miss_at(c, mid, spec, target, startup_s), risk):
+        if over_risk(miss_at(c, mid, spec, target, startup_s, alternate), risk):
             lo = mid
         else:
             hi = mid
@@ -206,6 +207,7 @@ def explain(
     rejected: list[Rejection],
     target: Candidate | None,
     startup_s: float,
+    alternate: Candidate | None = None,
 ) -> tuple[Binding, list[Closest]]:
     """Which rule binds an infeasible job, and its closest plans (the rule is in the module docstring).
 
@@ -220,6 +222,7 @@ def explain(
         rejected: the offerings rejected before or during configuration.
         target: the contingency's fallback of this plan (for the extra hours).
         startup_s: the planner's start-up seconds.
+        alternate: the fallback's own (:func:`gpuscaler.planner.planner.alternate_of`).
 
     Returns:
         The binding rule and up to :data:`CLOSEST` closest plans, closest first.
@@ -237,7 +240,7 @@ def explain(
     deadline = job.deadline_h
 
     def hours(c: Candidate) -> float | None:
-        return None if deadline is None else more_hours(c, deadline, spec, target, startup_s)
+        return None if deadline is None else more_hours(c, deadline, spec, target, startup_s, alternate)
 
     def closest(cands: list[Candidate], key: Callable[[Candidate], tuple[float, ...]], kinds: tuple[Kind, ...]) -> list[Closest]:
         out = []

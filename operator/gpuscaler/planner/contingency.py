@@ -6,9 +6,11 @@ could never learn its real speed. It can: the operator measures the running gang
 spot handshake's request) and moves, once it is written, to the
 *fallback* (:func:`fallback`: the fastest on-demand plan costing at most
 :data:`FALLBACK_COST_FACTOR` x the cheapest, the rule the operator's recovery uses when a deadline
-cannot be met; or at most :data:`WIDER_FALLBACK_COST_FACTOR` x where that lets a cheaper plan meet
-the job, :func:`with_fallback`). This module prices that contingency for one plan (:meth:`Recourse.of`);
-the planner attaches it to every plan it evaluates, so a plan's P(miss) and cost include it.
+cannot be met). A job already on the fallback moves to its *alternate*: the fastest plan on another
+GPU type within :data:`ALTERNATE_COST_FACTOR` x the cheapest (its measurement corrects its own GPU
+type's plans, so that is the corrected planner's fallback then). This module prices that
+contingency for one plan (:meth:`Recourse.of`); the planner attaches it to every plan it evaluates,
+so a plan's P(miss) and cost include it.
 
 Timeline of plan ``c`` (hours from the plan's start; defaults from :class:`RecourseTiming`, the
 operator's shipped settings):
@@ -56,7 +58,14 @@ at its predicted speed (``cut < 0``): a plan is not chosen in order to be moved 
 a move can finish at all: the **slack**, the latest hour a move can start and still finish at the
 fallback's predicted speed when the run went at the threshold's speed until then, solves
 ``m + overhead + W_F (1 - (m - startup - write) min(f*, 1) / W) = D``. A plan whose correction window
-``t_move`` is longer than its slack, or that is the fallback itself, gains nothing (``P = P_static``).
+``t_move`` is longer than its slack gains nothing (``P = P_static``).
+
+**The fallback itself** moves to its *alternate* ``A`` (:class:`Recourse`'s ``alternate``: the fastest
+plan on another GPU type within :data:`ALTERNATE_COST_FACTOR` x the cheapest), the same maths with ``A``
+as the target, and only once its corrected speed is below ``A``'s predicted one: the operator's
+corrected planner has lowered the running GPU type's plans only, so ``A`` is its fallback from then on
+(:func:`gpuscaler.planner.correction.fallback_for`). The trigger is then
+``cut = min(cut, ln(W / W_A) / w)``. With no such plan it gains nothing (``P = P_static``).
 
 Expected extra cost of the contingency (added to the plan's expected cost):
 
@@ -77,7 +86,7 @@ and when it runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
@@ -94,15 +103,13 @@ if TYPE_CHECKING:  # the candidate module imports this one for the Contingency t
 FALLBACK_COST_FACTOR = 2.0
 """The fallback is the fastest plan costing at most this multiple of the cheapest one (finish as
 early as is sensible rather than at any price)."""
-WIDER_FALLBACK_COST_FACTOR = 4.0
-"""The fallback may reach this multiple of the cheapest plan only where that lets a cheaper plan meet
-the job (:func:`with_fallback`). As the one rule (every plan's fallback within 4x) it took the decision
-scores' mean regret (:mod:`gpuscaler.planner.decisions`) from 3.0% to 1.8% with no more misses, but every
-plan then paid in expectation for a move to a larger, dearer fallback, which turned near-ties the other
-way (a job planned into a capacity block went to spot; e2e/test_capacity_block.py). Kept for the cases
-where it makes a cheaper plan feasible, it gives the same 1.7% and leaves every other plan as it was."""
-FALLBACK_COST_FACTORS = (FALLBACK_COST_FACTOR, WIDER_FALLBACK_COST_FACTOR)
-"""The fallbacks :func:`with_fallback` tries, in order."""
+ALTERNATE_COST_FACTOR = 4.0
+"""The fallback's alternate (where a job already on the fallback goes when it measures slow) is the
+fastest plan on another GPU type costing at most this multiple of the cheapest: it is paid only when
+the fastest sensible plan itself turned out slow. Every plan's fallback within 4x (tried before the
+alternate existed) made every plan pay in expectation for a move to larger, dearer capacity and
+turned near-ties the other way (a job planned into a capacity block went to spot;
+e2e/test_capacity_block.py); the alternate changes only the fallback plan's own figures."""
 NEGLIGIBLE_RISK = 1e-6
 """A static risk below this is kept as it is: recourse could lower it in no printed digit (figures are
 printed to 0.01%; a ``maxDeadlineRisk`` below it is met only by plans whose static figure meets it),
@@ -203,11 +210,13 @@ class Contingency(NamedTuple):
         )
 
 
-def fallback(cands: Sequence[Candidate], factor: float = FALLBACK_COST_FACTOR) -> Candidate | None:
+def fallback(
+    cands: Sequence[Candidate], factor: float = FALLBACK_COST_FACTOR, besides: Candidate | None = None
+) -> Candidate | None:
     """Where a job that is behind goes: the fastest plan costing at most ``factor`` x the cheapest.
 
     The one rule for it: the planner's contingencies (over the on-demand plans that fit and keep the
-    policy's caps; ``factor`` as :func:`with_fallback` chooses it), the operator's recovery when no
+    policy's caps; the alternate with ``besides``), the operator's recovery when no
     plan meets the deadline (:func:`gpuscaler.planner.recovery.recover`, over a deadline-free
     on-demand plan's front) and the correction's re-plan (:func:`gpuscaler.planner.correction.should_replan`,
     the corrected planner's fallback).
@@ -215,57 +224,22 @@ def fallback(cands: Sequence[Candidate], factor: float = FALLBACK_COST_FACTOR) -
     Args:
         cands: the plans to choose from (any order; a Pareto front gives the same answer as all plans).
         factor: the most the fallback may cost, as a multiple of the cheapest plan's expected cost.
+        besides: leave out the plans on this plan's GPU type: where a job already on the fallback goes
+            when it measures slow (the fallback's *alternate*, :class:`Recourse`). Its measurement corrects
+            the plans of its own GPU type, not the others', so the corrected planner's fallback is then the
+            fastest plan on another type.
 
     Returns:
-        The plan, or None when ``cands`` is empty.
+        The plan, or None when ``cands`` is empty (or has no plan on another GPU type than ``besides``).
     """
     if not cands:
         return None
     cheapest = min(c.expected_cost_usd for c in cands)
-    ok = [c for c in cands if c.expected_cost_usd <= factor * cheapest]
+    gpu = None if besides is None else besides.instance.gpu_id
+    ok = [c for c in cands if c.expected_cost_usd <= factor * cheapest and c.instance.gpu_id != gpu]
+    if not ok:
+        return None
     return min(ok, key=lambda c: (c.expected_hours, c.expected_cost_usd))
-
-
-def with_fallback(
-    cands: Sequence[Candidate],
-    target_at: Callable[[float], Candidate | None],
-    attach: Callable[[Candidate | None], list[Candidate]],
-    feasible: Callable[[Candidate], bool],
-) -> tuple[list[Candidate], Candidate | None]:
-    """Every plan with its contingency, and the fallback they share: the fastest plan within
-    :data:`FALLBACK_COST_FACTOR` x the cheapest, or within :data:`WIDER_FALLBACK_COST_FACTOR` x where
-    that lets a cheaper plan meet the job.
-
-    Rule: for each factor of :data:`FALLBACK_COST_FACTORS` in turn, the fallback ``F = target_at(factor)``
-    and every plan with recourse to it (``attach(F)``); keep the first whose cheapest feasible plan
-    (expected cost, contingency included) no later factor undercuts. A wider fallback costs every plan
-    that may move more in expectation, so it is taken only where it turns a cheaper plan feasible
-    that a 2x move could not save (the plan's P(miss) with the nearer fallback over
-    ``maxDeadlineRisk``); elsewhere the plans and their fallback are as with :data:`FALLBACK_COST_FACTOR`.
-
-    Args:
-        cands: the plans, each without a contingency.
-        target_at: the fallback within a cost factor (:func:`fallback` over the caller's candidates).
-        attach: ``cands`` in the same order, each with its contingency to that fallback.
-        feasible: a plan with its contingency meets the job (deadline risk, budget, caps).
-
-    Returns:
-        The plans with their contingencies, and the fallback as one of them (None when there is none).
-    """
-    best: tuple[float, list[Candidate], Candidate | None] | None = None
-    tried: list[Candidate | None] = []
-    for factor in FALLBACK_COST_FACTORS:
-        target = target_at(factor)
-        if any(target is t for t in tried):
-            continue
-        tried.append(target)
-        out = attach(target)
-        cheapest = min((c.expected_cost_usd for c in out if feasible(c)), default=math.inf)
-        if best is None or cheapest < best[0]:
-            at = next((i for i, c in enumerate(cands) if c is target), None)
-            best = (cheapest, out, None if at is None else out[at])
-    assert best is not None  # FALLBACK_COST_FACTORS is not empty
-    return best[1], best[2]
 
 
 def trigger_risk(max_risk: float) -> float:
@@ -365,8 +339,8 @@ class Recourse:
     per call).
     """
 
-    __slots__ = ("_decide_h", "_request_h", "_room", "_s_obs", "_startup_h", "_z", "deadline_h", "max_risk",
-                 "restart_s", "startup_s", "target")  # fmt: skip
+    __slots__ = ("_decide_h", "_request_h", "_room", "_s_obs", "_startup_h", "_z", "alternate", "deadline_h",
+                 "max_risk", "restart_s", "startup_s", "target")  # fmt: skip
 
     def __init__(
         self,
@@ -377,8 +351,10 @@ class Recourse:
         restart_s: float,
         startup_s: float,
         timing: RecourseTiming = TIMING,
+        alternate: Candidate | None = None,
     ) -> None:
         self.target = target
+        self.alternate = alternate
         self.deadline_h = deadline_h
         self.max_risk = max_risk
         self.restart_s = restart_s
@@ -420,7 +396,18 @@ class Recourse:
         if target.instance is c.instance and target.nodes == c.nodes and target.capacity is c.capacity and (
             target.precision is c.precision
         ):
-            return Contingency(target, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0, ITSELF)
+            if self.alternate is None:
+                return Contingency(target, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0, ITSELF)
+            # the fallback itself: measured slow, it goes where the corrected planner's fallback is, the
+            # fastest plan on another GPU type, once its corrected speed is below that plan's predicted one
+            target = self.alternate
+            switch = math.log((o.base_hours - self._startup_h) / (target.outlook.base_hours - self._startup_h)) / w
+            if switch < cut:
+                cut = switch
+                threshold = math.exp(cut) * c.estimate.throughput
+                z_move = cut / math.sqrt(s * s + s_obs * s_obs)
+                p_move = 0.5 * math.erfc(-z_move / SQRT2)
+            f_star = math.exp(cut)
         if z_move < NEGLIGIBLE_Z and static <= NEGLIGIBLE_RISK:  # nothing to hedge, nothing to pay
             return Contingency(target, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0)
         p_move = 0.5 * math.erfc(-z_move / SQRT2)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -348,6 +348,23 @@ def decide_replan(
         f"not more than the {margin:.0%} margin",
         saving,
     )
+
+
+def fallback_for(fallback: Candidate | None, alternate: Candidate | None,
+                 running: Callable[[Candidate], bool]) -> Candidate | None:  # fmt: skip
+    """Where a job goes when it is behind and no plan meets the risk: the planner's ``fallback``, or, when
+    the job is already on it (``running``), the fallback's ``alternate`` (the fastest plan on another GPU
+    type: the measurement corrected the running type only) once that is sooner than the running plan
+    under the corrected model. The move the contingency priced for that plan
+    (:class:`gpuscaler.planner.contingency.Recourse`); the operator's observer and the simulated operator
+    both ask here. None when neither is another, sooner plan."""
+    if fallback is None:
+        return None
+    if not running(fallback):
+        return fallback
+    if alternate is None or running(alternate) or alternate.expected_hours >= fallback.expected_hours:
+        return None
+    return alternate
 
 
 def should_replan(

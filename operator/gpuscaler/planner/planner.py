@@ -120,6 +120,9 @@ class PlanResult:
     fallback: Candidate | None = None
     """Where a job behind schedule moves (:func:`gpuscaler.planner.contingency.fallback` over the
     on-demand plans that fit and keep the policy's caps): every plan's contingency target."""
+    alternate: Candidate | None = None
+    """Where a job already on the fallback moves when it is behind (:func:`alternate_of`: the fastest
+    plan on another GPU type); None without a deadline or such a plan."""
 
     @property
     def ok(self) -> bool:
@@ -129,19 +132,17 @@ class PlanResult:
 
 def _with_contingency(
     evaluated: list[Candidate], cap: int, pol: Policy, job: ResolvedJob, spec: TrainingJobSpec
-) -> tuple[list[Candidate], Candidate | None]:
-    """The contingency's fallback of the plans that fit, and every plan with its risk and cost with
-    recourse to it (:func:`~gpuscaler.planner.contingency.with_fallback`: within 2x the cheapest, or
-    4x where that lets a cheaper plan meet the job; unchanged without a deadline)."""
-    deadline_h = job.deadline_h
-    if deadline_h is None:
-        return evaluated, fallback_of(evaluated, cap, pol)
-    return recourse.with_fallback(
-        evaluated,
-        lambda factor: fallback_of(evaluated, cap, pol, factor),
-        lambda target: with_recourse(evaluated, target, deadline_h, spec),
-        lambda c: c.gpus <= cap and not violations(c, job, spec, pol),
-    )
+) -> tuple[list[Candidate], Candidate | None, Candidate | None]:
+    """The contingency's fallback of the plans that fit (:func:`fallback_of`), its own alternate
+    (:func:`alternate_of`), and every plan with its risk and cost with recourse to them (unchanged
+    without a deadline)."""
+    target = fallback_of(evaluated, cap, pol)
+    if job.deadline_h is None:
+        return evaluated, target, None
+    alternate = alternate_of(evaluated, cap, pol, target)
+    out = with_recourse(evaluated, target, job.deadline_h, spec, alternate)
+    at = next((i for i, c in enumerate(evaluated) if c is target), None)
+    return out, None if at is None else out[at], alternate
 
 
 def _in_backoff(offer: Offering, unavailable: frozenset[tuple[str, ...]]) -> bool:
@@ -228,7 +229,7 @@ def plan(
                 # 3. evaluate
                 evaluated.append(evaluate(job, spec, pol, offer, run, caveat))
     # 3b. the contingency: the fallback of the plans that fit, each plan's risk and cost with it
-    evaluated, target = _with_contingency(evaluated, cap, pol, job, spec)
+    evaluated, target, alternate = _with_contingency(evaluated, cap, pol, job, spec)
     for c in evaluated:
         outcomes.add(c, job, spec, pol)
     # held capacity (the policy's reservations, blocks, flex-start: gpuscaler.planner.held)
@@ -270,7 +271,7 @@ def plan(
     closest: list[Closest] = []
     if chosen is None:
         bound, closest = explain(job, spec, pol, fitting, outcomes.over_cap, cap, cap_source, rejected, target,
-                                 STARTUP_S)  # fmt: skip
+                                 STARTUP_S, alternate)  # fmt: skip
     return PlanResult(
         job=job,
         objective=spec.objective,
@@ -285,6 +286,7 @@ def plan(
         caveats=caveats,
         profiles=performance.profiled,
         fallback=target,
+        alternate=alternate,
         held=pools,
         binding=bound,
         closest=closest,
@@ -292,24 +294,34 @@ def plan(
 
 
 def fallback_of(
-    cands: list[Candidate], cap: int, policy: Policy, factor: float = recourse.FALLBACK_COST_FACTOR
+    cands: list[Candidate], cap: int, policy: Policy, factor: float = recourse.FALLBACK_COST_FACTOR,
+    besides: Candidate | None = None,
 ) -> Candidate | None:
     """The contingency target: :func:`~gpuscaler.planner.contingency.fallback` (within ``factor`` x the
-    cheapest) over the on-demand plans within the GPU cap and the policy's price cap (any capacity type
-    when none is on-demand)."""
+    cheapest; on another GPU type than ``besides``) over the on-demand plans within the GPU cap and the
+    policy's price cap (any capacity type when none is on-demand)."""
     within = [
         c for c in cands if c.gpus <= cap and (policy.max_usd_per_hour is None or c.usd_per_hour <= policy.max_usd_per_hour)
     ]
     on_demand = [c for c in within if c.capacity is CapacityType.ON_DEMAND]
-    return recourse.fallback(on_demand or within, factor)
+    return recourse.fallback(on_demand or within, factor, besides)
+
+
+def alternate_of(cands: list[Candidate], cap: int, policy: Policy, target: Candidate | None) -> Candidate | None:
+    """Where a job already on the fallback ``target`` goes when it measures slow: the fastest plan on another
+    GPU type within :data:`~gpuscaler.planner.contingency.ALTERNATE_COST_FACTOR` x the cheapest (the
+    corrected planner's fallback then; :class:`~gpuscaler.planner.contingency.Recourse`)."""
+    return None if target is None else fallback_of(cands, cap, policy, recourse.ALTERNATE_COST_FACTOR, target)
 
 
 def with_recourse(
-    cands: list[Candidate], target: Candidate | None, deadline_h: float, spec: TrainingJobSpec
+    cands: list[Candidate], target: Candidate | None, deadline_h: float, spec: TrainingJobSpec,
+    alternate: Candidate | None = None,
 ) -> list[Candidate]:
     """Every candidate with its contingency: its risk with recourse, its cost with the move's expected cost."""
     of = recourse.Recourse(target, deadline_h=deadline_h, max_risk=spec.constraints.max_deadline_risk,
-                           restart_s=spec.checkpoint.restart_seconds, startup_s=STARTUP_S).of  # fmt: skip
+                           restart_s=spec.checkpoint.restart_seconds, startup_s=STARTUP_S,
+                           alternate=alternate).of  # fmt: skip
     return [c.with_contingency(of(c)) for c in cands]
 def _plan_held(
     h: HeldOffer,

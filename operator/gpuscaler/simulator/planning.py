@@ -30,7 +30,7 @@ from gpuscaler.catalog.prices import Price, PriceTable, apply_prices
 from gpuscaler.catalog.zones import zone_region
 from gpuscaler.perfmodel.uncertainty import Z90
 from gpuscaler.planner import Candidate, JobError, PlanResult, plan
-from gpuscaler.planner.correction import PlanOption, plan_option
+from gpuscaler.planner.correction import PlanOption, fallback_for, plan_option
 from gpuscaler.planner.profiles import ProfileStore
 from gpuscaler.policy import Policy
 from gpuscaler.simulator.spot_prices import HISTORY_SOURCE, SpotPriceHistory
@@ -99,7 +99,9 @@ class Choice:
     current: PlanOption | None = None
     """The plan asked for by ``current`` in :meth:`CachedPlanner.choose`, when it is still feasible."""
     fallback: Candidate | None = None
-    """The planner's contingency target (:func:`gpuscaler.planner.contingency.fallback`)."""
+    """Where the job moves when behind with no plan meeting the risk: the planner's contingency target
+    (:func:`gpuscaler.planner.contingency.fallback`), or its alternate when ``current`` is on it
+    (:func:`gpuscaler.planner.correction.fallback_for`)."""
 
 
 class CachedPlanner:
@@ -241,7 +243,9 @@ def _select(result: PlanResult, rule: Rule, deadline_h: float | None, capacity: 
     found = None
     if current is not None:
         found = next((plan_option(c) for c in result.feasible if plan_key(c) == current), None)
-    return Choice(chosen, tuple(result.pareto), error, found, result.fallback)
+    # a job already on the fallback goes to its alternate, as the operator's observer does
+    fallback = fallback_for(result.fallback, result.alternate, lambda c: plan_key(c) == current)
+    return Choice(chosen, tuple(result.pareto), error, found, fallback)
 
 
 def strip_deadline(spec: TrainingJobSpec) -> TrainingJobSpec:
