@@ -218,3 +218,16 @@ def test_an_option_s_p_miss_is_near_calibrated_on_held_out_rows() -> None:
                         n += 1
     assert n >= 300
     assert abs(predicted_sum / n - missed / n) <= 0.08, (predicted_sum / n, missed / n, n)
+
+
+def test_a_refusal_names_a_closest_plan_and_the_scores_say_how_it_would_have_done(committed: dict[str, Any]) -> None:
+    """Every "no plan" of the planner is counted once in ``no_plan_closest``, with the plan its answer
+    names (the lowest P(miss)) run at measured speed; that plan is a real option, so its P(miss) is over
+    the limit (else the planner would have chosen it) and its regret, when it meets the deadline, is >= 0."""
+    cl = committed["no_plan_closest"]
+    planner = committed["pooled"]["planner"]
+    assert cl["refused"] == planner["no_plan_where_feasible"] > 0
+    assert 0 <= cl["closest_meets"] <= cl["refused"]
+    assert cl["closest_meets_pct"] == round(100.0 * cl["closest_meets"] / cl["refused"], 2)
+    assert cl["closest_median_miss_probability"] > decisions.MAX_RISK
+    assert cl["closest_mean_regret_pct"] >= 0.0

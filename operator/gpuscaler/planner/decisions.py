@@ -335,7 +335,8 @@ def scores(
     for i, o in options.items():
         groups[training_code(o.row)].append(i)
     tallies: dict[str, dict[str, Tally]] = defaultdict(lambda: {c: Tally([]) for c in CHOOSERS})
-    floor: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per tightness: [refused with exact medians, decisions]
+    floor: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    refused: list[tuple[bool, float, float]] = []  # the planner's "no plan": its closest plan at measured speed  # per tightness: [refused with exact medians, decisions]
     decisions = 0
     for fold in data["folds"]:
         scheme, held = fold["scheme"], set(fold["held_out"])
@@ -370,6 +371,8 @@ def scores(
                     "spec-sheet": _outcome(cheapest_fitting(opts, spec, samples, deadline), by_index, samples),
                 }  # fmt: skip
                 decisions += 1
+                if deadline is not None and chosen is None:
+                    refused.append(closest_outcome(opts, cands, samples, deadline, best))
                 if deadline is not None:
                     exact, _ = plan_options(opts, {o.index: o.row.measured for o in opts}, samples, deadline)
                     for key in (f"{k:g}x", "pooled"):
@@ -407,6 +410,29 @@ def scores(
             for key in [*(f"{k:g}x" for k in TIGHTNESS), "pooled"]
             if floor[key][1]
         },
+        "no_plan_closest": _closest_summary(refused),
+    }
+
+
+def closest_outcome(options: Sequence[Option], cands: dict[int, Candidate], samples: float, deadline_h: float,
+                    best: float) -> tuple[bool, float, float]:  # fmt: skip
+    """A refused decision's closest plan (the lowest P(miss), then the cheapest: what the planner's answer
+    names when the risk limit binds) run at its measured speed: whether it meets the deadline, its
+    regret when it does, and its P(miss)."""
+    by_index = {o.index: o for o in options}
+    i, c = min(cands.items(), key=lambda kv: (kv[1].outlook.deadline_miss_probability, kv[1].expected_cost_usd))
+    out = measured(by_index[i], samples)
+    return out.hours <= deadline_h, out.cost / best - 1.0, c.outlook.deadline_miss_probability
+
+
+def _closest_summary(refused: list[tuple[bool, float, float]]) -> dict[str, Any]:
+    meets = [regret for ok, regret, _ in refused if ok]
+    return {
+        "refused": len(refused),
+        "closest_meets": len(meets),
+        "closest_meets_pct": round(100.0 * len(meets) / len(refused), 2) if refused else None,
+        "closest_mean_regret_pct": round(100.0 * statistics.fmean(meets), 2) if meets else None,
+        "closest_median_miss_probability": round(statistics.median(p for *_, p in refused), 4) if refused else None,
     }
 
 
@@ -498,6 +524,11 @@ def format_scores(d: dict[str, Any]) -> list[str]:
     lines += ["", "'No plan' with exact medians (the planner's rule, each option's band, the measured throughput as the",
               "prediction): what a model this uncertain must refuse at maxDeadlineRisk even when its median is right, % of",
               "the deadline decisions: " + ", ".join(f"{key} {v:.1f}" for key, v in fl.items())]
+    cl = d["no_plan_closest"]
+    if cl["refused"]:
+        lines += ["", f"Where the planner answers 'no plan', the plan its answer names closest (the lowest P(miss), median "
+                      f"{cl['closest_median_miss_probability']:.0%}) would have met the deadline in {cl['closest_meets']} of "
+                      f"{cl['refused']} ({cl['closest_meets_pct']:.0f}%), at a mean cost regret of {cl['closest_mean_regret_pct']:.0f}%."]
     lines += ["", "Targets (issue 35):"]
     for name, t in d["targets"].items():
         lines.append(f"  {name:<34} {t['value']!s:>8} vs {t['target']!s:<8} {'met' if t['met'] else 'NOT met'}")
