@@ -283,3 +283,35 @@ def test_the_operator_s_observer_moves_a_late_job_to_the_fallback_when_nothing_m
     assert res.replan is not None and res.replan.chosen is not None
     assert res.replan.chosen.instance.name == "p3.2xlarge"
     assert res.replan.chosen is res.replan.fallback
+
+
+def test_the_fallback_widens_only_where_it_makes_a_cheaper_plan_feasible() -> None:
+    """``with_fallback``: the 4x fallback is taken when, with it, a plan cheaper than any feasible with the
+    2x one meets the job; otherwise the plans keep their 2x contingencies; one fallback is priced once."""
+    from types import SimpleNamespace
+
+    cheap, near, far = (SimpleNamespace(name=n, expected_cost_usd=x) for n, x in (("cheap", 1.0), ("near", 2.0), ("far", 4.0)))
+    cands: list[Any] = [cheap, near, far]
+    targets = {contingency.FALLBACK_COST_FACTOR: near, contingency.WIDER_FALLBACK_COST_FACTOR: far}
+
+    def run(saved_by_far: bool) -> tuple[list[Any], Any, list[str]]:
+        priced: list[str] = []
+
+        def attach(target: Any) -> list[Any]:
+            priced.append(target.name)
+            ok = {"near": {"near", "far"}, "far": {"cheap", "near", "far"} if saved_by_far else {"near", "far"}}
+            extra = 0.1 if target is far else 0.05  # a dearer fallback costs every plan more in expectation
+            return [SimpleNamespace(name=c.name, expected_cost_usd=c.expected_cost_usd + extra,
+                                    feasible=c.name in ok[target.name], target=target.name) for c in cands]  # fmt: skip
+
+        out, fb = contingency.with_fallback(cands, targets.__getitem__, attach, lambda c: c.feasible)
+        return out, fb, priced
+
+    out, fb, priced = run(saved_by_far=True)
+    assert fb.name == "far" and {c.target for c in out} == {"far"} and out[0].feasible and priced == ["near", "far"]
+    out, fb, _ = run(saved_by_far=False)
+    assert fb.name == "near" and {c.target for c in out} == {"near"} and not out[0].feasible
+    same = {k: near for k in targets}
+    priced_once: list[str] = []
+    contingency.with_fallback(cands, same.__getitem__, lambda t: priced_once.append(t.name) or list(cands), lambda c: True)
+    assert priced_once == ["near"]

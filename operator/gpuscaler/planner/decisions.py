@@ -70,7 +70,7 @@ from gpuscaler.catalog import CapacityType, Catalog, InstanceType, load_catalog
 from gpuscaler.perfmodel import calibration, estimate
 from gpuscaler.perfmodel.uncertainty import throughput_band
 from gpuscaler.planner.candidate import Candidate
-from gpuscaler.planner.contingency import ALTERNATE_COST_FACTOR, Recourse, fallback
+from gpuscaler.planner.contingency import ALTERNATE_COST_FACTOR, Recourse, fallback, with_fallback
 from gpuscaler.planner.evaluate import STARTUP_S, checkpoint_write_seconds, corrected
 from gpuscaler.planner.risk import outlook, over_risk
 from gpuscaler.policy import Policy
@@ -189,11 +189,18 @@ def plan_options(options: Sequence[Option], predicted: dict[int, float], samples
     cands = {o.index: _candidate(o, predicted[o.index], samples, deadline_h) for o in options}
     if deadline_h is not None:
         plain = list(cands.values())
-        target = fallback(plain)
-        alternate = None if target is None else fallback(plain, ALTERNATE_COST_FACTOR, target)
-        of = Recourse(target, deadline_h=deadline_h, max_risk=MAX_RISK, restart_s=RESTART_S, startup_s=STARTUP_S,
-                      alternate=alternate).of  # fmt: skip
-        cands = {i: c.with_contingency(of(c)) for i, c in cands.items()}
+
+        def attach(target: Candidate | None) -> list[Candidate]:
+            alternate = None if target is None else fallback(plain, ALTERNATE_COST_FACTOR, target)
+            of = Recourse(target, deadline_h=deadline_h, max_risk=MAX_RISK, restart_s=RESTART_S, startup_s=STARTUP_S,
+                          alternate=alternate).of  # fmt: skip
+            return [c.with_contingency(of(c)) for c in plain]
+
+        def feasible(c: Candidate) -> bool:
+            return not over_risk(c.outlook.deadline_miss_probability, MAX_RISK)
+
+        with_k, _ = with_fallback(plain, lambda factor: fallback(plain, factor), attach, feasible)
+        cands = dict(zip(cands, with_k, strict=True))
     ok = [c for c in cands.values() if deadline_h is None or not over_risk(c.outlook.deadline_miss_probability, MAX_RISK)]
     chosen = min(ok, key=lambda c: (c.expected_cost_usd, c.expected_hours), default=None)
     return chosen, cands

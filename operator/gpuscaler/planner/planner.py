@@ -133,16 +133,20 @@ class PlanResult:
 def _with_contingency(
     evaluated: list[Candidate], cap: int, pol: Policy, job: ResolvedJob, spec: TrainingJobSpec
 ) -> tuple[list[Candidate], Candidate | None, Candidate | None]:
-    """The contingency's fallback of the plans that fit (:func:`fallback_of`), its own alternate
-    (:func:`alternate_of`), and every plan with its risk and cost with recourse to them (unchanged
-    without a deadline)."""
-    target = fallback_of(evaluated, cap, pol)
-    if job.deadline_h is None:
-        return evaluated, target, None
-    alternate = alternate_of(evaluated, cap, pol, target)
-    out = with_recourse(evaluated, target, job.deadline_h, spec, alternate)
-    at = next((i for i, c in enumerate(evaluated) if c is target), None)
-    return out, None if at is None else out[at], alternate
+    """The contingency's fallback of the plans that fit, and every plan with its risk and cost with
+    recourse to it (:func:`~gpuscaler.planner.contingency.with_fallback`: within 2x the cheapest, or
+    4x where that lets a cheaper plan meet the job; unchanged without a deadline); and the fallback's
+    own alternate (:func:`alternate_of`)."""
+    deadline_h = job.deadline_h
+    if deadline_h is None:
+        return evaluated, fallback_of(evaluated, cap, pol), None
+    out, target = recourse.with_fallback(
+        evaluated,
+        lambda factor: fallback_of(evaluated, cap, pol, factor),
+        lambda target: with_recourse(evaluated, target, deadline_h, spec, alternate_of(evaluated, cap, pol, target)),
+        lambda c: c.gpus <= cap and not violations(c, job, spec, pol),
+    )
+    return out, target, alternate_of(evaluated, cap, pol, target)
 
 
 def _in_backoff(offer: Offering, unavailable: frozenset[tuple[str, ...]]) -> bool:
