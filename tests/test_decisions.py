@@ -231,3 +231,33 @@ def test_a_refusal_names_a_closest_plan_and_the_scores_say_how_it_would_have_don
     assert cl["closest_meets_pct"] == round(100.0 * cl["closest_meets"] / cl["refused"], 2)
     assert cl["closest_median_miss_probability"] > decisions.MAX_RISK
     assert cl["closest_mean_regret_pct"] >= 0.0
+
+
+def test_one_profiled_run_is_scored_on_the_same_decisions(committed: dict[str, Any]) -> None:
+    """``profiled``: the leave-one-workload-out decisions again, after the team ran its code once (its plan
+    without a deadline) and kept the run as a profile. The same decisions as the scheme without it, every
+    deadline level counted; the profiled option is planned at its measured throughput with a run's band,
+    options of the same precision are moved towards the run's ratio and narrowed, other precisions keep
+    the model's figures."""
+    pr, lowo = committed["profiled"], committed["schemes"]["leave_one_workload_out"]["planner"]
+    assert pr["planner"]["deadline_decisions"] == lowo["deadline_decisions"] > 0
+    assert set(pr["no_plan_by_tightness_pct"]) == {f"{k:g}x" for k in decisions.TIGHTNESS}
+    fold = next(f for f in FOLDS["folds"] if f["scheme"] == "leave_one_workload_out")
+    predicted = {i: float(p) for i, p in enumerate(fold["predicted"])}
+    prices = decisions.gpu_prices(CAT)
+    members = [i for i, r in enumerate(ROWS) if i in set(fold["held_out"]) and r.gpu.id in prices]
+    code = decisions.training_code(ROWS[members[0]])
+    opts = [Option(i, ROWS[i], prices[ROWS[i].gpu.id][0] * ROWS[i].cfg.gpus, prices[ROWS[i].gpu.id][1],
+                   checkpoint_write_seconds(ROWS[i].workload, ROWS[i].cfg, Policy(), None))
+            for i in members if decisions.training_code(ROWS[i]) == code]  # fmt: skip
+    first, _ = decisions.plan_options(opts, predicted, 1e9, None)
+    assert first is not None
+    ran = next(o for o in opts if o.instance is first.instance and o.gpus == first.nodes
+               and o.row.cfg.precision is first.precision and o.row.cfg.micro_batch == first.micro_batch)  # fmt: skip
+    throughput, sigma = decisions.profiled_predictions(opts, predicted, first)
+    assert throughput[ran.index] == pytest.approx(ran.row.measured)
+    model = uncertainty.throughput_band(ran.row.workload, ran.row.gpu, ran.row.cfg.precision, predicted[ran.index])
+    assert sigma[ran.index] < 0.5 * model.log_sigma
+    for o in opts:
+        if o.row.cfg.precision is not ran.row.cfg.precision:
+            assert throughput[o.index] == predicted[o.index]

@@ -63,6 +63,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
@@ -72,6 +73,7 @@ from gpuscaler.perfmodel.uncertainty import throughput_band
 from gpuscaler.planner.candidate import Candidate
 from gpuscaler.planner.contingency import ALTERNATE_COST_FACTOR, Recourse, fallback, with_fallback
 from gpuscaler.planner.evaluate import STARTUP_S, checkpoint_write_seconds, corrected
+from gpuscaler.planner.profiles import RUN_LOG_SIGMA_FLOOR, ProfileKey, ProfileStore, RunMeasurement
 from gpuscaler.planner.risk import outlook, over_risk
 from gpuscaler.policy import Policy
 
@@ -81,6 +83,8 @@ REFERENCE_HOURS = 4.0
 """The job trains what the measured fastest option trains in this many hours."""
 MAX_RISK = 0.05
 """``maxDeadlineRisk`` of the decisions (the default of the API)."""
+PROFILED_AT = datetime(2026, 1, 1, tzinfo=UTC)
+"""When the profiled run of :func:`profiled_predictions` finished (no profile expires within the scores)."""
 RESTART_S = 300.0
 """``checkpoint.restartSeconds`` of the decisions (the API's default)."""
 CHOOSERS = ("planner", "argmin", "spec-sheet")
@@ -166,12 +170,16 @@ def spec_sheet(options: Sequence[Option], reference_arch: str) -> dict[int, floa
     return out
 
 
-def _candidate(o: Option, throughput: float, samples: float, deadline_h: float | None) -> Candidate:
-    """The option as the planner's candidate, at ``throughput`` with the model's band there."""
+def _candidate(o: Option, throughput: float, samples: float, deadline_h: float | None,
+               log_sigma: float | None = None) -> Candidate:  # fmt: skip
+    """The option as the planner's candidate, at ``throughput`` with the model's band there (or a band of
+    ``log_sigma``: a profile's)."""
     r = o.row
     est = estimate(r.workload, r.gpu, r.cfg)
     est = corrected(est, throughput / est.throughput)
     band = throughput_band(r.workload, r.gpu, r.cfg.precision, throughput)
+    if log_sigma is not None:
+        band = band.scaled(1.0, log_sigma)
     work_h = samples / throughput / 3600.0
     interval = float(Policy().max_checkpoint_interval_s)
     out = outlook(work_h, 0.0, o.write_s, RESTART_S, STARTUP_S, interval, deadline_h, band.log_sigma)
@@ -183,10 +191,12 @@ def _candidate(o: Option, throughput: float, samples: float, deadline_h: float |
     )  # fmt: skip
 
 
-def plan_options(options: Sequence[Option], predicted: dict[int, float], samples: float,
-                 deadline_h: float | None) -> tuple[Candidate | None, dict[int, Candidate]]:  # fmt: skip
-    """The planner's rule on the options: contingencies, the risk limit, the cheapest then sooner."""
-    cands = {o.index: _candidate(o, predicted[o.index], samples, deadline_h) for o in options}
+def plan_options(options: Sequence[Option], predicted: dict[int, float], samples: float, deadline_h: float | None,
+                 sigmas: dict[int, float] | None = None) -> tuple[Candidate | None, dict[int, Candidate]]:  # fmt: skip
+    """The planner's rule on the options: contingencies, the risk limit, the cheapest then sooner (``sigmas``:
+    each option's band, where a profile gives it)."""
+    cands = {o.index: _candidate(o, predicted[o.index], samples, deadline_h, None if sigmas is None else sigmas[o.index])
+             for o in options}  # fmt: skip
     if deadline_h is not None:
         plain = list(cands.values())
 
@@ -342,8 +352,10 @@ def scores(
     for i, o in options.items():
         groups[training_code(o.row)].append(i)
     tallies: dict[str, dict[str, Tally]] = defaultdict(lambda: {c: Tally([]) for c in CHOOSERS})
-    floor: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    refused: list[tuple[bool, float, float]] = []  # the planner's "no plan": its closest plan at measured speed  # per tightness: [refused with exact medians, decisions]
+    floor: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per tightness: [refused with exact medians, decisions]
+    refused: list[tuple[bool, float, float]] = []  # the planner's "no plan": its closest plan at measured speed
+    profiled = Tally([])  # leave one workload out, after one profiled run of the team's code
+    profiled_refused: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per tightness: [no plan, decisions]
     decisions = 0
     for fold in data["folds"]:
         scheme, held = fold["scheme"], set(fold["held_out"])
@@ -352,33 +364,30 @@ def scores(
             opts = [options[i] for i in members]
             if len(opts) < 2 or not held & set(members):
                 continue
-            if scheme == "gpu_transfer":
-                archs = {o.row.gpu.arch for o in opts}
-                if len(archs) < 2:
-                    continue
-                reference = next(o.row.gpu.arch for o in opts if o.index not in held)
-            else:
-                reference = "volta" if any(o.row.gpu.arch == "volta" for o in opts) else "ampere"
-            spec = spec_sheet(opts, reference)
+            reference = _reference(scheme, opts, held)
+            spec = None if reference is None else spec_sheet(opts, reference)
             if spec is None:
                 continue
             fastest = min(opts, key=lambda o: o.hours(o.row.measured, 1.0))
             samples = fastest.row.measured * 3600.0 * REFERENCE_HOURS
             t_fast = fastest.hours(fastest.row.measured, samples)
             by_index = {o.index: o for o in opts}
+            first = None
+            if scheme == "leave_one_workload_out":  # the team's first run: the plan without a deadline
+                first, _ = plan_options(opts, predicted, samples, None)
+            prof = None if first is None else profiled_predictions(opts, predicted, first)
             for k in (None, *TIGHTNESS):
                 deadline = None if k is None else k * t_fast
                 meets = [measured(o, samples) for o in opts if deadline is None or measured(o, samples).hours <= deadline]
                 best = min(x.cost for x in meets)
-                chosen, cands = plan_options(opts, predicted, samples, deadline)
+                planned, cands = _planned(opts, by_index, predicted, samples, deadline)
                 outcomes = {
-                    "planner": Outcome(None) if chosen is None else realise_planner(
-                        chosen, by_index, cands, next(i for i, c in cands.items() if c is chosen), samples),
+                    "planner": planned,
                     "argmin": _outcome(cheapest_fitting(opts, predicted, samples, deadline), by_index, samples),
                     "spec-sheet": _outcome(cheapest_fitting(opts, spec, samples, deadline), by_index, samples),
                 }  # fmt: skip
                 decisions += 1
-                if deadline is not None and chosen is None:
+                if deadline is not None and planned.chosen is None:
                     refused.append(closest_outcome(opts, cands, samples, deadline, best))
                 if deadline is not None:
                     exact, _ = plan_options(opts, {o.index: o.row.measured for o in opts}, samples, deadline)
@@ -386,16 +395,14 @@ def scores(
                         floor[key][0] += exact is None
                         floor[key][1] += 1
                 if trace is not None:
-                    best_row = min((x for x in meets), key=lambda x: x.cost)
-                    for name, out in outcomes.items():
-                        trace.append({
-                            "scheme": scheme, "fold": fold["fold"], "workload": opts[0].row.workload.id,
-                            "framework": opts[0].row.cfg.framework, "k": k, "chooser": name, "chosen": out.chosen,
-                            "best": best_row.chosen, "regret": None if out.chosen is None else out.cost / best - 1.0,
-                            "missed": out.chosen is not None and deadline is not None and out.hours > deadline * (1 + 1e-9),
-                            "moved": out.moved,
-                        })  # fmt: skip
+                    trace += _trace_records(scheme, fold["fold"], opts[0].row, k, deadline, meets, outcomes)
                 _count(tallies, scheme, k, deadline, best, outcomes)
+                if prof is not None:
+                    out, _ = _planned(opts, by_index, prof[0], samples, deadline, prof[1])
+                    _count_one(profiled, deadline, best, out)
+                    if deadline is not None:
+                        profiled_refused[f"{k:g}x"][0] += out.chosen is None
+                        profiled_refused[f"{k:g}x"][1] += 1
     pooled = {c: t.to_dict() for c, t in tallies.pop("pooled").items()}
     by_tightness = {key.split(" ", 1)[1]: {c: t.to_dict() for c, t in tallies.pop(key).items()}
                     for key in [key for key in tallies if key.startswith("deadline ")]}  # fmt: skip
@@ -418,7 +425,81 @@ def scores(
             if floor[key][1]
         },
         "no_plan_closest": _closest_summary(refused),
+        "profiled": {
+            "design": "leave_one_workload_out, after the team ran its code once: the planner's choice without a "
+                      "deadline, measured, kept as a performance profile (planner.profiles); every option planned "
+                      "with what the profile says of it (exact match or near match), the rest as before",
+            "planner": profiled.to_dict(),
+            "no_plan_by_tightness_pct": {key: round(100.0 * n / d, 2) for key, (n, d) in profiled_refused.items() if d},
+        },
     }
+
+
+def profiled_predictions(options: Sequence[Option], predicted: dict[int, float],
+                         first: Candidate) -> tuple[dict[int, float], dict[int, float]]:  # fmt: skip
+    """Every option's throughput and band sigma after one run of ``first`` (at its measured throughput,
+    the run's sigma at :data:`~gpuscaler.planner.profiles.RUN_LOG_SIGMA_FLOOR`) is kept as a profile: what
+    :meth:`~gpuscaler.planner.profiles.ProfileStore.prior_for` says of each (the model where it says nothing)."""
+    def key(o: Option) -> ProfileKey:
+        c = o.row.cfg
+        return ProfileKey(o.row.workload.id, o.row.gpu.id, c.gpus, c.nodes, c.micro_batch, c.accumulation, c.precision.value)
+
+    ran = next(o for o in options if o.instance is first.instance and o.gpus == first.nodes
+               and o.row.cfg.precision is first.precision and o.row.cfg.micro_batch == first.micro_batch)  # fmt: skip
+    store = ProfileStore()
+    store.record(key(ran), RunMeasurement(ran.row.measured, RUN_LOG_SIGMA_FLOOR, predicted[ran.index], PROFILED_AT))
+    throughput, sigma = {}, {}
+    for o in options:
+        model = throughput_band(o.row.workload, o.row.gpu, o.row.cfg.precision, predicted[o.index])
+        prior = store.prior_for(key(o), predicted[o.index], model.log_sigma)
+        throughput[o.index] = predicted[o.index] if prior is None else prior.throughput
+        sigma[o.index] = model.log_sigma if prior is None else prior.log_sigma
+    return throughput, sigma
+
+
+def _trace_records(scheme: str, fold: str, row: calibration.Row, k: float | None, deadline: float | None,
+                   meets: list[Outcome], outcomes: dict[str, Outcome]) -> list[dict[str, Any]]:  # fmt: skip
+    """One record per chooser of one decision (``scores(trace=...)``: what the benchmark lists)."""
+    best = min(meets, key=lambda x: x.cost)
+    return [{
+        "scheme": scheme, "fold": fold, "workload": row.workload.id, "framework": row.cfg.framework, "k": k,
+        "chooser": name, "chosen": out.chosen, "best": best.chosen,
+        "regret": None if out.chosen is None else out.cost / best.cost - 1.0,
+        "missed": out.chosen is not None and deadline is not None and out.hours > deadline * (1 + 1e-9),
+        "moved": out.moved,
+    } for name, out in outcomes.items()]  # fmt: skip
+
+
+def _reference(scheme: str, opts: Sequence[Option], held: set[int]) -> str | None:
+    """The spec-sheet chooser's measured GPU generation: the fold's training GPU for GPU transfer (None
+    where the group was measured on one generation only), else V100 where the group has it, else A100."""
+    if scheme == "gpu_transfer":
+        if len({o.row.gpu.arch for o in opts}) < 2:
+            return None
+        return next(o.row.gpu.arch for o in opts if o.index not in held)
+    return "volta" if any(o.row.gpu.arch == "volta" for o in opts) else "ampere"
+
+
+def _planned(opts: Sequence[Option], by_index: dict[int, Option], predicted: dict[int, float], samples: float,
+             deadline: float | None, sigmas: dict[int, float] | None = None) -> tuple[Outcome, dict[int, Candidate]]:  # fmt: skip
+    """The planner's choice (:func:`plan_options`) as the operator runs it (:func:`realise_planner`)."""
+    chosen, cands = plan_options(opts, predicted, samples, deadline, sigmas)
+    if chosen is None:
+        return Outcome(None), cands
+    index = next(i for i, c in cands.items() if c is chosen)
+    return realise_planner(chosen, by_index, cands, index, samples), cands
+
+
+def _count_one(t: Tally, deadline: float | None, best: float, out: Outcome) -> None:
+    """One decision of one chooser into ``t`` (as :func:`_count` does for each chooser)."""
+    if deadline is not None:
+        t.deadline_decisions += 1
+    if out.chosen is None:
+        t.no_plan += deadline is not None
+        return
+    t.regrets.append(out.cost / best - 1.0)
+    t.misses += deadline is not None and out.hours > deadline * (1 + 1e-9)
+    t.moves += out.moved
 
 
 def closest_outcome(options: Sequence[Option], cands: dict[int, Candidate], samples: float, deadline_h: float,
@@ -536,6 +617,17 @@ def format_scores(d: dict[str, Any]) -> list[str]:
         lines += ["", f"Where the planner answers 'no plan', the plan its answer names closest (the lowest P(miss), median "
                       f"{cl['closest_median_miss_probability']:.0%}) would have met the deadline in {cl['closest_meets']} of "
                       f"{cl['refused']} ({cl['closest_meets_pct']:.0f}%), at a mean cost regret of {cl['closest_mean_regret_pct']:.0f}%."]
+    pr, lowo = d["profiled"], d["schemes"].get("leave_one_workload_out", {}).get("planner")
+    if pr["planner"]["deadline_decisions"] and lowo:
+
+        def brief(t: dict[str, Any]) -> str:
+            return (f"mean regret {pct(t['mean_regret_pct'])}%, worst {pct(t['worst_regret_pct'])}%, misses "
+                    f"{pct(t['misses_pct'])}%, no plan {pct(t['no_plan_where_feasible_pct'])}%")
+
+        lines += ["", "Leave one workload out after one profiled run of the team's code (its plan without a deadline, "
+                      "measured, kept as a performance profile):",
+                  f"  planner {brief(pr['planner'])}", f"  without the profile, the same decisions: {brief(lowo)}",
+                  "  no plan by deadline: " + ", ".join(f"{key} {v:.1f}" for key, v in pr["no_plan_by_tightness_pct"].items())]
     lines += ["", "Targets (issue 35):"]
     for name, t in d["targets"].items():
         lines.append(f"  {name:<34} {t['value']!s:>8} vs {t['target']!s:<8} {'met' if t['met'] else 'NOT met'}")
