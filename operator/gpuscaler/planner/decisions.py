@@ -491,7 +491,7 @@ def _planned(opts: Sequence[Option], by_index: dict[int, Option], predicted: dic
 
 
 def _count_one(t: Tally, deadline: float | None, best: float, out: Outcome) -> None:
-    """One decision of one chooser into ``t`` (as :func:`_count` does for each chooser)."""
+    """One decision of one chooser into ``t``: its regret, a miss, a plan missing where one was feasible, a move."""
     if deadline is not None:
         t.deadline_decisions += 1
     if out.chosen is None:
@@ -541,14 +541,7 @@ def _count(
         for t in (tallies[scheme][name], tallies["pooled"][name], tallies[f"deadline {tight}"][name]):
             if everyone:
                 t.common.append(out.cost / best - 1.0)
-            if deadline is not None:
-                t.deadline_decisions += 1
-            if out.chosen is None:
-                t.no_plan += deadline is not None
-                continue
-            t.regrets.append(out.cost / best - 1.0)
-            t.misses += deadline is not None and out.hours > deadline * (1 + 1e-9)
-            t.moves += out.moved
+            _count_one(t, deadline, best, out)
 
 
 def _outcome(index: int | None, options: dict[int, Option], samples: float) -> Outcome:
