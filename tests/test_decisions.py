@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from typing import Any
 
 import pytest
@@ -237,8 +238,7 @@ def test_one_profiled_run_is_scored_on_the_same_decisions(committed: dict[str, A
     """``profiled``: the leave-one-workload-out decisions again, after the team ran its code once (its plan
     without a deadline) and kept the run as a profile. The same decisions as the scheme without it, every
     deadline level counted; the profiled option is planned at its measured throughput with a run's band,
-    options of the same precision are moved towards the run's ratio and narrowed, other precisions keep
-    the model's figures."""
+    every other option is moved towards the run's ratio (not past it) and its band narrowed."""
     pr, lowo = committed["profiled"], committed["schemes"]["leave_one_workload_out"]["planner"]
     assert pr["planner"]["deadline_decisions"] == lowo["deadline_decisions"] > 0
     assert set(pr["no_plan_by_tightness_pct"]) == {f"{k:g}x" for k in decisions.TIGHTNESS}
@@ -258,6 +258,9 @@ def test_one_profiled_run_is_scored_on_the_same_decisions(committed: dict[str, A
     assert throughput[ran.index] == pytest.approx(ran.row.measured)
     model = uncertainty.throughput_band(ran.row.workload, ran.row.gpu, ran.row.cfg.precision, predicted[ran.index])
     assert sigma[ran.index] < 0.5 * model.log_sigma
-    for o in opts:
-        if o.row.cfg.precision is not ran.row.cfg.precision:
-            assert throughput[o.index] == predicted[o.index]
+    ratio = ran.row.measured / predicted[ran.index]
+    for o in opts:  # every option moves towards the run's ratio, and less far than the run itself
+        moved = throughput[o.index] / predicted[o.index]
+        assert (moved - 1.0) * (ratio - 1.0) >= 0.0 and abs(math.log(moved)) <= abs(math.log(ratio)) + 1e-12
+        band = uncertainty.throughput_band(o.row.workload, o.row.gpu, o.row.cfg.precision, predicted[o.index])
+        assert sigma[o.index] < band.log_sigma

@@ -35,9 +35,7 @@ from gpuscaler.planner.profiles import (
     ProfileStore,
     RunMeasurement,
     measure_run,
-    move_log_sigma,
     signature_of,
-    transfer_sigmas,
     updated,
 )
 from gpuscaler.testing import training_job
@@ -126,31 +124,35 @@ def test_exact_match_replaces_the_model() -> None:
     assert got.log_sigma == pytest.approx(RUN_LOG_SIGMA_FLOOR * math.sqrt(2))
 
 
-def test_near_matches_move_the_model_by_the_ratio_and_widen_with_distance() -> None:
+def test_near_matches_move_the_model_as_far_as_its_errors_go_together() -> None:
+    """A profile moves every other configuration of the code by the conditional of the model's errors:
+    ``ln f = rho w ln r``, ``s = s_model sqrt(1 - rho^2 w)``, with ``rho`` the model's error correlation on
+    two ways to run one code (0.94 on the same GPU type and precision, 0.76 across); a profile of
+    another workload says nothing."""
+    from gpuscaler.perfmodel.uncertainty import ERROR_CORRELATION_OTHER_GPU, ERROR_CORRELATION_SAME_GPU
+
     store = ProfileStore()
     store.record(key(gpus=8, mb=32), run(70.0, model=100.0, sigma=0.01))
     s_model = 0.25
-    sigmas = []
-    for gpus in (16, 32, 64):
-        got = store.prior_for(key(gpus=gpus, mb=32), 200.0, s_model, NOW)
-        assert got is not None and not got.exact and "other GPU count" in got.source
-        s_move = move_log_sigma(key(gpus=8), key(gpus=gpus))
-        s_obs = math.hypot(RUN_LOG_SIGMA_FLOOR * math.sqrt(2), s_move)
-        w = s_model**2 / (s_model**2 + s_obs**2)
-        assert got.factor == pytest.approx(math.exp(w * math.log(0.7)))
+    s_pred = RUN_LOG_SIGMA_FLOOR * math.sqrt(2)
+    w = s_model**2 / (s_model**2 + s_pred**2)
+    for candidate, rho in ((key(gpus=64, mb=32), ERROR_CORRELATION_SAME_GPU),
+                           (key(gpus=8, mb=64), ERROR_CORRELATION_SAME_GPU),
+                           (key(gpu="H100", gpus=8), ERROR_CORRELATION_OTHER_GPU),
+                           (key(p="fp32"), ERROR_CORRELATION_OTHER_GPU)):  # fmt: skip
+        got = store.prior_for(candidate, 200.0, s_model, NOW)
+        assert got is not None and not got.exact, candidate
+        assert got.factor == pytest.approx(math.exp(rho * w * math.log(0.7)))
         assert got.throughput == pytest.approx(200.0 * got.factor)
-        assert got.log_sigma == pytest.approx(math.sqrt(w) * s_obs)
-        assert got.log_sigma < s_model
-        sigmas.append(got.log_sigma)
-    assert sigmas == sorted(sigmas) and sigmas[0] < sigmas[-1]
-    # another GPU type: the model's own cross-validated GPU-ratio error
-    other = store.prior_for(key(gpu="H100", gpus=8), 300.0, s_model, NOW)
-    assert other is not None and "other GPU type" in other.source
-    assert move_log_sigma(key(), key(gpu="H100")) == pytest.approx(transfer_sigmas()[0])
-    # too far: the model knows as much, no prior
-    assert store.prior_for(key(gpus=8 * 2**12), 300.0, s_model, NOW) is None
-    # another precision or workload: nothing
-    assert store.prior_for(key(p="fp32"), 100.0, s_model, NOW) is None
+        assert got.log_sigma == pytest.approx(s_model * math.sqrt(1 - rho * rho * w))
+        assert s_pred < got.log_sigma < s_model
+        assert f"error correlation {rho:.2f}" in got.source
+    same = store.prior_for(key(gpus=64), 200.0, s_model, NOW)
+    other = store.prior_for(key(gpu="H100"), 200.0, s_model, NOW)
+    assert same is not None and other is not None
+    assert same.log_sigma < other.log_sigma and same.factor < other.factor < 1.0  # its own type moves most
+    assert "other GPU type" in other.source and "precision" in store.prior_for(key(p="fp32"), 1.0, s_model, NOW).source  # type: ignore[union-attr]
+    # another workload: nothing
     assert store.prior_for(key(sig="t" * 16), 100.0, s_model, NOW) is None
 
 

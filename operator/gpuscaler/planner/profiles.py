@@ -34,27 +34,27 @@ an exponentially weighted mean and variance whose weight is ``1/n`` until ``memo
 **Exact match** (same signature, GPU type, GPUs, nodes, micro-batch, accumulation, precision): the
 model's estimate is *replaced* by the measured band above.
 
-**Near match** (same signature and precision; another GPU count, node count, micro-batch or
-accumulation, or another GPU type): the model's estimate ``X_c`` of the candidate is moved by the
-profile's measured ratio ``r = x / X_p`` (``X_p`` the model's estimate of the profile's own
-configuration, stored with it), trusted less the further the candidate is::
+**Near match** (same signature; another GPU count, node count, micro-batch, accumulation, GPU type or
+precision): the model's estimate ``X_c`` of the candidate is moved by the profile's measured ratio
+``r = x / X_p`` (``X_p`` the model's estimate of the profile's own configuration, stored with it) as
+far as the model's errors on two ways to run one code go together::
 
-    d_g = |log2(g_c / g_p)|,  d_n = |log2(n_c / n_p)|,  d_b = |log2(m_c / m_p)| + |log2(K_c / K_p)|
-    t   = 1 if the GPU type differs, else 0
-    s_move^2 = (s_scale d_g)^2 + (s_scale d_n)^2 + (s_batch d_b)^2 + (s_gpu t)^2
-    s_obs^2  = s_pred^2 + s_move^2
-    w   = s_model^2 / (s_model^2 + s_obs^2)                  (s_model: the candidate's model band)
-    ln f = w ln r,   X = X_c f,   s = sqrt(w) s_obs          (the log-normal posterior of
-                                                              :func:`gpuscaler.planner.correction.posterior`)
+    rho = error_correlation(profile's GPU type and precision, candidate's)
+    w   = s_model^2 / (s_model^2 + s_pred^2)                 (s_model: the candidate's model band)
+    ln f = rho w ln r,   X = X_c f,   s = s_model sqrt(1 - rho^2 w)
 
-``s_gpu`` and ``s_scale`` are the model's own cross-validated errors on exactly these transfers
-(the ``gpu_ratio`` and ``scaling`` metrics of ``perfmodel/data/cross_validation.json``, read
-robustly as ``ln(1 + median_ape) / 0.6745`` like the model's band): how wrong the model is when it
-carries a speed from one GPU type, or one GPU count, to another. The micro-batch has no such
-metric; ``s_batch = s_scale`` per doubling is an assumption. The band always narrows
-(``s <= min(s_model, s_obs)``) and moves towards the model as the distance grows; a near match
-whose ``s_move`` alone exceeds ``s_model`` is not used (the model knows as much). Of several near
-profiles the one with the smallest ``s_obs`` is used.
+the candidate's log error given the profile's measured one, both drawn from the model's band (a
+bivariate normal's conditional; the profile's configuration is taken to have the candidate's band).
+``rho`` is :func:`gpuscaler.perfmodel.uncertainty.error_correlation`: the correlation of the model's
+cross-validated log errors on two held-out rows of one training code, 0.94 on the same GPU type and
+precision and 0.76 across them (:func:`gpuscaler.planner.decisions.error_correlations` recomputes
+both from the fold predictions; the contingency reads a fallback's speed from a plan's measurement
+by the same numbers). So one run moves *every* configuration of the code, its own GPU type and
+precision most: moving only the nearest ones left the others at the model's figures, and where the
+model was wrong for the whole workload the planner then preferred the configurations nobody had
+measured (the decision scores, ``docs/decision-scores.md``: after one profiled run, mean regret
+2.0% and worst 195% that way against 0.2% and 5% this way). Of several near profiles the one giving
+the smallest ``s`` is used (then the one with more runs).
 
 **Bounded.** A store keeps at most ``cap_per_workload`` profiles per signature (the least recently
 seen goes first) and ignores, and :meth:`ProfileStore.prune` removes, those not seen for ``ttl``.
@@ -69,11 +69,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import cache
 from typing import NamedTuple
 
 from gpuscaler.api import WorkloadSpec
-from gpuscaler.perfmodel.uncertainty import MEDIAN_ABS_NORMAL, Z90, Band, load_cross_validation
+from gpuscaler.perfmodel.uncertainty import Z90, Band, error_correlation
 from gpuscaler.planner.correction import (
     MAX_FACTOR,
     MEASURED_LOG_SIGMA_FLOOR,
@@ -81,7 +80,6 @@ from gpuscaler.planner.correction import (
     CorrectionConfig,
     ProgressPoint,
     measure,
-    posterior,
 )
 
 RUN_LOG_SIGMA_FLOOR = MEASURED_LOG_SIGMA_FLOOR
@@ -99,20 +97,6 @@ crash), and they say where the figures came from."""
 DEFAULT_ACHIEVED_TOLERANCE = 0.25
 """A run's window rate and the rate the job achieved from its first report to its completion may
 differ by this fraction at most (``GPUSCALER_PROFILES_ACHIEVED_TOLERANCE``); see :func:`measure_run`."""
-
-
-def _robust_sigma(median_ape: float) -> float:
-    return math.log1p(median_ape) / MEDIAN_ABS_NORMAL
-
-
-@cache
-def transfer_sigmas() -> tuple[float, float, float]:
-    """``(s_gpu, s_scale, s_batch)``: the log-sigma of carrying a measured ratio to another GPU type,
-    per doubling of GPUs or nodes, and per doubling of micro-batch (see the module docstring)."""
-    m = load_cross_validation().metrics
-    s_gpu = _robust_sigma(m["gpu_ratio"].median_ape)
-    s_scale = _robust_sigma(m["scaling"].median_ape)
-    return s_gpu, s_scale, s_scale
 
 
 # ------------------------------------------------------------------------------------ identity
@@ -417,22 +401,10 @@ class MeasuredPrior:
         return Band(p50 * math.exp(-Z90 * s), p50, p50 * math.exp(Z90 * s), s, model.widening, model.reasons)
 
 
-def _doublings(a: int, b: int) -> float:
-    return abs(math.log2(a / b)) if a > 0 and b > 0 else 0.0
-
-
-def move_log_sigma(profile: ProfileKey, candidate: ProfileKey) -> float:
-    """``s_move``: how much less a profile's ratio says of another configuration (module docstring)."""
-    s_gpu, s_scale, s_batch = transfer_sigmas()
-    d_g = _doublings(candidate.gpus, profile.gpus)
-    d_n = _doublings(candidate.nodes, profile.nodes)
-    d_b = _doublings(candidate.micro_batch, profile.micro_batch) + _doublings(candidate.accumulation, profile.accumulation)
-    t = 0.0 if candidate.gpu_type == profile.gpu_type else 1.0
-    return math.sqrt((s_scale * d_g) ** 2 + (s_scale * d_n) ** 2 + (s_batch * d_b) ** 2 + (s_gpu * t) ** 2)
-
-
 def _differs(profile: ProfileKey, candidate: ProfileKey) -> str:
     what = []
+    if candidate.precision != profile.precision:
+        what.append("precision")
     if candidate.gpu_type != profile.gpu_type:
         what.append("GPU type")
     if candidate.gpus != profile.gpus or candidate.nodes != profile.nodes:
@@ -449,25 +421,28 @@ def near_prior(
     model_log_sigma: float,
     memory_runs: int = DEFAULT_MEMORY_RUNS,
 ) -> MeasuredPrior | None:
-    """The prior a profile of another configuration gives ``candidate`` (None: it says too little).
+    """The prior a profile of another configuration gives ``candidate`` (None: it says nothing).
 
     Args:
-        profile: A profile of the same signature and precision.
+        profile: A profile of the same signature.
         candidate: The configuration being planned.
         model_throughput: The model's estimate of it, samples/s.
         model_log_sigma: The model's band for it.
         memory_runs: See :class:`ProfileStore`.
 
     Returns:
-        The posterior of the module docstring, or None when ``s_move > s_model``.
+        The conditional of the module docstring, or None without a model estimate or band.
     """
-    s_move = move_log_sigma(profile.key, candidate)
-    if s_move > model_log_sigma or model_throughput <= 0:
+    if model_throughput <= 0 or model_log_sigma <= 0:
         return None
-    s_obs = math.hypot(profile.log_sigma(memory_runs), s_move)
-    f, s = posterior(1.0, model_log_sigma, profile.factor, s_obs)
     k = profile.key
-    source = f"model x {f:.2f}: {profile.source()} of {k.describe()} (other {_differs(k, candidate)})"
+    rho = error_correlation(k.gpu_type, k.precision, candidate.gpu_type, candidate.precision)
+    s_pred = profile.log_sigma(memory_runs)
+    w = model_log_sigma**2 / (model_log_sigma**2 + s_pred**2)
+    f = math.exp(rho * w * math.log(profile.factor))
+    s = model_log_sigma * math.sqrt(max(1.0 - rho * rho * w, 0.0))
+    source = (f"model x {f:.2f}: {profile.source()} of {k.describe()} (other {_differs(k, candidate)}; "
+              f"error correlation {rho:.2f})")  # fmt: skip
     return MeasuredPrior(model_throughput * f, s, f, profile.runs, False, source, k)
 
 
@@ -557,7 +532,7 @@ class ProfileStore:
             return MeasuredPrior(exact.throughput, s, f, exact.runs, True, exact.source(), key)
         best: MeasuredPrior | None = None
         for p in list(group.values()):
-            if p.key.precision != key.precision or not self._fresh(p, now):
+            if not self._fresh(p, now):
                 continue
             got = near_prior(p, key, model_throughput, model_log_sigma, self.memory_runs)
             if got is not None and (best is None or (got.log_sigma, -got.runs) < (best.log_sigma, -best.runs)):
