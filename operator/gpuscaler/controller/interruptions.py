@@ -177,6 +177,15 @@ def request_id(now: datetime, attempt: int) -> str:
     return f"{now.strftime('%Y%m%dT%H%M%S')}-{now.microsecond // 1000:03d}-a{attempt}"
 
 
+def ask_for_checkpoint(pods: list[PodState], rid: str, annotate: Callable[[str, dict[str, str]], None]) -> None:
+    """Write the checkpoint request ``rid`` (``gpuscaler.io/checkpoint-requested``) on every worker still
+    running; the runtime answers it at its next step boundary. A spot notice's handshake asks so, and
+    so does a re-plan for the deadline (:mod:`gpuscaler.controller.phases.plan`)."""
+    for p in pods:
+        if not p.deleting and not p.succeeded and not p.failed:
+            annotate(p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid})
+
+
 def begin_handshake(
     st: TrainingJobStatus,
     notice: Notice,
@@ -218,9 +227,7 @@ def begin_handshake(
         )
     )
     if not notice.hard:
-        for p in pods:
-            if not p.deleting and not p.succeeded and not p.failed:
-                annotate(p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid})
+        ask_for_checkpoint(pods, rid, annotate)
     st.message = f"node {notice.node}: {notice.describe()}; {when}"
     if notice.source.kind == "window":  # the end of a held capacity window: planned, not a failure
         return [Event("Normal", EventReason.PLANNED_MOVE, st.message)]

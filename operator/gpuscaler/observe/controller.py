@@ -20,9 +20,10 @@ Running job. The observer:
    planner for the rest with the corrected model and
    :func:`gpuscaler.planner.correction.should_replan` decides; a re-plan waits for a checkpoint
    (step 1): for the deadline, one the loop asks the workers for at once (``checkpoint_now``, the
-   spot handshake's request, as the plan's contingency counted); for cost, the next periodic one. Hysteresis: the factor changes only beyond the divergence threshold, a
-   move for cost must save more than the margin after paying for the restart, and no move comes
-   within ``min_interval_s`` of the last plan change.
+   spot handshake's request, as the plan's contingency counted); for cost, the next periodic one.
+   Hysteresis: the factor changes only beyond the divergence threshold, a move for cost must save
+   more than the margin after paying for the restart, and no move comes within ``min_interval_s``
+   of the last plan change.
 
 The decisions are the pure functions of :mod:`gpuscaler.planner.correction`, the ones the
 simulator's simulated operator calls. Everything the observer decides is in ``status.observed``

@@ -376,6 +376,14 @@ def moved_and_misses(
     return piece(lo, step) + piece(step, hi)
 
 
+def _trigger(cut: float, s: float, s_obs: float, throughput: float) -> tuple[float, float, float, float]:
+    """The operator's trigger at ``cut`` (it moves when ``ln f_hat < cut``): ``f*``, the threshold in
+    items/s (``X*``), how many sigmas of the measurement it sits at, and ``P_move``."""
+    f_star = math.exp(cut)
+    z_move = cut / math.sqrt(s * s + s_obs * s_obs)
+    return f_star, f_star * throughput, z_move, 0.5 * math.erfc(-z_move / SQRT2)
+
+
 class Recourse:
     """The contingencies of one planner call: one fallback, one deadline, one job (:meth:`of` per plan).
 
@@ -437,10 +445,7 @@ class Recourse:
         # the operator's posterior (correction.posterior): ln f_post = w ln f_hat, sigma_post = sqrt(w) s_obs
         w = s * s / (s * s + s_obs * s_obs)
         cut = (math.log(f0) + math.sqrt(w) * s_obs * self._z) / w  # it moves when ln f_hat < cut
-        f_star = math.exp(cut)
-        threshold = f_star * c.estimate.throughput
-        z_move = cut / math.sqrt(s * s + s_obs * s_obs)
-        p_move = 0.5 * math.erfc(-z_move / SQRT2)
+        f_star, threshold, z_move, p_move = _trigger(cut, s, s_obs, c.estimate.throughput)
         if target is None:
             return Contingency(None, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0, NO_TARGET)
         if cut >= 0.0:
@@ -454,15 +459,10 @@ class Recourse:
             # fastest plan on another GPU type, once its corrected speed is below that plan's predicted one
             target = self.alternate
             switch = math.log((o.base_hours - self._startup_h) / (target.outlook.base_hours - self._startup_h)) / w
-            if switch < cut:
-                cut = switch
-                threshold = math.exp(cut) * c.estimate.throughput
-                z_move = cut / math.sqrt(s * s + s_obs * s_obs)
-                p_move = 0.5 * math.erfc(-z_move / SQRT2)
-            f_star = math.exp(cut)
+            cut = min(cut, switch)
+            f_star, threshold, z_move, p_move = _trigger(cut, s, s_obs, c.estimate.throughput)
         if z_move < NEGLIGIBLE_Z and static <= NEGLIGIBLE_RISK:  # nothing to hedge, nothing to pay
             return Contingency(target, decide_h, move_h, 0.0, threshold, 0.0, static, static, 0.0)
-        p_move = 0.5 * math.erfc(-z_move / SQRT2)
         t = target.outlook
         startup_h = self._startup_h
         overhead_h = (c.checkpoint_write_s + self.restart_s + self.startup_s) / 3600.0

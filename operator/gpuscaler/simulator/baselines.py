@@ -41,8 +41,8 @@ handshake on a reclaim notice (nothing else in the field does one).
     (:mod:`gpuscaler.simulator.observing`, the operator's :mod:`gpuscaler.planner.correction`):
     it measures the running plan's throughput, re-plans the rest with the corrected factor by the
     padded rule and moves when the operator's ``should_replan`` says so (for the deadline from a
-    checkpoint asked for at once, for cost at the next periodic one). No handshake on a notice. The ablation: what gpuscaler adds beyond it is the planner's own risk model (and
-    the handshake).
+    checkpoint asked for at once, for cost at the next periodic one). No handshake on a notice. The
+    ablation: what gpuscaler adds beyond it is the planner's own risk model (and the handshake).
 
 ``uniform-progress``
     Can't Be Late (Z. Wu, W.-L. Chiang, Z. Mao, Z. Yang, E. Friedman, S. Shenker, I. Stoica,

@@ -541,17 +541,14 @@ class _Run:
             if earliest < a.end_h:
                 self.push(earliest, OBSERVE, i)  # look again (with more readings) when a move may come
             return
-        # a move for the deadline starts from a checkpoint the operator asks for now (the request reaches
-        # the workers at a step boundary, TIMING.request_s); a move for cost waits for the periodic one
-        asked_h = t + TIMING.request_s / 3600.0
-        if at_risk:
-            compute, _, _ = progress(max(a.run_s(asked_h), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
-            end_h = asked_h + d.candidate.checkpoint_write_s / 3600.0
-        else:
-            at = self._next_checkpoint(a, t)
-            if at is None:
-                return  # the job finishes before its next checkpoint
-            end_h, compute, _ = at
+        # a move for the deadline (should_replan's ``urgent``: at risk) starts from a checkpoint the operator
+        # asks for now, which the workers start at a step boundary TIMING.request_s later; one for cost
+        # waits for the periodic checkpoint
+        at_h = t + TIMING.request_s / 3600.0 if at_risk else t
+        at = self._move_point(a, at_h, at_checkpoint=not at_risk)
+        if at is None:
+            return  # the job finishes before its next checkpoint
+        end_h, compute, _ = at
         before = st.remaining_samples
         st.remaining_samples = max(before - compute * a.rate, 0.0)  # what is left at that checkpoint
         try:
@@ -561,10 +558,8 @@ class _Run:
         decision = decide_move(miss, st.spec.constraints.max_deadline_risk, r.current, r.best, self.rules, r.fallback)
         to = r.fallback if decision.fallback else r.best
         if decision.replan and to is not None:
-            if decision.urgent:
-                self._schedule_move(i, a, asked_h, to, at_checkpoint=False)
-            else:
-                self._schedule_move(i, a, t, to, at_checkpoint=True)
+            assert decision.urgent is at_risk  # the move point above is this decision's
+            self._schedule_move(i, a, at_h, to, at_checkpoint=not at_risk)
 
     def _next_checkpoint(self, a: _Active, t: float) -> tuple[float, float, float] | None:
         """(hour, compute s, checkpoint s) when the next periodic checkpoint is written after ``t``."""
@@ -578,17 +573,22 @@ class _Run:
             return None
         return a.start_h + (a.provisioning_s + k * cycle) / 3600.0, k * d.interval_s, k * write
 
-    def _schedule_move(self, i: int, a: _Active, t: float, to: Decision, *, at_checkpoint: bool) -> None:
+    def _move_point(self, a: _Active, t: float, *, at_checkpoint: bool) -> tuple[float, float, float] | None:
+        """(hour, compute s, checkpoint s) where a move decided at ``t`` leaves: the next periodic checkpoint
+        (None: none comes before the end), or a checkpoint written from ``t`` (none when nothing ran since
+        the last)."""
         if at_checkpoint:
-            at = self._next_checkpoint(a, t)
-            if at is None:
-                return
-            end_h, compute, ckpt = at
-        else:
-            d = a.decision
-            compute, saved, ckpt = progress(max(a.run_s(t), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
-            final = d.candidate.checkpoint_write_s if compute > saved else 0.0
-            end_h, ckpt = t + final / 3600.0, ckpt + final
+            return self._next_checkpoint(a, t)
+        d = a.decision
+        compute, saved, ckpt = progress(max(a.run_s(t), 0.0), d.interval_s, d.candidate.checkpoint_write_s)
+        final = d.candidate.checkpoint_write_s if compute > saved else 0.0
+        return t + final / 3600.0, compute, ckpt + final
+
+    def _schedule_move(self, i: int, a: _Active, t: float, to: Decision, *, at_checkpoint: bool) -> None:
+        at = self._move_point(a, t, at_checkpoint=at_checkpoint)
+        if at is None:
+            return
+        end_h, compute, ckpt = at
         if end_h >= a.end_h:
             return  # it finishes or is reclaimed first
         a.moving = (to, end_h, compute, ckpt)

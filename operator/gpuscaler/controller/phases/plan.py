@@ -15,7 +15,7 @@ from gpuscaler.api.trainingjob import parse_duration
 from gpuscaler.catalog import CapacityType, UnknownIdError
 from gpuscaler.cloud import NodeRequest, NodeState
 from gpuscaler.controller import queueing
-from gpuscaler.controller.interruptions import Planner, request_id
+from gpuscaler.controller.interruptions import Planner, ask_for_checkpoint, request_id
 from gpuscaler.controller.step import Job, StepContext, plan_status
 from gpuscaler.kube.reports import trusted_report
 from gpuscaler.kube.workers import PodState, uses_worker_account
@@ -23,7 +23,6 @@ from gpuscaler.names import ConditionType, EventReason
 from gpuscaler.observe.controller import JobContext
 from gpuscaler.perfmodel import PrecisionUnsupportedError
 from gpuscaler.planner import JobError, PlanResult, remaining_spec
-from gpuscaler.runtime import constants as rc
 
 if TYPE_CHECKING:
     from gpuscaler.controller.reconcile import Reconciler
@@ -174,9 +173,7 @@ def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState]) -> None:
     )
     ctx.out.events.extend(res.events)
     if res.checkpoint_now:  # a move for the deadline: the checkpoint it starts from, asked for now
-        rid = request_id(now, st.attempt)
-        for p in pods:
-            self.workers.annotate_pod(job.namespace, p.name, {rc.ANNOTATION_CHECKPOINT_REQUESTED: rid})
+        ask_for_checkpoint(pods, request_id(now, st.attempt), lambda pod, ann: self.workers.annotate_pod(job.namespace, pod, ann))
     if res.replan is None or res.replan.chosen is None:
         return
     before = st.plan.summary
