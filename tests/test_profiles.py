@@ -300,3 +300,18 @@ def test_load_profiles_reads_lists_and_documents(tmp_path: Path) -> None:
     g.write_text("---\n".join(yaml.safe_dump(d) for d in docs))
     assert load_profiles(g) == store.profiles()
     assert isinstance(store.profiles()[0], Profile)
+
+
+def test_a_new_store_never_takes_a_freed_store_s_fingerprint() -> None:
+    """The fingerprint keys the simulator's plan cache, which outlives each run's store: a store made where
+    a freed one lived, with as many puts, must not find the freed one's plans (``id()`` would be reused)."""
+    import gc
+
+    seen = set()
+    for _ in range(50):
+        s = ProfileStore()
+        s.record(key(), run(70.0))
+        assert s.fingerprint() not in seen
+        seen.add(s.fingerprint())
+        del s
+        gc.collect()

@@ -63,6 +63,7 @@ seen goes first) and ignores, and :meth:`ProfileStore.prune` removes, those not 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import threading
@@ -446,6 +447,10 @@ def near_prior(
     return MeasuredPrior(model_throughput * f, s, f, profile.runs, False, source, k)
 
 
+_SERIALS = itertools.count()
+"""The numbers :class:`ProfileStore` instances take, in order of creation."""
+
+
 @dataclass
 class ProfileStore:
     """The profiles a plan may use: in memory, bounded, safe to read while another thread records.
@@ -463,6 +468,8 @@ class ProfileStore:
     """Grows with every change (the operator's plan cache keys on it)."""
     _by_signature: dict[str, dict[ProfileKey, Profile]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _serial: int = field(default_factory=lambda: next(_SERIALS), repr=False, compare=False)
+    """This store's number in the process: never reused, unlike ``id()`` (a plan cache outlives stores)."""
 
     def __post_init__(self) -> None:
         if self.cap_per_workload < 1:
@@ -498,8 +505,10 @@ class ProfileStore:
         return signature in self._by_signature
 
     def fingerprint(self) -> tuple[int, int]:
-        """Changes whenever the store does (identity, version): a plan cache key."""
-        return id(self), self.version
+        """Changes whenever the store does (the store's serial, its version): a plan cache key. Not
+        ``id(self)``: a store freed and another made at the same address with as many puts would share
+        its cached plans (the simulator's plan cache outlives each run's store)."""
+        return self._serial, self.version
 
     def _fresh(self, p: Profile, now: datetime | None) -> bool:
         return now is None or now - p.last_seen <= self.ttl
