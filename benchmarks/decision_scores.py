@@ -5,7 +5,8 @@
 
 Prints what ``gpuscaler validate`` prints under "Decision scores" (the design is in
 :mod:`gpuscaler.planner.decisions` and docs/decision-scores.md), then the decisions where each
-chooser's regret was largest, with the option chosen and the measured best one. Figures only, no
+chooser's regret was largest, with the option chosen and the measured best one; and the planner's
+scores without trials (``atRiskLimit: Refuse``) for comparison. Figures only, no
 timed assertions. The per-fold predictions come from ``scripts/calibrate.py --folds``.
 """
 
@@ -33,6 +34,10 @@ def main() -> int:
         print(json.dumps(d, indent=2))
         return 0
     print("\n".join(format_scores(d)))
+    refuse = scores(trials=False)["pooled"]["planner"]
+    print(f"\nThe planner with atRiskLimit: Refuse (no trials), the same decisions: mean regret "
+          f"{refuse['mean_regret_pct']:.1f}%, worst {refuse['worst_regret_pct']:.1f}%, misses {refuse['misses_pct']:.1f}%, "
+          f"no plan {refuse['no_plan_where_feasible_pct']:.1f}%")
     rows, _ = calibration.load_rows()
     for chooser in CHOOSERS:
         mine = [t for t in trace if t["chooser"] == chooser and t["regret"] is not None]

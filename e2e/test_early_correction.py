@@ -17,68 +17,36 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from correction_helpers_e2e import SAMPLES_PER_STEP, job, played, start_operator
 from e2e_helpers import E2ECluster, wait_for
-from gpuscaler.testing import pinned, training_job, worker_template
 from operator_helpers import OperatorProcess, apply, event_reasons, get_job, wait_phase
 from operator_helpers import event_messages as events
-from spot_harness import Harness, Harnesses
+from spot_harness import Harness
+
+__all__ = ["played"]  # the fixture, used by name
 
 pytestmark = pytest.mark.timeout(240)
 
 
 SLOWER = 0.7
 """Real throughput / predicted: the workers run 30% below the plan."""
-SAMPLES_PER_STEP = 256
-ENV = {
-    "GPUSCALER_OBSERVE_INTERVAL_S": "1",
-    "GPUSCALER_OBSERVE_WARMUP_S": "3",
-    "GPUSCALER_CORRECTION_MIN_WINDOW_S": "15",
-    "GPUSCALER_REPLAN_MIN_INTERVAL_S": "0",
-    "GPUSCALER_REPLAN_RESTART_S": "60",
-}
-POLICY = "name: e2e-correction\nminCheckpointIntervalS: 10\n"
-
-
-def job(name: str) -> dict[str, Any]:
-    return training_job(
-        name,
-        globalBatch=SAMPLES_PER_STEP,
-        training={"steps": 20000},
-        # g5.xlarge's predicted 2.19 h meets 2.7 h within the 30% P(miss) this job accepts (the
-        # model's error on a GDDR GPU); at 70% of that speed it needs 3.1 h (as tests/test_observe_correction.py)
-        maxDuration="2.7h",
-        constraints={**pinned(["g5.xlarge", "p3.2xlarge"]), "maxDeadlineRisk": 0.3},
-        checkpoint={"intervalSeconds": 3600, "restartSeconds": 30, "writeSeconds": 0.1, "dir": "/checkpoints"},
-        template=worker_template(),
-    )
-
-
-@pytest.fixture
-def played(core: Any, namespace: str, tmp_path: Path, dev_cluster: E2ECluster) -> Iterator[Callable[..., Harness]]:
-    made = Harnesses(core, namespace, tmp_path, str(dev_cluster.kubeconfig))
-
-    def start(name: str, step_sleep: float) -> Harness:
-        return made(name, 20000, step_sleep=step_sleep, samples_per_step=SAMPLES_PER_STEP)
-
-    yield start
-    made.stop_all()
 
 
 def test_slow_workers_are_corrected_from_annotations_and_replanned_from_a_checkpoint_asked_for_now(
     dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
     played: Callable[..., Harness], tmp_path: Path,
 ) -> None:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    op = operator(GPUSCALER_POLICY_FILE=str(policy), **ENV)
+    op = start_operator(operator, tmp_path)
     assert "GPUSCALER_PROMETHEUS_URL" not in op.env
-    apply(dev_cluster, namespace, job("late"))
+    # g5.xlarge's predicted 2.19 h meets 2.7 h within the 30% P(miss) this job accepts (the model's error
+    # on a GDDR GPU); at 70% of that speed it needs 3.1 h (as tests/test_observe_correction.py)
+    apply(dev_cluster, namespace, job("late", 0.3))
     plan = wait_for(lambda: (get_job(custom, namespace, "late").get("status") or {}).get("plan"), timeout=60,
                     what="a plan")
     assert plan["instanceType"] == "g5.xlarge" and plan["gpuType"] == "A10G", plan

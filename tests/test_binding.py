@@ -36,8 +36,9 @@ def infeasible(result: PlanResult) -> binding.Binding:
 
 def test_risk_binds_when_a_plan_would_probably_meet_the_deadline() -> None:
     """0.22 h for ten ResNet-50 epochs on-demand: the best plan's P(miss) is about 17%, so it would
-    probably finish; the 5% limit binds, and the answer says so with the risk to allow and the time to give."""
-    r = plan(spec(constraints={"spot": "never"}), CAT, deadline_h=0.22)
+    probably finish; the 5% limit binds, and the answer says so with the risk to allow and the time to give
+    (``atRiskLimit: Refuse``; the default tries a plan instead, test_trial.py)."""
+    r = plan(spec(constraints={"spot": "never", "atRiskLimit": "Refuse"}), CAT, deadline_h=0.22)
     b = infeasible(r)
     assert b.kind is Kind.RISK and b.kinds == (Kind.RISK,)
     best = r.closest[0]
@@ -112,7 +113,7 @@ def test_memory_binds_when_nothing_fits() -> None:
 
 
 def test_json_and_text_carry_binding_and_closest() -> None:
-    r = plan(spec(constraints={"spot": "never"}), CAT, deadline_h=0.22)
+    r = plan(spec(constraints={"spot": "never", "atRiskLimit": "Refuse"}), CAT, deadline_h=0.22)
     d = json.loads(json.dumps(plan_to_dict(r)))
     assert d["binding"]["kind"] == "risk" and d["binding"]["message"] == r.binding.message  # type: ignore[union-attr]
     assert len(d["closest"]) == len(r.closest) >= 1

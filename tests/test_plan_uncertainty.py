@@ -73,7 +73,7 @@ def test_a_deadline_within_the_band_is_a_risk_the_exact_model_missed() -> None:
     assert c is not None
     tight = c.expected_hours * 1.15
     result = plan(spec, CATALOG, deadline_h=tight)
-    assert result.chosen is None
+    assert result.chosen is None or result.trial  # refused, or only tried until measured (planner.trial)
     reason = next(r.reason for r in result.rejected if r.category == "deadline")
     assert "P(miss)" in reason
     easy = plan(spec, CATALOG, deadline_h=c.expected_hours * 2.0)

@@ -115,6 +115,14 @@ class PlanStatus(StatusModel):
     total_samples: float = Field(ge=0, description="Samples the job trains on in total.")
     throughput: float = Field(ge=0, description="Predicted samples per second.")
     why: str = Field(default="", description="Why the planner chose this plan.")
+    trial: bool = Field(
+        default=False,
+        description=(
+            "A trial (constraints.atRiskLimit: Trial): no plan met maxDeadlineRisk, so this one runs until its "
+            "speed is measured; kept (false) when the measured P(miss) is within the limit, else the job moves "
+            "to a plan that is or stops (Failed, DeadlineInfeasible)."
+        ),
+    )
     summary: str = Field(default="", description="One line: nodes x instance (GPUs) capacity precision.")
     planned_at: datetime = Field(description="When it was planned.")
     generation: int = Field(default=0, ge=0, description="metadata.generation of the spec it was planned for.")
@@ -230,6 +238,7 @@ class ObservedStatus(StatusModel):
     last_corrected: datetime | None = Field(default=None, description="When the efficiency factor last changed.")
     replan_pending: bool = Field(default=False, description="A re-plan was decided; the move waits for a checkpoint (for the deadline, one the operator asks the workers for at once; for cost, the next periodic one).")
     replan_reason: str = Field(default="", description="Why a re-plan is pending (or why the last one was made).")
+    stop_pending: bool = Field(default=False, description="A trial ended with no plan that meets maxDeadlineRisk at the measured speed: the job stops (Failed, DeadlineInfeasible) at the checkpoint the operator asked the workers for (replanAfterCheckpointStep).")
     replan_after_checkpoint_step: int | None = Field(default=None, ge=0, description="Move when a checkpoint newer than this step is reported.")
     last_replan: datetime | None = Field(default=None, description="When the job last moved to a plan found by observation.")
     replans: int = Field(default=0, ge=0, description="Moves to a plan found by observation so far.")

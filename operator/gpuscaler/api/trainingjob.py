@@ -63,6 +63,16 @@ class SpotPolicy(StrEnum):
     PREFERRED = "preferred"
 
 
+class AtRiskLimit(StrEnum):
+    """What the planner does when only ``maxDeadlineRisk`` stands between the job and a plan."""
+
+    TRIAL = "Trial"
+    """Start the closest plan for its correction window and keep it only if the measured P(miss) is
+    within the limit (:mod:`gpuscaler.planner.trial`)."""
+    REFUSE = "Refuse"
+    """Answer no plan (Infeasible), naming the binding rule."""
+
+
 class PrecisionName(StrEnum):
     FP32 = "fp32"
     TF32 = "tf32"
@@ -254,6 +264,15 @@ class Constraints(Model):
     )
     max_deadline_risk: float = Field(
         default=0.05, ge=0, le=1, description="Highest acceptable probability of missing the deadline."
+    )
+    at_risk_limit: AtRiskLimit = Field(
+        default=AtRiskLimit.TRIAL,
+        description=(
+            "When no plan meets maxDeadlineRisk but the closest one would probably meet the deadline: Trial "
+            "(default) starts the cheapest such plan for its correction window (minutes), keeps it only if its "
+            "measured P(miss) is within maxDeadlineRisk, moves to a plan that is, or else stops it at a "
+            "checkpoint (Failed, DeadlineInfeasible); Refuse fails the job at once (Infeasible)."
+        ),
     )
 
     @field_validator("zones")

@@ -33,6 +33,7 @@ def plan_to_dict(result: PlanResult) -> dict[str, Any]:
             "objective": result.objective.value,
         },
         "feasible": result.ok,
+        "trial": result.trial,
         "chosen": result.chosen.to_dict(result.profiles) if result.chosen else None,
         "why": result.why,
         "pareto": [c.to_dict(result.profiles) for c in result.pareto],
@@ -72,8 +73,10 @@ def render_plan(result: PlanResult) -> str:
     c = result.chosen
     if c is not None:
         e = c.estimate
-        out.append(f"Chosen: {c.label}")
+        out.append(f"{'Trial' if result.trial else 'Chosen'}: {c.label}")
         out.append(f"  why: {result.why}")
+        if result.trial:  # what the trial stands in for: the refusal, with its rule and closest plans
+            out += [f"  - {h}" for h in result.hints]
         out.append(
             f"  micro-batch {c.micro_batch} x {c.accumulation} accumulation x {c.gpus} GPUs = {job.global_batch}"
             + (" | activation checkpointing" if c.activation_checkpointing else "")

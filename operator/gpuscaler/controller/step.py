@@ -161,6 +161,7 @@ def plan_status(result: PlanResult, generation: int, now: datetime) -> PlanStatu
         p90_cost_usd=round(c.p90_cost_usd, 2),
         deadline_miss_probability=round(c.outlook.deadline_miss_probability, 4),
         why=result.why,
+        trial=result.trial,
         summary=c.label,
         planned_at=now,
         generation=generation,

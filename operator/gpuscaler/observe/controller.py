@@ -33,6 +33,7 @@ in ``status.observed.message``, never fails the job, and the progress annotation
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -53,6 +54,7 @@ from gpuscaler.observe.assess import (
 from gpuscaler.observe.prometheus import PrometheusError
 from gpuscaler.perfmodel.uncertainty import base_log_sigma
 from gpuscaler.planner import PlanResult
+from gpuscaler.planner.binding import PROBABLY_MEETS
 from gpuscaler.planner.correction import (
     MEASURED_LOG_SIGMA_FLOOR,
     CorrectionConfig,
@@ -139,6 +141,9 @@ class ObserveResult:
     checkpoint_now: bool = False
     """A re-plan for the deadline was just decided: ask the workers for a checkpoint now
     (``gpuscaler.io/checkpoint-requested``) rather than wait for the next periodic one."""
+    stop: str | None = None
+    """A trial ended with no plan that meets ``maxDeadlineRisk`` at the measured speed: stop the job
+    (its workers checkpoint on SIGTERM) and fail it with this message (:mod:`gpuscaler.planner.trial`)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,8 @@ class _Look:
     out: ObserveResult
     max_risk: float
     """The job's ``constraints.maxDeadlineRisk``."""
+    hours_left: float | None = None
+    """Hours to the deadline (None: none)."""
 
 
 def _running_since(st: TrainingJobStatus) -> datetime | None:
@@ -209,8 +216,12 @@ class Observer:
         since = _running_since(st)
         if since is not None:
             self._record_progress(obs, ctx.progress_samples, since, now)
-        look = _Look(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk)
+        look = _Look(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk, ctx.hours_left)
         if obs.replan_pending and self._checkpoint_reached(obs, checkpoint_step):
+            if obs.stop_pending:  # a trial that ended: the checkpoint it asked for is there
+                obs.replan_pending = obs.stop_pending = False
+                out.stop = f"{obs.replan_reason}; stopped at checkpoint step {checkpoint_step}"
+                return out
             self._act_on_pending(look)
             if out.replan is not None:
                 return out
@@ -253,10 +264,7 @@ class Observer:
                 return out
             obs.last_assessed = now
             factor_changed, sigma = got
-        miss = self._miss_probability(st, obs, sigma, ctx)
-        at_risk = miss is not None and over_risk(miss, ctx.max_deadline_risk)
-        if factor_changed or at_risk or st.plan.efficiency_factor != obs.efficiency_factor:
-            self._consider_replan(look, miss or 0.0)
+        self._after_measuring(look, self._miss_probability(st, obs, sigma, ctx), factor_changed)
         return out
 
     # ------------------------------------------------------------------------------- progress
@@ -443,13 +451,13 @@ class Observer:
             result = replace(result, chosen=target, why=decision.reason)
         return decision, result
 
-    def _consider_replan(self, look: _Look, miss: float) -> None:
+    def _consider_replan(self, look: _Look, miss: float, trial: bool = False) -> None:
         plan, obs, step = look.st.plan, look.obs, look.checkpoint_step
         assert plan is not None
         if obs.replan_pending:
             return
         changed = max(plan.planned_at, obs.last_replan or plan.planned_at)
-        if (look.now - changed).total_seconds() < self.config.min_interval_s:
+        if not trial and (look.now - changed).total_seconds() < self.config.min_interval_s:
             obs.message += f"; re-plan not considered within {self.config.min_interval_s:g}s of the last plan change"
             return
         decision, _ = self._decide(look, miss)
@@ -465,6 +473,51 @@ class Observer:
         else:
             at = f"after checkpoint step {step}" if step is not None else "at the first checkpoint"
         look.out.events.append(Event("Normal", EventReason.REPLAN_PENDING, f"{decision.reason}; moving {at}"))
+
+    def _after_measuring(self, look: _Look, miss: float | None, factor_changed: bool) -> None:
+        """A trial's verdict (:meth:`_end_trial`), else a re-plan considered when the factor changed or
+        the corrected P(miss) is over the job's limit."""
+        plan, obs = look.st.plan, look.obs
+        assert plan is not None
+        if plan.trial and miss is not None and not obs.replan_pending:
+            self._end_trial(look, miss)
+            return
+        at_risk = miss is not None and over_risk(miss, look.max_risk)
+        if factor_changed or at_risk or plan.efficiency_factor != obs.efficiency_factor:
+            self._consider_replan(look, miss or 0.0)
+
+    def _end_trial(self, look: _Look, miss: float) -> None:
+        """The trial's verdict once its speed is measured (:mod:`gpuscaler.planner.trial`): kept when the
+        corrected P(miss) of the rest is within the limit; a move for the deadline (from a checkpoint asked
+        for at once) when the corrected planner has a plan that meets it; else the job stops."""
+        plan, obs = look.st.plan, look.obs
+        assert plan is not None
+        rate = plan.throughput / plan.efficiency_factor * obs.efficiency_factor
+        measured = f"measured {rate:,.1f}/s"
+        if not over_risk(miss, look.max_risk):
+            plan.trial = False
+            obs.replan_reason = f"trial kept: {measured}, P(miss) {miss:.1%} <= maxDeadlineRisk {look.max_risk:.1%}"
+            look.out.events.append(Event("Normal", EventReason.TRIAL_KEPT, obs.replan_reason))
+            return
+        decision, result = self._decide(look, miss)
+        if decision.replan and not decision.fallback and result.chosen is not None:
+            self._consider_replan(look, miss, trial=True)
+            return
+        need = max(plan.total_samples - look.st.progress.samples, 0.0) / rate / 3600.0 if rate > 0 else math.inf
+        left = f", {look.hours_left:.2f} h are left" if look.hours_left is not None else ""
+        fix = f"extend the deadline or allow {miss:.1%}" if miss < PROBABLY_MEETS else "extend the deadline"
+        why = (
+            f"trial ended: {measured}, at which the rest takes {need:.2f} h{left}: P(miss) {miss:.1%} > "
+            f"maxDeadlineRisk {look.max_risk:.1%}, and no plan meets it under the corrected model. To go on, "
+            f"{fix} and create the job again on the same checkpoint directory: it resumes from there"
+        )
+        # stop from a checkpoint asked for now (the first one when none was reported yet), as a move for the
+        # deadline does: the trial's window is shorter than any periodic interval
+        obs.replan_pending = obs.stop_pending = True
+        obs.replan_reason = why
+        obs.replan_after_checkpoint_step = look.checkpoint_step
+        look.out.checkpoint_now = True
+        obs.message = f"{why}; stopping at the checkpoint asked for now"
 
     def _checkpoint_reached(self, obs: ObservedStatus, checkpoint_step: int | None) -> bool:
         if checkpoint_step is None:

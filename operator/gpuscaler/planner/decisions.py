@@ -62,7 +62,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -70,8 +70,16 @@ from typing import Any
 from gpuscaler.catalog import CapacityType, Catalog, InstanceType, load_catalog
 from gpuscaler.perfmodel import calibration, estimate
 from gpuscaler.perfmodel.uncertainty import throughput_band
+from gpuscaler.planner import trial
+from gpuscaler.planner.binding import PROBABLY_MEETS
 from gpuscaler.planner.candidate import Candidate
 from gpuscaler.planner.contingency import ALTERNATE_COST_FACTOR, Recourse, fallback, with_fallback
+from gpuscaler.planner.correction import (
+    MEASURED_LOG_SIGMA_FLOOR,
+    CorrectionConfig,
+    posterior,
+    remaining_miss_probability,
+)
 from gpuscaler.planner.evaluate import STARTUP_S, checkpoint_write_seconds, corrected
 from gpuscaler.planner.profiles import RUN_LOG_SIGMA_FLOOR, ProfileKey, ProfileStore, RunMeasurement
 from gpuscaler.planner.risk import outlook, over_risk
@@ -128,7 +136,10 @@ class Outcome:
     """Row index of the option chosen (None: no plan)."""
     hours: float = 0.0
     cost: float = 0.0
+    """Of the whole run; of the trial's window when a trial stopped (``chosen`` None)."""
     moved: bool = False
+    trial: str = ""
+    """A trial's end (:mod:`gpuscaler.planner.trial`): ``kept``, ``moved`` or ``stopped``; empty: no trial."""
 
 
 def gpu_prices(catalog: Catalog) -> dict[str, tuple[float, InstanceType]]:
@@ -298,8 +309,14 @@ class Tally:
     misses: int = 0
     no_plan: int = 0
     moves: int = 0
+    trials: dict[str, int] = field(default_factory=lambda: {"kept": 0, "moved": 0, "stopped": 0})
+    """Trials (:mod:`gpuscaler.planner.trial`) by how they ended."""
+    trial_regrets: list[float] = field(default_factory=list)
+    """Regrets of the kept and moved trials (in ``regrets`` too)."""
+    stopped_spend: list[float] = field(default_factory=list)
+    """What each stopped trial spent, over the cheapest measured option that meets the deadline."""
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> dict[str, Any]:
         n = self.deadline_decisions
         return {
             "decisions_with_a_plan": len(self.regrets),
@@ -314,11 +331,26 @@ class Tally:
             "no_plan_where_feasible": self.no_plan,
             "no_plan_where_feasible_pct": round(100 * self.no_plan / n, 2) if n else None,
             "moves": self.moves,
+            "trials": dict(self.trials),
+            "trial_mean_regret_pct": round(100 * statistics.fmean(self.trial_regrets), 2) if self.trial_regrets else None,
+            "trial_worst_regret_pct": round(100 * max(self.trial_regrets), 2) if self.trial_regrets else None,
+            "worst_regret_without_trials_pct": round(100 * max(self._untried()), 2) if self._untried() else None,
+            "stopped_trial_mean_spend_pct": (
+                round(100 * statistics.fmean(self.stopped_spend), 2) if self.stopped_spend else None
+            ),
         }
+
+    def _untried(self) -> list[float]:
+        """Regrets of the decisions that were no trial."""
+        rest = list(self.regrets)
+        for r in self.trial_regrets:
+            rest.remove(r)
+        return rest
 
 
 def scores(
-    catalog: Catalog | None = None, folds: dict[str, Any] | None = None, trace: list[dict[str, Any]] | None = None
+    catalog: Catalog | None = None, folds: dict[str, Any] | None = None, trace: list[dict[str, Any]] | None = None,
+    trials: bool = True,
 ) -> dict[str, Any]:
     """Cross-validated decision scores of the planner, the model's argmin and a spec-sheet chooser.
 
@@ -327,6 +359,8 @@ def scores(
         folds: per-fold predictions (the committed ``fold_predictions.json`` when None).
         trace: when given, one record per chooser and decision is appended (fold, group, deadline,
             the option chosen and the best measured one, regret, miss): what the benchmark lists.
+        trials: where the risk limit alone binds, the planner tries a plan (``atRiskLimit: Trial``,
+            the default) rather than refusing (False: ``Refuse``).
 
     Returns:
         ``{"design": ..., "pooled": {chooser: scores}, "schemes": {scheme: {chooser: scores}},
@@ -380,7 +414,7 @@ def scores(
                 deadline = None if k is None else k * t_fast
                 meets = [measured(o, samples) for o in opts if deadline is None or measured(o, samples).hours <= deadline]
                 best = min(x.cost for x in meets)
-                planned, cands = _planned(opts, by_index, predicted, samples, deadline)
+                planned, cands = _planned(opts, by_index, predicted, samples, deadline, trials=trials)
                 outcomes = {
                     "planner": planned,
                     "argmin": _outcome(cheapest_fitting(opts, predicted, samples, deadline), by_index, samples),
@@ -398,7 +432,7 @@ def scores(
                     trace += _trace_records(scheme, fold["fold"], opts[0].row, k, deadline, meets, outcomes)
                 _count(tallies, scheme, k, deadline, best, outcomes)
                 if prof is not None:
-                    out, _ = _planned(opts, by_index, prof[0], samples, deadline, prof[1])
+                    out, _ = _planned(opts, by_index, prof[0], samples, deadline, prof[1], trials=trials)
                     _count_one(profiled, deadline, best, out)
                     if deadline is not None:
                         profiled_refused[f"{k:g}x"][0] += out.chosen is None
@@ -481,23 +515,82 @@ def _reference(scheme: str, opts: Sequence[Option], held: set[int]) -> str | Non
 
 
 def _planned(opts: Sequence[Option], by_index: dict[int, Option], predicted: dict[int, float], samples: float,
-             deadline: float | None, sigmas: dict[int, float] | None = None) -> tuple[Outcome, dict[int, Candidate]]:  # fmt: skip
-    """The planner's choice (:func:`plan_options`) as the operator runs it (:func:`realise_planner`)."""
+             deadline: float | None, sigmas: dict[int, float] | None = None,
+             trials: bool = True) -> tuple[Outcome, dict[int, Candidate]]:  # fmt: skip
+    """The planner's choice (:func:`plan_options`) as the operator runs it (:func:`realise_planner`); where
+    the risk limit alone binds, its trial (:func:`realise_trial`) unless ``trials`` is False."""
     chosen, cands = plan_options(opts, predicted, samples, deadline, sigmas)
     if chosen is None:
-        return Outcome(None), cands
+        tried = trial_of(cands) if trials and deadline is not None else None
+        if tried is None:
+            return Outcome(None), cands
+        assert deadline is not None
+        return realise_trial(tried, opts, by_index, cands, predicted, samples, deadline), cands
     index = next(i for i, c in cands.items() if c is chosen)
     return realise_planner(chosen, by_index, cands, index, samples), cands
+
+
+def trial_of(cands: dict[int, Candidate]) -> int | None:
+    """The option a refused decision tries (:func:`gpuscaler.planner.trial.offer` on the options): the
+    cheapest (then sooner) whose P(miss) is below ``PROBABLY_MEETS``, or None."""
+    near = [(i, c) for i, c in cands.items() if c.outlook.deadline_miss_probability < PROBABLY_MEETS]
+    best = min(near, key=lambda kv: (kv[1].expected_cost_usd, kv[1].expected_hours), default=None)
+    return None if best is None else best[0]
+
+
+def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option], cands: dict[int, Candidate],
+                  predicted: dict[int, float], samples: float, deadline_h: float) -> Outcome:  # fmt: skip
+    """A trial as the operator runs it on the measured speeds (:mod:`gpuscaler.planner.trial`).
+
+    The option runs its window (start-up, warm-up, the least measuring window) and is measured: the
+    observer's posterior (:func:`~gpuscaler.planner.correction.posterior`, the measurement at the
+    measured throughput with the floor's sigma). Kept when the rest's P(miss) is within the limit;
+    else the corrected planner (every option on the measured GPU type at the posterior factor and
+    sigma, as the operator's efficiency factor moves them; no trial) plans the rest in the time left
+    after the move's checkpoint write and restart: moved to its plan, or stopped when it has none.
+    """
+    o, c = by_index[index], cands[index]
+    cfg = CorrectionConfig()
+    interval = float(Policy().max_checkpoint_interval_s)
+    window_h = trial.window_s(STARTUP_S, cfg) / 3600.0
+    spend = window_h * o.usd_per_hour
+    done = min(o.row.measured * (cfg.warmup_s + cfg.min_window_s), samples)
+    factor, s_post = posterior(1.0, c.outlook.log_sigma, o.row.measured / predicted[index], MEASURED_LOG_SIGMA_FLOOR)
+    left = deadline_h - window_h
+    p = remaining_miss_probability(samples - done, predicted[index] * factor, s_post, left, interval_s=interval,
+                                   restart_s=RESTART_S, write_s=o.write_s)  # fmt: skip
+    whole = measured(o, samples)
+    if not over_risk(p, MAX_RISK):
+        return replace(whole, trial="kept")
+    gpu = o.row.gpu.id
+    again = {i: v * factor if by_index[i].row.gpu.id == gpu else v for i, v in predicted.items() if i in by_index}
+    spread = {i: s_post if by_index[i].row.gpu.id == gpu else cands[i].outlook.log_sigma for i in again}
+    move_h = (o.write_s + RESTART_S) / 3600.0
+    chosen, rest = plan_options(opts, again, samples - done, left - move_h, spread)
+    if chosen is None:
+        return Outcome(None, cost=spend, trial="stopped")
+    j = next(i for i, x in rest.items() if x is chosen)
+    if j == index:
+        return replace(whole, trial="kept")
+    t = by_index[j]
+    rest_h = t.hours(t.row.measured, samples - done) + move_h
+    return Outcome(j, window_h + rest_h, spend + rest_h * t.usd_per_hour, moved=True, trial="moved")
 
 
 def _count_one(t: Tally, deadline: float | None, best: float, out: Outcome) -> None:
     """One decision of one chooser into ``t``: its regret, a miss, a plan missing where one was feasible, a move."""
     if deadline is not None:
         t.deadline_decisions += 1
+    if out.trial:
+        t.trials[out.trial] += 1
     if out.chosen is None:
         t.no_plan += deadline is not None
+        if out.trial:
+            t.stopped_spend.append(out.cost / best)
         return
     t.regrets.append(out.cost / best - 1.0)
+    if out.trial:
+        t.trial_regrets.append(t.regrets[-1])
     t.misses += deadline is not None and out.hours > deadline * (1 + 1e-9)
     t.moves += out.moved
 
@@ -621,6 +714,14 @@ def format_scores(d: dict[str, Any]) -> list[str]:
                       "measured, kept as a performance profile):",
                   f"  planner {brief(pr['planner'])}", f"  without the profile, the same decisions: {brief(lowo)}",
                   "  no plan by deadline: " + ", ".join(f"{key} {v:.1f}" for key, v in pr["no_plan_by_tightness_pct"].items())]
+    tr = d["pooled"]["planner"]
+    n = sum(tr["trials"].values())
+    if n:
+        lines += ["", f"Trials (the risk limit alone binds: the cheapest plan with P(miss) below 50% runs until measured): {n}, "
+                      f"kept {tr['trials']['kept']}, moved {tr['trials']['moved']}, stopped {tr['trials']['stopped']};",
+                  f"  kept or moved: mean regret {pct(tr['trial_mean_regret_pct'])}%, worst {pct(tr['trial_worst_regret_pct'])}%; "
+                  f"a stopped trial spent a mean {pct(tr['stopped_trial_mean_spend_pct'])}% of the best plan's cost;",
+                  f"  worst regret of the decisions that were no trial: {pct(tr['worst_regret_without_trials_pct'])}%"]
     lines += ["", "Targets (issue 35):"]
     for name, t in d["targets"].items():
         lines.append(f"  {name:<34} {t['value']!s:>8} vs {t['target']!s:<8} {'met' if t['met'] else 'NOT met'}")

@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from gpuscaler.api import Objective, TrainingJobSpec
 from gpuscaler.catalog import CapacityType, Catalog, Precision
 from gpuscaler.planner import contingency as recourse
-from gpuscaler.planner import departures
+from gpuscaler.planner import departures, trial
 from gpuscaler.planner.binding import Binding, Closest, explain
 from gpuscaler.planner.candidate import Candidate, Reason, Refusal, Rejection
 from gpuscaler.planner.configure import configure
@@ -123,6 +123,10 @@ class PlanResult:
     alternate: Candidate | None = None
     """Where a job already on the fallback moves when it is behind (:func:`alternate_of`: the fastest
     plan on another GPU type); None without a deadline or such a plan."""
+    trial: bool = False
+    """``chosen`` is a trial (:mod:`gpuscaler.planner.trial`): no plan meets ``maxDeadlineRisk``
+    (``binding`` and ``closest`` say so), and this one runs only until its speed is measured, kept
+    when the measured P(miss) is within the limit."""
 
     @property
     def ok(self) -> bool:
@@ -273,9 +277,12 @@ def plan(
     fitting = outcomes.fitting
     bound: Binding | None = None
     closest: list[Closest] = []
+    tried = False
     if chosen is None:
         bound, closest = explain(job, spec, pol, fitting, outcomes.over_cap, cap, cap_source, rejected, target,
                                  STARTUP_S, alternate)  # fmt: skip
+        chosen, why, caveats = _trial(bound, fitting, job, spec, pol, why)
+        tried = chosen is not None
     return PlanResult(
         job=job,
         objective=spec.objective,
@@ -294,7 +301,21 @@ def plan(
         held=pools,
         binding=bound,
         closest=closest,
+        trial=tried,
     )
+
+
+def _trial(binding: Binding, fitting: list[Candidate], job: ResolvedJob, spec: TrainingJobSpec, policy: Policy,
+           why: str) -> tuple[Candidate | None, str, list[str]]:  # fmt: skip
+    """Where the risk limit alone binds, the plan to try until measured (:mod:`gpuscaler.planner.trial`),
+    its ``why`` and caveats; else None and the refusal's ``why``."""
+    tried = trial.offer(binding, fitting, job, spec, policy)
+    if tried is None:
+        return None, why, []
+    said = trial.why(tried, spec.constraints.max_deadline_risk, STARTUP_S)
+    if tried.price_caveat:
+        return tried, f"{said}; caveat: {tried.price_caveat}", [tried.price_caveat]
+    return tried, said, []
 
 
 def fallback_of(

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from gpuscaler.api import Objective, SpotPolicy, TrainingJobSpec
+from gpuscaler.api import AtRiskLimit, Objective, SpotPolicy, TrainingJobSpec
 from gpuscaler.api.trainingjob import TrainingAmount
 from gpuscaler.catalog import CapacityType
 from gpuscaler.planner import contingency
@@ -157,12 +157,15 @@ def remaining_spec(
         budget_usd: The budget for the rest (None: none; False: keep the spec's).
 
     Returns:
-        A copy of ``spec`` with ``training.samples`` set to the remainder.
+        A copy of ``spec`` with ``training.samples`` set to the remainder and ``atRiskLimit: Refuse``.
     """
     left = max(total_samples - done_samples, float(spec.global_batch))
-    update: dict[str, object] = {"training": TrainingAmount(samples=left)}
+    # the rest of a running job never starts a trial (gpuscaler.planner.trial): its speed is measured
+    constraints: dict[str, object] = {"at_risk_limit": AtRiskLimit.REFUSE}
     if on_demand_only:
-        update["constraints"] = spec.constraints.model_copy(update={"spot": SpotPolicy.NEVER})
+        constraints["spot"] = SpotPolicy.NEVER
+    update: dict[str, object] = {"training": TrainingAmount(samples=left),
+                                 "constraints": spec.constraints.model_copy(update=constraints)}
     if budget_usd is not False:
         update["budget_usd"] = budget_usd
         if budget_usd is None and spec.objective is Objective.FASTEST:

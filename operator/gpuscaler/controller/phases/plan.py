@@ -69,12 +69,12 @@ def _plan(self: Reconciler, ctx: StepContext) -> bool:
         ctx.condition(ConditionType.FAILED, True, "Infeasible", why)
         ctx.event("Warning", EventReason.INFEASIBLE, why)
         return False
-    plan = self._adopt(ctx, result, "Planned")
+    plan = self._adopt(ctx, result, "Trial" if result.trial else "Planned")
     msg = (
         f"{plan.summary}: expected {plan.expected_hours:.2f} h, ${plan.expected_cost_usd:,.2f} "
         f"at ${plan.usd_per_hour:,.2f}/h; {result.why}"
     )
-    ctx.event("Normal", EventReason.PLANNED, msg)
+    ctx.event("Normal", EventReason.TRIAL if result.trial else EventReason.PLANNED, msg)
     if st.phase is Phase.PLANNING:
         st.phase = Phase.PENDING
     return True
@@ -142,9 +142,10 @@ def _call_planner(self: Reconciler,
     return planner(job.spec, job.name, deadline_h, unavailable)
 
 
-def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState]) -> None:
+def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState], nodes: list[NodeState]) -> None:
     """Observed performance of a Running job (gpuscaler.observe): status.observed, bottleneck
-    conditions, model correction; at a checkpoint, move the gang to a cheaper plan if one is pending."""
+    conditions, model correction; at a checkpoint, move the gang to a cheaper plan if one is pending;
+    a trial that found no plan meeting the risk stops (Failed, DeadlineInfeasible)."""
     job, st, now = ctx.job, ctx.status, ctx.now
     assert self.observer is not None and st.plan is not None
     unavailable = frozenset(u.key for u in st.unavailable)
@@ -172,6 +173,15 @@ def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState]) -> None:
         context,
     )
     ctx.out.events.extend(res.events)
+    if res.stop is not None:  # the workers checkpoint on SIGTERM as they go
+        self._stop_gang(ctx, nodes)
+        st.phase = Phase.FAILED
+        st.completion_time = now
+        st.message = res.stop
+        ctx.condition(ConditionType.RUNNING, False, "DeadlineInfeasible", res.stop)
+        ctx.condition(ConditionType.FAILED, True, "DeadlineInfeasible", res.stop)
+        ctx.event("Warning", EventReason.DEADLINE_INFEASIBLE, res.stop)
+        return
     if res.checkpoint_now:  # a move for the deadline: the checkpoint it starts from, asked for now
         ask_for_checkpoint(pods, request_id(now, st.attempt), lambda pod, ann: self.workers.annotate_pod(job.namespace, pod, ann))
     if res.replan is None or res.replan.chosen is None:

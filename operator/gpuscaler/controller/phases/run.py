@@ -199,7 +199,7 @@ def _running(self: Reconciler, ctx: StepContext, request: NodeRequest, nodes: li
         return
     st.message = f"{request.count} worker(s) running"
     if self.observer is not None:
-        self._observe(ctx, live)
+        self._observe(ctx, live, nodes)
 
 
 def _checkpointing(self: Reconciler, ctx: StepContext, request: NodeRequest, nodes: list[NodeState]) -> None:

@@ -1,0 +1,171 @@
+"""Trial plans: where the risk limit alone binds, the planner starts the cheapest plan that would probably
+meet the deadline, and the operator keeps it, moves it or stops it once its speed is measured."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import pytest
+
+from correction_helpers import CATALOG, CFG, SPEC, T0
+from gpuscaler.api import AtRiskLimit, TrainingJobSpec
+from gpuscaler.api.status import Phase
+from gpuscaler.cli import plan_to_dict, render_plan
+from gpuscaler.controller.policy import gated_plan
+from gpuscaler.names import ConditionType
+from gpuscaler.observe.controller import Observer
+from gpuscaler.planner import decisions, plan, remaining_spec, trial
+from gpuscaler.planner.binding import PROBABLY_MEETS, Kind
+from gpuscaler.planner.correction import CorrectionConfig
+from gpuscaler.planner.evaluate import STARTUP_S
+from gpuscaler.runtime import constants as rc
+from loop_harness import World, make_job
+
+CAT = CATALOG
+RESNET: dict[str, Any] = {"workload": {"model": "resnet50"}, "globalBatch": 1024, "training": {"epochs": 10},
+                          "constraints": {"spot": "never"}}  # fmt: skip
+TIGHT_H = 0.22
+"""Ten ResNet-50 epochs on-demand in 0.22 h: the likeliest plan's P(miss) is about 17% (test_binding.py)."""
+
+
+def spec(**constraints: Any) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({**RESNET, "constraints": {**RESNET["constraints"], **constraints}})
+
+
+def test_where_the_risk_limit_alone_binds_the_cheapest_plan_that_would_probably_meet_the_deadline_is_tried() -> None:
+    r = plan(spec(), CAT, deadline_h=TIGHT_H)
+    assert r.trial and r.chosen is not None and r.ok
+    # the refusal it stands in for is still said: the binding rule and the closest plans
+    assert r.binding is not None and r.binding.kind is Kind.RISK and r.closest
+    p = r.chosen.outlook.deadline_miss_probability
+    assert 0.05 < p < PROBABLY_MEETS
+    near = [c for c in r.pareto if c.outlook.deadline_miss_probability < PROBABLY_MEETS]
+    assert r.chosen.expected_cost_usd == min(c.expected_cost_usd for c in near)
+    # the likeliest plan is not the one tried: it costs more
+    assert r.closest[0].plan.expected_cost_usd > r.chosen.expected_cost_usd
+    assert r.why.startswith("trial: no plan meets maxDeadlineRisk 5.0%") and f"P(miss) {p:.1%}" in r.why
+    cost = trial.window_cost_usd(r.chosen, STARTUP_S)
+    assert f"(${cost:,.2f})" in r.why and cost == pytest.approx(r.chosen.usd_per_hour * trial.window_s(STARTUP_S) / 3600)
+
+
+def test_refuse_keeps_the_refusal_and_time_binding_is_never_tried() -> None:
+    refused = plan(spec(atRiskLimit="Refuse"), CAT, deadline_h=TIGHT_H)
+    assert refused.chosen is None and not refused.trial and refused.binding is not None
+    assert refused.binding.kind is Kind.RISK
+    late = plan(spec(), CAT, deadline_h=0.1)  # every plan more likely to miss than not: time binds
+    assert late.chosen is None and not late.trial and late.binding is not None and late.binding.kind is Kind.TIME
+
+
+def test_the_rest_of_a_running_job_is_never_a_trial() -> None:
+    whole = plan(spec(), CAT, deadline_h=TIGHT_H)
+    assert whole.trial
+    rest = remaining_spec(spec(), whole.job.total_samples, 0.0)
+    assert rest.constraints.at_risk_limit is AtRiskLimit.REFUSE
+    assert plan(rest, CAT, deadline_h=TIGHT_H).chosen is None
+
+
+def test_window_is_start_up_warm_up_and_the_least_measuring_window() -> None:
+    cfg = CorrectionConfig(warmup_s=100, min_window_s=50)
+    assert trial.window_s(300, cfg) == 450
+    assert trial.window_s(STARTUP_S) == STARTUP_S + CorrectionConfig().warmup_s + CorrectionConfig().min_window_s
+
+
+def test_json_and_text_say_it_is_a_trial() -> None:
+    r = plan(spec(), CAT, deadline_h=TIGHT_H)
+    d = json.loads(json.dumps(plan_to_dict(r)))
+    assert d["trial"] is True and d["feasible"] is True and d["binding"]["kind"] == "risk"
+    assert d["chosen"]["instanceType"] == r.chosen.instance.name  # type: ignore[union-attr]
+    text = render_plan(r)
+    assert text.splitlines()[2].startswith("Trial: ") and "the risk limit binds" in text
+    assert plan_to_dict(plan(spec(), CAT, deadline_h=24.0))["trial"] is False
+
+
+# ------------------------------------------------------------------------------ in the reconcile loop
+
+TRIAL_RISK = 0.01
+"""At 2.7 h the A10G plan's P(miss) is about 4% and the V100 plan's about 2%: nothing meets 1%."""
+
+
+def _trial_world() -> tuple[World, dict[str, Any], list[str]]:
+    node = {"instance_type": "g5.xlarge", "capacity_type": "on-demand", "ready": "True", "created": T0}
+    w = World(planner=functools.partial(gated_plan, catalog=CATALOG), pod_phase="Running", node=node)
+    w.loop.observer = Observer(None, CFG, CATALOG)
+    body = SPEC.model_dump(by_alias=True, exclude_none=True)
+    body["constraints"]["maxDeadlineRisk"] = TRIAL_RISK
+    job = make_job(body, maxDuration="2.7h", checkpoint={"intervalSeconds": 1800, "restartSeconds": 30, "writeSeconds": 0.1})
+    seen = w.run_to(job, Phase.RUNNING)
+    return w, job, seen
+
+
+def _measure(w: World, job: dict[str, Any], rate: float, until: str) -> list[str]:
+    seen: list[str] = []
+    for t in range(5, 401, 5):
+        w.annotate(**{rc.ANNOTATION_PROGRESS_SAMPLES: f"{rate * t:.0f}", rc.ANNOTATION_CHECKPOINT_STEP: "40"})
+        seen += w.step(job, 5)
+        if until in seen:
+            return seen
+    raise AssertionError(f"no {until}: {seen}; {w.status.observed}")
+
+
+def test_a_trial_measured_on_time_is_kept() -> None:
+    w, job, seen = _trial_world()
+    st = w.status
+    assert st.plan is not None and st.plan.trial and st.plan.instance_type == "g5.xlarge"
+    assert "Trial" in seen and "Planned" not in seen
+    planned = next(c for c in st.conditions if c.type == ConditionType.PLANNED)
+    assert planned.reason == "Trial"
+    _measure(w, job, st.plan.throughput, "TrialKept")
+    st = w.status
+    assert st.plan is not None and st.phase is Phase.RUNNING and not st.plan.trial and st.plan.instance_type == "g5.xlarge"
+    kept = next(e for e in w.events if e.reason == "TrialKept")
+    assert "<= maxDeadlineRisk 1.0%" in kept.message
+
+
+def test_a_trial_measured_too_slow_with_no_plan_that_meets_the_risk_stops_at_a_checkpoint() -> None:
+    w, job, _ = _trial_world()
+    st = w.status
+    assert st.plan is not None and st.plan.trial
+    slow = 0.7 * st.plan.throughput
+    for t in range(5, 401, 5):
+        w.annotate(**{rc.ANNOTATION_PROGRESS_SAMPLES: f"{slow * t:.0f}", rc.ANNOTATION_CHECKPOINT_STEP: "40"})
+        assert "DeadlineInfeasible" not in w.step(job, 5)
+        if w.status.observed is not None and w.status.observed.stop_pending:
+            break
+    else:
+        raise AssertionError(f"the trial never ended: {w.status.observed}")
+    # it stops from a checkpoint it asks the workers for now, as a move for the deadline does
+    asked = [(p["metadata"].get("annotations") or {}).get(rc.ANNOTATION_CHECKPOINT_REQUESTED) for p in w.workers.pods()]
+    assert asked and all(asked), asked
+    assert w.status.phase is Phase.RUNNING and not w.workers.deleted
+    w.annotate(**{rc.ANNOTATION_PROGRESS_SAMPLES: f"{slow * (t + 5):.0f}"})
+    assert "DeadlineInfeasible" not in w.step(job, 5)  # no newer checkpoint yet
+    w.annotate(**{rc.ANNOTATION_CHECKPOINT_STEP: "41"})
+    assert "DeadlineInfeasible" in w.step(job, 5)
+    st = w.status
+    assert st.phase is Phase.FAILED and st.completion_time is not None
+    failed = next(c for c in st.conditions if c.type == ConditionType.FAILED)
+    assert failed.status == "True" and failed.reason == "DeadlineInfeasible"
+    assert "trial ended: measured" in failed.message and "no plan meets it under the corrected model" in failed.message
+    assert "the rest takes " in failed.message and " h are left" in failed.message
+    assert "To go on, extend the deadline" in failed.message and failed.message.endswith("stopped at checkpoint step 41")
+    # the gang is stopped: its workers go (SIGTERM: the runtime checkpoints) and its nodes are released
+    assert w.workers.deleted and w.provider.released
+
+
+# ------------------------------------------------------------------------------ decision scores
+
+
+def test_trials_answer_refused_decisions_with_no_more_misses() -> None:
+    d = decisions.scores()
+    p = d["pooled"]["planner"]
+    tried = p["trials"]
+    assert sum(tried.values()) > 0 and tried["kept"] > 0
+    # the refusals fall well below the floor any planner that refuses at the risk limit has
+    assert p["no_plan_where_feasible_pct"] < d["no_plan_floor"]["pooled"] / 1.5
+    assert p["misses_pct"] <= decisions.MISSES_TARGET_PCT
+    # a stopped trial is a "no plan" that spent its window: a few percent of the best plan's cost
+    if tried["stopped"]:
+        assert 0 < p["stopped_trial_mean_spend_pct"] < 20
+    assert p["worst_regret_without_trials_pct"] <= decisions.WORST_TARGET_PCT
