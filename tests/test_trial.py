@@ -46,6 +46,7 @@ def test_where_the_risk_limit_alone_binds_the_cheapest_plan_that_would_probably_
     # the likeliest plan is not the one tried: it costs more
     assert r.closest[0].plan.expected_cost_usd > r.chosen.expected_cost_usd
     assert r.why.startswith("trial: no plan meets maxDeadlineRisk 5.0%") and f"P(miss) {p:.1%}" in r.why
+    assert "the cheapest below 50%" in r.why
     cost = trial.window_cost_usd(r.chosen, STARTUP_S)
     assert f"(${cost:,.2f})" in r.why and cost == pytest.approx(r.chosen.usd_per_hour * trial.window_s(STARTUP_S) / 3600)
 
@@ -121,6 +122,8 @@ def test_a_trial_measured_on_time_is_kept() -> None:
     assert st.plan is not None and st.phase is Phase.RUNNING and not st.plan.trial and st.plan.instance_type == "g5.xlarge"
     kept = next(e for e in w.events if e.reason == "TrialKept")
     assert "<= maxDeadlineRisk 1.0%" in kept.message
+    planned = next(c for c in st.conditions if c.type == ConditionType.PLANNED)
+    assert planned.status == "True" and planned.reason == "TrialKept" and "trial kept: measured" in planned.message
 
 
 def test_a_trial_measured_too_slow_with_no_plan_that_meets_the_risk_stops_at_a_checkpoint() -> None:
@@ -169,3 +172,11 @@ def test_trials_answer_refused_decisions_with_no_more_misses() -> None:
     if tried["stopped"]:
         assert 0 < p["stopped_trial_mean_spend_pct"] < 20
     assert p["worst_regret_without_trials_pct"] <= decisions.WORST_TARGET_PCT
+
+
+def test_the_objective_picks_the_trial() -> None:
+    s = TrainingJobSpec.model_validate({**RESNET, "objective": "fastest", "budgetUsd": 1000})
+    r = plan(s, CAT, deadline_h=TIGHT_H)
+    assert r.trial and r.chosen is not None and "the fastest below 50%" in r.why
+    near = [c for c in r.pareto if c.outlook.deadline_miss_probability < PROBABLY_MEETS]
+    assert r.chosen.expected_hours == min(c.expected_hours for c in near)

@@ -161,6 +161,8 @@ class _Look:
     """The job's ``constraints.maxDeadlineRisk``."""
     hours_left: float | None = None
     """Hours to the deadline (None: none)."""
+    generation: int = 0
+    """The job's metadata.generation (for conditions)."""
 
 
 def _running_since(st: TrainingJobStatus) -> datetime | None:
@@ -216,7 +218,7 @@ class Observer:
         since = _running_since(st)
         if since is not None:
             self._record_progress(obs, ctx.progress_samples, since, now)
-        look = _Look(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk, ctx.hours_left)
+        look = _Look(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk, ctx.hours_left, generation)
         if obs.replan_pending and self._checkpoint_reached(obs, checkpoint_step):
             if obs.stop_pending:  # a trial that ended: the checkpoint it asked for is there
                 obs.replan_pending = obs.stop_pending = False
@@ -498,6 +500,8 @@ class Observer:
             plan.trial = False
             obs.replan_reason = f"trial kept: {measured}, P(miss) {miss:.1%} <= maxDeadlineRisk {look.max_risk:.1%}"
             look.out.events.append(Event("Normal", EventReason.TRIAL_KEPT, obs.replan_reason))
+            set_condition(look.st, ConditionType.PLANNED, True, "TrialKept", f"{plan.summary}: {obs.replan_reason}",
+                          look.now, look.generation)  # fmt: skip
             return
         decision, result = self._decide(look, miss)
         if decision.replan and not decision.fallback and result.chosen is not None:

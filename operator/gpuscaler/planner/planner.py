@@ -312,7 +312,7 @@ def _trial(binding: Binding, fitting: list[Candidate], job: ResolvedJob, spec: T
     tried = trial.offer(binding, fitting, job, spec, policy)
     if tried is None:
         return None, why, []
-    said = trial.why(tried, spec.constraints.max_deadline_risk, STARTUP_S)
+    said = trial.why(tried, spec, STARTUP_S)
     if tried.price_caveat:
         return tried, f"{said}; caveat: {tried.price_caveat}", [tried.price_caveat]
     return tried, said, []

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuscaler.api import AtRiskLimit, TrainingJobSpec
+from gpuscaler.api import AtRiskLimit, Objective, TrainingJobSpec
 from gpuscaler.planner.binding import PROBABLY_MEETS, Binding, Kind
 from gpuscaler.planner.candidate import Reason
 from gpuscaler.planner.correction import CorrectionConfig
@@ -71,12 +71,15 @@ def offer(binding: Binding | None, fitting: list[Candidate], job: ResolvedJob, s
     return chosen
 
 
-def why(c: Candidate, max_risk: float, startup_s: float, config: CorrectionConfig | None = None) -> str:
+def why(c: Candidate, spec: TrainingJobSpec, startup_s: float, config: CorrectionConfig | None = None) -> str:
     """The trial's reason, for the plan's ``why``."""
     minutes = window_s(startup_s, config) / 60.0
+    max_risk = spec.constraints.max_deadline_risk
+    pick = "fastest" if spec.objective is Objective.FASTEST else "cheapest"
     return (
         f"trial: no plan meets maxDeadlineRisk {max_risk:.1%}; {c.label} has P(miss) "
-        f"{c.outlook.deadline_miss_probability:.1%} under the model's band, the cheapest below 50%. It runs about {minutes:.0f} min "
+        f"{c.outlook.deadline_miss_probability:.1%} under the model's band, the {pick} below "
+        f"{PROBABLY_MEETS:.0%}. It runs about {minutes:.0f} min "
         f"(${window_cost_usd(c, startup_s, config):,.2f}) to measure its speed, and is kept only if the measured "
         f"P(miss) is within {max_risk:.1%}; else it moves to a plan that is, or stops at a checkpoint "
         "(atRiskLimit: Refuse answers no plan instead)"
