@@ -6,7 +6,8 @@
 Prints what ``gpuscaler validate`` prints under "Decision scores" (the design is in
 :mod:`gpuscaler.planner.decisions` and docs/decision-scores.md), then the decisions where each
 chooser's regret was largest, with the option chosen and the measured best one; and the planner's
-scores without trials (``atRiskLimit: Refuse``) for comparison. Figures only, no
+scores without trials (``atRiskLimit: Refuse``) and with every trial's window reading one floor sigma
+fast, for comparison. Figures only, no
 timed assertions. The per-fold predictions come from ``scripts/calibrate.py --folds``.
 """
 
@@ -16,6 +17,7 @@ import argparse
 import json
 
 from gpuscaler.perfmodel import calibration
+from gpuscaler.planner.correction import MEASURED_LOG_SIGMA_FLOOR
 from gpuscaler.planner.decisions import CHOOSERS, format_scores, scores
 
 
@@ -38,6 +40,10 @@ def main() -> int:
     print(f"\nThe planner with atRiskLimit: Refuse (no trials), the same decisions: mean regret "
           f"{refuse['mean_regret_pct']:.1f}%, worst {refuse['worst_regret_pct']:.1f}%, misses {refuse['misses_pct']:.1f}%, "
           f"no plan {refuse['no_plan_where_feasible_pct']:.1f}%")
+    off = scores(trial_read=MEASURED_LOG_SIGMA_FLOOR)["pooled"]["planner"]
+    print(f"Trials whose window reads {MEASURED_LOG_SIGMA_FLOOR:.0%} fast (one floor sigma; every one): mean regret "
+          f"{off['mean_regret_pct']:.1f}%, worst {off['worst_regret_pct']:.1f}%, misses {off['misses_pct']:.1f}%, "
+          f"no plan {off['no_plan_where_feasible_pct']:.1f}%")
     rows, _ = calibration.load_rows()
     for chooser in CHOOSERS:
         mine = [t for t in trace if t["chooser"] == chooser and t["regret"] is not None]

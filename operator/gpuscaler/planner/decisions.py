@@ -351,6 +351,7 @@ class Tally:
 def scores(
     catalog: Catalog | None = None, folds: dict[str, Any] | None = None, trace: list[dict[str, Any]] | None = None,
     trials: bool = True,
+    trial_read: float = 0.0,
 ) -> dict[str, Any]:
     """Cross-validated decision scores of the planner, the model's argmin and a spec-sheet chooser.
 
@@ -361,6 +362,9 @@ def scores(
             the option chosen and the best measured one, regret, miss): what the benchmark lists.
         trials: where the risk limit alone binds, the planner tries a plan (``atRiskLimit: Trial``,
             the default) rather than refusing (False: ``Refuse``).
+        trial_read: the log error of a trial's measuring window against the run's throughput (0: it
+            reads the measured throughput; 0.05: 5% fast, one floor sigma, the case that keeps what
+            it should not).
 
     Returns:
         ``{"design": ..., "pooled": {chooser: scores}, "schemes": {scheme: {chooser: scores}},
@@ -414,7 +418,8 @@ def scores(
                 deadline = None if k is None else k * t_fast
                 meets = [measured(o, samples) for o in opts if deadline is None or measured(o, samples).hours <= deadline]
                 best = min(x.cost for x in meets)
-                planned, cands = _planned(opts, by_index, predicted, samples, deadline, trials=trials)
+                planned, cands = _planned(opts, by_index, predicted, samples, deadline, trials=trials,
+                                          trial_read=trial_read)  # fmt: skip
                 outcomes = {
                     "planner": planned,
                     "argmin": _outcome(cheapest_fitting(opts, predicted, samples, deadline), by_index, samples),
@@ -432,7 +437,8 @@ def scores(
                     trace += _trace_records(scheme, fold["fold"], opts[0].row, k, deadline, meets, outcomes)
                 _count(tallies, scheme, k, deadline, best, outcomes)
                 if prof is not None:
-                    out, _ = _planned(opts, by_index, prof[0], samples, deadline, prof[1], trials=trials)
+                    out, _ = _planned(opts, by_index, prof[0], samples, deadline, prof[1], trials=trials,
+                                      trial_read=trial_read)  # fmt: skip
                     _count_one(profiled, deadline, best, out)
                     if deadline is not None:
                         profiled_refused[f"{k:g}x"][0] += out.chosen is None
@@ -516,7 +522,7 @@ def _reference(scheme: str, opts: Sequence[Option], held: set[int]) -> str | Non
 
 def _planned(opts: Sequence[Option], by_index: dict[int, Option], predicted: dict[int, float], samples: float,
              deadline: float | None, sigmas: dict[int, float] | None = None,
-             trials: bool = True) -> tuple[Outcome, dict[int, Candidate]]:  # fmt: skip
+             trials: bool = True, trial_read: float = 0.0) -> tuple[Outcome, dict[int, Candidate]]:  # fmt: skip
     """The planner's choice (:func:`plan_options`) as the operator runs it (:func:`realise_planner`); where
     the risk limit alone binds, its trial (:func:`realise_trial`) unless ``trials`` is False."""
     chosen, cands = plan_options(opts, predicted, samples, deadline, sigmas)
@@ -525,7 +531,7 @@ def _planned(opts: Sequence[Option], by_index: dict[int, Option], predicted: dic
         if tried is None:
             return Outcome(None), cands
         assert deadline is not None
-        return realise_trial(tried, opts, by_index, cands, predicted, samples, deadline), cands
+        return realise_trial(tried, opts, by_index, cands, predicted, samples, deadline, trial_read), cands
     index = next(i for i, c in cands.items() if c is chosen)
     return realise_planner(chosen, by_index, cands, index, samples), cands
 
@@ -539,12 +545,12 @@ def trial_of(cands: dict[int, Candidate]) -> int | None:
 
 
 def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option], cands: dict[int, Candidate],
-                  predicted: dict[int, float], samples: float, deadline_h: float) -> Outcome:  # fmt: skip
+                  predicted: dict[int, float], samples: float, deadline_h: float, read: float = 0.0) -> Outcome:  # fmt: skip
     """A trial as the operator runs it on the measured speeds (:mod:`gpuscaler.planner.trial`).
 
     The option runs its window (start-up, warm-up, the least measuring window) and is measured: the
     observer's posterior (:func:`~gpuscaler.planner.correction.posterior`, the measurement at the
-    measured throughput with the floor's sigma). Kept when the rest's P(miss) is within the limit;
+    measured throughput times ``exp(read)``, with the floor's sigma). Kept when the rest's P(miss) is within the limit;
     else the corrected planner (every option on the measured GPU type at the posterior factor and
     sigma, as the operator's efficiency factor moves them; no trial) plans the rest in the time left
     after the move's checkpoint write and restart: moved to its plan, or stopped when it has none.
@@ -555,7 +561,8 @@ def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option
     window_h = trial.window_s(STARTUP_S, cfg) / 3600.0
     spend = window_h * o.usd_per_hour
     done = min(o.row.measured * (cfg.warmup_s + cfg.min_window_s), samples)
-    factor, s_post = posterior(1.0, c.outlook.log_sigma, o.row.measured / predicted[index], MEASURED_LOG_SIGMA_FLOOR)
+    seen = o.row.measured * math.exp(read)  # what the window reads; the run goes at the measured throughput
+    factor, s_post = posterior(1.0, c.outlook.log_sigma, seen / predicted[index], MEASURED_LOG_SIGMA_FLOOR)
     left = deadline_h - window_h
     p = remaining_miss_probability(samples - done, predicted[index] * factor, s_post, left, interval_s=interval,
                                    restart_s=RESTART_S, write_s=o.write_s)  # fmt: skip
