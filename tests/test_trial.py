@@ -185,3 +185,17 @@ def test_the_objective_picks_the_trial() -> None:
     assert r.trial and r.chosen is not None and "the fastest below 50%" in r.why
     near = [c for c in r.pareto if c.outlook.deadline_miss_probability < PROBABLY_MEETS]
     assert r.chosen.expected_hours == min(c.expected_hours for c in near)
+
+
+def test_a_trial_whose_workers_report_no_progress_is_said_to_be_unmeasured_once() -> None:
+    w, job, _ = _trial_world()
+    assert w.status.plan is not None and w.status.plan.trial
+    window = CFG.warmup_s + CFG.min_window_s
+    seen: list[str] = []
+    for _ in range(int(4 * window / 5)):
+        seen += w.step(job, 5)
+    assert seen.count("TrialUnmeasured") == 1, seen
+    st = w.status
+    planned = next(c for c in st.conditions if c.type == ConditionType.PLANNED)
+    assert planned.reason == "TrialUnmeasured" and "report no progress" in planned.message
+    assert st.phase is Phase.RUNNING and st.plan is not None and st.plan.trial

@@ -193,6 +193,8 @@ class EventReason(StrEnum):
     """Normal: no plan met maxDeadlineRisk; the closest one starts as a trial (:mod:`gpuscaler.planner.trial`)."""
     TRIAL_KEPT = "TrialKept"
     """Normal: a trial's measured P(miss) is within maxDeadlineRisk: the plan is kept."""
+    TRIAL_UNMEASURED = "TrialUnmeasured"
+    """Warning: a trial's workers report no progress, so it cannot be judged and runs on at its planned P(miss)."""
     DEADLINE_INFEASIBLE = "DeadlineInfeasible"
     """Warning: a trial measured a speed at which no plan meets maxDeadlineRisk: the job stopped at a checkpoint."""
     INVALID_SPEC = "InvalidSpec"

@@ -165,6 +165,11 @@ class _Look:
     """The job's metadata.generation (for conditions)."""
 
 
+UNMEASURED_TRIAL_WINDOWS = 3.0
+"""A trial is said to be unmeasured after this many correction windows (warm-up plus the least
+measuring window) without a measurement."""
+
+
 def _running_since(st: TrainingJobStatus) -> datetime | None:
     for c in st.conditions:
         if c.type == ConditionType.RUNNING and c.status == "True":
@@ -263,6 +268,7 @@ class Observer:
             # does not change is not written), then once per interval_s
             got = self._correct_from_progress(st, obs, since, now, out)
             if got is None:
+                self._trial_unmeasured(look, since)
                 return out
             obs.last_assessed = now
             factor_changed, sigma = got
@@ -487,6 +493,24 @@ class Observer:
         at_risk = miss is not None and over_risk(miss, look.max_risk)
         if factor_changed or at_risk or plan.efficiency_factor != obs.efficiency_factor:
             self._consider_replan(look, miss or 0.0)
+
+    def _trial_unmeasured(self, look: _Look, since: datetime) -> None:
+        """A trial still without a measurement :data:`UNMEASURED_TRIAL_WINDOWS` correction windows after its
+        gang started (a runtime that reports no progress): said once, in the Planned condition (reason
+        ``TrialUnmeasured``) and a Warning Event. It runs on; nothing judges it."""
+        plan, st = look.st.plan, look.st
+        assert plan is not None
+        waited = (look.now - since).total_seconds()
+        if not plan.trial or waited < UNMEASURED_TRIAL_WINDOWS * (self.config.warmup_s + self.config.min_window_s):
+            return
+        planned = next((c for c in st.conditions if c.type == ConditionType.PLANNED), None)
+        if planned is not None and planned.reason == "TrialUnmeasured":
+            return
+        why = (f"trial not measured after {waited / 60:.0f} min: the workers report no progress "
+               f"(gpuscaler.io/progress-samples), so it runs on at its planned P(miss) "
+               f"{plan.deadline_miss_probability or 0.0:.1%} > maxDeadlineRisk {look.max_risk:.1%}")  # fmt: skip
+        set_condition(st, ConditionType.PLANNED, True, "TrialUnmeasured", why, look.now, look.generation)
+        look.out.events.append(Event("Warning", EventReason.TRIAL_UNMEASURED, why))
 
     def _end_trial(self, look: _Look, miss: float) -> None:
         """The trial's verdict once its speed is measured (:mod:`gpuscaler.planner.trial`): kept when the
