@@ -23,7 +23,13 @@ Running job. The observer:
    spot handshake's request, as the plan's contingency counted); for cost, the next periodic one.
    Hysteresis: the factor changes only beyond the divergence threshold, a move for cost must save
    more than the margin after paying for the restart, and no move comes within ``min_interval_s``
-   of the last plan change.
+   of the last plan change;
+5. a trial plan (``status.plan.trial``, :mod:`gpuscaler.planner.trial`) gets its verdict at the first
+   corrected estimate instead, with no ``min_interval_s`` wait: kept when the corrected P(miss) is
+   within the limit; a move for the deadline when the corrected planner has a plan that meets it;
+   else ``stopPending``: a checkpoint is asked for at once and, once it is reported, the loop stops
+   the job (``stop``: Failed, DeadlineInfeasible). One whose workers report no progress is said to
+   be unmeasured, once.
 
 The decisions are the pure functions of :mod:`gpuscaler.planner.correction`, the ones the
 simulator's simulated operator calls. Everything the observer decides is in ``status.observed``
@@ -142,8 +148,8 @@ class ObserveResult:
     """A re-plan for the deadline was just decided: ask the workers for a checkpoint now
     (``gpuscaler.io/checkpoint-requested``) rather than wait for the next periodic one."""
     stop: str | None = None
-    """A trial ended with no plan that meets ``maxDeadlineRisk`` at the measured speed: stop the job
-    (its workers checkpoint on SIGTERM) and fail it with this message (:mod:`gpuscaler.planner.trial`)."""
+    """A trial ended with no plan that meets ``maxDeadlineRisk`` at the measured speed, and the checkpoint
+    it asked for is reported: stop the job and fail it with this message (:mod:`gpuscaler.planner.trial`)."""
 
 
 @dataclass(frozen=True)
