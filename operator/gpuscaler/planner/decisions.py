@@ -30,7 +30,10 @@ only the fastest few).
   contingency's, feasible when not :func:`~gpuscaler.planner.risk.over_risk` at
   :data:`MAX_RISK`, the cheapest (then sooner) feasible one. It is scored as the operator runs it:
   when the measured speed is below the contingency's threshold, the job moves to the fallback at
-  the contingency's hour and finishes there at the fallback's measured speed, paying both.
+  the contingency's hour and finishes there at the fallback's measured speed, paying both. Where
+  nothing is feasible but an option's P(miss) is below one half, the cheapest such option is a
+  trial (:mod:`gpuscaler.planner.trial`, :func:`realise_trial`): kept, moved or stopped once its
+  window is measured; a stopped trial is a "no plan" that paid its window.
 * ``argmin``: the model's plain cheapest option whose predicted hours fit the deadline (no band,
   no recourse).
 * ``spec-sheet``: no model: one measured GPU type (the fold's training GPU for GPU transfer, else

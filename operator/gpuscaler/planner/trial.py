@@ -6,8 +6,8 @@ the closest plan would meet the deadline more often than not, and the operator l
 speed within minutes of starting it (:mod:`gpuscaler.planner.correction`). So, with
 ``spec.constraints.atRiskLimit: Trial`` (the default), the planner starts a *trial* instead: of the
 plans that break nothing but the risk limit and would probably meet the deadline (P(miss) below
-:data:`~gpuscaler.planner.binding.PROBABLY_MEETS`), the one the objective picks (the cheapest, for
-``cheapest``):
+:data:`~gpuscaler.planner.binding.PROBABLY_MEETS`), the one the objective picks (the cheapest for
+``cheapest``, the fastest for ``fastest``):
 
 1. It runs for its correction window (:func:`window_s`: start-up, the observer's warm-up and its
    least measuring window) and is measured (:func:`gpuscaler.planner.correction.correct`).
@@ -24,8 +24,8 @@ binding rule as before. The cheapest such plan, not the likeliest (the lowest P(
 measurement guards the deadline either way, and on the project's decisions the likeliest cost a mean
 8 points of regret more for the same refusals (``benchmarks/decision_scores.py``). Re-plans of a running job
 never start a trial (the rest is planned with ``Refuse``): what a trial would measure is measured.
-``atRiskLimit: Refuse`` keeps the refusal. The most a failed trial costs is the window at the plan's
-price (:func:`window_cost_usd`), which the plan's ``why`` states.
+``atRiskLimit: Refuse`` keeps the refusal. A stopped trial costs its window at the plan's price
+(:func:`window_cost_usd`, which the plan's ``why`` states) and the minute or so its checkpoint takes.
 
 Pure (no I/O); :func:`gpuscaler.planner.planner.plan` makes the offer, the operator's observer and
 :mod:`gpuscaler.planner.decisions` (which scores it) apply the same rule.
