@@ -199,3 +199,17 @@ def test_a_trial_whose_workers_report_no_progress_is_said_to_be_unmeasured_once(
     planned = next(c for c in st.conditions if c.type == ConditionType.PLANNED)
     assert planned.reason == "TrialUnmeasured" and "report no progress" in planned.message
     assert st.phase is Phase.RUNNING and st.plan is not None and st.plan.trial
+
+
+def test_a_policy_may_forbid_trials_and_one_no_at_a_level_wins() -> None:
+    from gpuscaler.policy import Policy
+    from gpuscaler.policy.evaluate import policy_for_namespace
+
+    no = Policy(name="strict", allow_trials=False)
+    r = plan(spec(), CAT, no, deadline_h=TIGHT_H)
+    assert r.chosen is None and not r.trial and r.binding is not None and r.binding.kind is Kind.RISK
+    merged = policy_for_namespace([Policy(name="a"), Policy(name="b", allow_trials=False)], "ns")
+    assert merged.allow_trials is False
+    # a namespace policy may give a namespace back what the cluster-wide one took
+    back = policy_for_namespace([no, Policy(name="team", namespaces=["ns"], allow_trials=True)], "ns")
+    assert back.allow_trials is True and plan(spec(), CAT, back, deadline_h=TIGHT_H).trial

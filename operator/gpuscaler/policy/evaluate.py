@@ -133,6 +133,8 @@ def _strictest(policies: Sequence[Policy]) -> tuple[dict[str, Any], set[str], se
             out[f] = min(values) if values else None
         elif f == "min_checkpoint_interval_s":
             out[f] = max(p.min_checkpoint_interval_s for p in ps)
+        elif f == "allow_trials":  # one policy's "no" is the level's
+            out[f] = all(p.allow_trials for p in ps)
         elif f == "price_overrides":
             out[f] = [o for p in ps for o in p.price_overrides]
         elif f == "capacity":  # held capacity adds up: every pool declared at this level (names unique)

@@ -104,6 +104,14 @@ class Policy(PolicyModel):
         default_factory=list,
         description="Precisions planned when a job names none; empty = the planner's default (fp32, amp, fp8).",
     )
+    allow_trials: bool = Field(
+        default=True,
+        description=(
+            "Allow trial plans: where only a job's maxDeadlineRisk binds, the planner may start a plan for its "
+            "correction window (minutes) to measure it (the job's constraints.atRiskLimit: Trial). false refuses "
+            "such jobs, whatever the job says."
+        ),
+    )
     checkpoint_write_gbps: float = Field(
         default=8.0,
         gt=0,
