@@ -67,8 +67,8 @@ class AtRiskLimit(StrEnum):
     """What the planner does when only ``maxDeadlineRisk`` stands between the job and a plan."""
 
     TRIAL = "Trial"
-    """Start the closest plan for its correction window and keep it only if the measured P(miss) is
-    within the limit (:mod:`gpuscaler.planner.trial`)."""
+    """Start the objective's pick of the plans that would probably meet the deadline for its correction
+    window, and keep it only if the measured P(miss) is within the limit (:mod:`gpuscaler.planner.trial`)."""
     REFUSE = "Refuse"
     """Answer no plan (Infeasible), naming the binding rule."""
 

@@ -257,6 +257,7 @@ class Reconciler:
     _recovering = phase_interruptions._recovering
     # finish: :mod:`gpuscaler.controller.phases.finish`
     _stop_gang = phase_finish._stop_gang
+    _fail_running = phase_finish._fail_running
     _delete_workers = phase_finish._delete_workers
     _start_jobset = phase_finish._start_jobset
     _worker_identity = phase_finish._worker_identity

@@ -465,19 +465,24 @@ class Observer:
             result = replace(result, chosen=target, why=decision.reason)
         return decision, result
 
-    def _consider_replan(self, look: _Look, miss: float, trial: bool = False) -> None:
-        plan, obs, step = look.st.plan, look.obs, look.checkpoint_step
+    def _consider_replan(self, look: _Look, miss: float) -> None:
+        plan, obs = look.st.plan, look.obs
         assert plan is not None
         if obs.replan_pending:
             return
         changed = max(plan.planned_at, obs.last_replan or plan.planned_at)
-        if not trial and (look.now - changed).total_seconds() < self.config.min_interval_s:
+        if (look.now - changed).total_seconds() < self.config.min_interval_s:
             obs.message += f"; re-plan not considered within {self.config.min_interval_s:g}s of the last plan change"
             return
         decision, _ = self._decide(look, miss)
         if not decision.replan:
             obs.replan_reason = decision.reason
             return
+        self._pend(look, decision)
+
+    def _pend(self, look: _Look, decision: ReplanDecision) -> None:
+        """A re-plan decided: pending until the checkpoint it waits for (asked for now when urgent)."""
+        obs, step = look.obs, look.checkpoint_step
         obs.replan_pending = True
         obs.replan_reason = decision.reason
         obs.replan_after_checkpoint_step = step
@@ -535,7 +540,7 @@ class Observer:
             return
         decision, result = self._decide(look, miss)
         if decision.replan and not decision.fallback and result.chosen is not None:
-            self._consider_replan(look, miss, trial=True)
+            self._pend(look, decision)  # no min_interval_s wait: the trial's verdict is due now
             return
         need = max(plan.total_samples - look.st.progress.samples, 0.0) / rate / 3600.0 if rate > 0 else math.inf
         left = f", {look.hours_left:.2f} h are left" if look.hours_left is not None else ""

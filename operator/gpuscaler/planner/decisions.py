@@ -316,6 +316,8 @@ class Tally:
     """Trials (:mod:`gpuscaler.planner.trial`) by how they ended."""
     trial_regrets: list[float] = field(default_factory=list)
     """Regrets of the kept and moved trials (in ``regrets`` too)."""
+    untried_regrets: list[float] = field(default_factory=list)
+    """Regrets of the decisions that were no trial (in ``regrets`` too)."""
     stopped_spend: list[float] = field(default_factory=list)
     """What each stopped trial spent, over the cheapest measured option that meets the deadline."""
 
@@ -337,18 +339,13 @@ class Tally:
             "trials": dict(self.trials),
             "trial_mean_regret_pct": round(100 * statistics.fmean(self.trial_regrets), 2) if self.trial_regrets else None,
             "trial_worst_regret_pct": round(100 * max(self.trial_regrets), 2) if self.trial_regrets else None,
-            "worst_regret_without_trials_pct": round(100 * max(self._untried()), 2) if self._untried() else None,
+            "worst_regret_without_trials_pct": (
+                round(100 * max(self.untried_regrets), 2) if self.untried_regrets else None
+            ),
             "stopped_trial_mean_spend_pct": (
                 round(100 * statistics.fmean(self.stopped_spend), 2) if self.stopped_spend else None
             ),
         }
-
-    def _untried(self) -> list[float]:
-        """Regrets of the decisions that were no trial."""
-        rest = list(self.regrets)
-        for r in self.trial_regrets:
-            rest.remove(r)
-        return rest
 
 
 def scores(
@@ -599,8 +596,7 @@ def _count_one(t: Tally, deadline: float | None, best: float, out: Outcome) -> N
             t.stopped_spend.append(out.cost / best)
         return
     t.regrets.append(out.cost / best - 1.0)
-    if out.trial:
-        t.trial_regrets.append(t.regrets[-1])
+    (t.trial_regrets if out.trial else t.untried_regrets).append(t.regrets[-1])
     t.misses += deadline is not None and out.hours > deadline * (1 + 1e-9)
     t.moves += out.moved
 

@@ -22,10 +22,11 @@ A trial is offered only when the risk limit alone binds (:func:`gpuscaler.planne
 where every plan is more likely to miss than not, time binds, and the answer is "no plan" with the
 binding rule as before. The cheapest such plan, not the likeliest (the lowest P(miss)), is tried: the
 measurement guards the deadline either way, and on the project's decisions the likeliest cost a mean
-8 points of regret more for the same refusals (``benchmarks/decision_scores.py``). Re-plans of a running job
-never start a trial (the rest is planned with ``Refuse``): what a trial would measure is measured.
-``atRiskLimit: Refuse`` keeps the refusal, as does a policy with ``allowTrials: false``. A stopped trial costs its window at the plan's price
-(:func:`window_cost_usd`, which the plan's ``why`` states) and the minute or so its checkpoint takes.
+8 points of regret more for the same refusals (``benchmarks/decision_scores.py``). Re-plans of a
+running job never start a trial (the rest is planned with ``Refuse``): what a trial would measure is
+measured. ``atRiskLimit: Refuse`` keeps the refusal, as does a policy with ``allowTrials: false``. A
+stopped trial costs its window at the plan's price (:func:`window_cost_usd`, which the plan's ``why``
+states) and the minute or so its checkpoint takes.
 
 Pure (no I/O); :func:`gpuscaler.planner.planner.plan` makes the offer, the operator's observer and
 :mod:`gpuscaler.planner.decisions` (which scores it) apply the same rule.
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from gpuscaler.planner.job import ResolvedJob
     from gpuscaler.policy import Policy
 
+
 def window_s(startup_s: float, config: CorrectionConfig | None = None) -> float:
     """Seconds from the start of a trial until the observer's correction is ready: start-up, warm-up
     and the least measuring window (the operator's defaults when ``config`` is None)."""
@@ -61,8 +63,8 @@ def window_cost_usd(c: Candidate, startup_s: float, config: CorrectionConfig | N
 def offer(binding: Binding | None, fitting: list[Candidate], job: ResolvedJob, spec: TrainingJobSpec,
           policy: Policy) -> Candidate | None:  # fmt: skip
     """The plan to try, or None: where the risk limit alone binds and the job and the policy
-    (``allowTrials``) allow trials, the objective's pick of the ``fitting`` plans that break nothing but the risk limit and whose P(miss)
-    is below :data:`~gpuscaler.planner.binding.PROBABLY_MEETS`."""
+    (``allowTrials``) allow trials, the objective's pick of the ``fitting`` plans that break nothing
+    but the risk limit and whose P(miss) is below :data:`~gpuscaler.planner.binding.PROBABLY_MEETS`."""
     if binding is None or binding.kind is not Kind.RISK or spec.constraints.at_risk_limit is AtRiskLimit.REFUSE:
         return None
     if not policy.allow_trials:

@@ -26,6 +26,21 @@ def _stop_gang(self: Reconciler, ctx: StepContext, nodes: list[NodeState]) -> No
     self._release(ctx, [n for n in nodes if not n.deleting])
 
 
+def _fail_running(self: Reconciler, ctx: StepContext, nodes: list[NodeState], message: str, *, reason: str,
+                  event: str, running: tuple[str, str]) -> None:  # fmt: skip
+    """A running job ends as Failed: its gang stopped, ``message`` in the status, the Failed condition
+    (``reason``), the Running condition False (``running``: its reason and message) and a Warning Event
+    (``event``)."""
+    st = ctx.status
+    self._stop_gang(ctx, nodes)
+    st.phase = Phase.FAILED
+    st.completion_time = ctx.now
+    st.message = message
+    ctx.condition(ConditionType.FAILED, True, reason, message)
+    ctx.condition(ConditionType.RUNNING, False, *running)
+    ctx.event("Warning", event, message)
+
+
 def _delete_workers(self: Reconciler, ctx: StepContext) -> None:
     """The gang's workers go: its JobSet (``runtime: jobset``; its Jobs and pods with it), or each pod."""
     if queueing.uses_jobset(ctx.job):

@@ -173,14 +173,9 @@ def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState], nodes: li
         context,
     )
     ctx.out.events.extend(res.events)
-    if res.stop is not None:  # the workers checkpoint on SIGTERM as they go
-        self._stop_gang(ctx, nodes)
-        st.phase = Phase.FAILED
-        st.completion_time = now
-        st.message = res.stop
-        ctx.condition(ConditionType.RUNNING, False, "DeadlineInfeasible", res.stop)
-        ctx.condition(ConditionType.FAILED, True, "DeadlineInfeasible", res.stop)
-        ctx.event("Warning", EventReason.DEADLINE_INFEASIBLE, res.stop)
+    if res.stop is not None:  # a trial that ended, at the checkpoint it asked for
+        self._fail_running(ctx, nodes, res.stop, reason="DeadlineInfeasible", event=EventReason.DEADLINE_INFEASIBLE,
+                           running=("DeadlineInfeasible", res.stop))  # fmt: skip
         return
     if res.checkpoint_now:  # a move for the deadline: the checkpoint it starts from, asked for now
         ask_for_checkpoint(pods, request_id(now, st.attempt), lambda pod, ann: self.workers.annotate_pod(job.namespace, pod, ann))

@@ -138,13 +138,8 @@ def _lost(self: Reconciler, ctx: StepContext, nodes: list[NodeState]) -> bool:
         p = failed[0]
         why = f"worker {p.name} failed (exit code {p.exit_code}, {p.reason or 'no reason'})"
         if st.failures > self.config.backoff_limit:
-            self._stop_gang(ctx, nodes)
-            st.phase = Phase.FAILED
-            st.completion_time = now
-            st.message = f"{why}; backoff limit {self.config.backoff_limit} reached"
-            ctx.condition(ConditionType.FAILED, True, "BackoffLimitExceeded", st.message)
-            ctx.condition(ConditionType.RUNNING, False, "Failed", why)
-            ctx.event("Warning", EventReason.FAILED, st.message)
+            self._fail_running(ctx, nodes, f"{why}; backoff limit {self.config.backoff_limit} reached",
+                               reason="BackoffLimitExceeded", event=EventReason.FAILED, running=("Failed", why))
             return True
         st.phase = Phase.RECOVERING
         st.message = f"{why}; restarting the gang (failure {st.failures} of {self.config.backoff_limit} allowed)"
