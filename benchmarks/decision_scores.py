@@ -6,9 +6,8 @@
 Prints what ``gpuscaler validate`` prints under "Decision scores" (the design is in
 :mod:`gpuscaler.planner.decisions` and docs/decision-scores.md), then the decisions where each
 chooser's regret was largest, with the option chosen and the measured best one; and the planner's
-scores without trials (``atRiskLimit: Refuse``) and with every trial's window reading one floor sigma
-fast, for comparison. Figures only, no
-timed assertions. The per-fold predictions come from ``scripts/calibrate.py --folds``.
+scores without trials (``atRiskLimit: Refuse``) and with every trial's estimates reading one or two
+floor sigmas fast or one slow, for comparison. Figures only, no timed assertions. The per-fold predictions come from ``scripts/calibrate.py --folds``.
 """
 
 from __future__ import annotations
@@ -40,10 +39,15 @@ def main() -> int:
     print(f"\nThe planner with atRiskLimit: Refuse (no trials), the same decisions: mean regret "
           f"{refuse['mean_regret_pct']:.1f}%, worst {refuse['worst_regret_pct']:.1f}%, misses {refuse['misses_pct']:.1f}%, "
           f"no plan {refuse['no_plan_where_feasible_pct']:.1f}%")
-    off = scores(trial_read=MEASURED_LOG_SIGMA_FLOOR)["pooled"]["planner"]
-    print(f"Trials whose window reads {MEASURED_LOG_SIGMA_FLOOR:.0%} fast (one floor sigma; every one): mean regret "
-          f"{off['mean_regret_pct']:.1f}%, worst {off['worst_regret_pct']:.1f}%, misses {off['misses_pct']:.1f}%, "
-          f"no plan {off['no_plan_where_feasible_pct']:.1f}%")
+    for read in (MEASURED_LOG_SIGMA_FLOOR, 2 * MEASURED_LOG_SIGMA_FLOOR, -MEASURED_LOG_SIGMA_FLOOR):
+        got = scores(trial_read=read)
+        off, ho = got["pooled"]["planner"], got["hopeless"]
+        print(f"Trials whose every estimate reads {abs(read):.0%} {'fast' if read > 0 else 'slow'} (a persistent error of "
+              f"{abs(read) / MEASURED_LOG_SIGMA_FLOOR:g} floor sigma): mean regret {off['mean_regret_pct']:.1f}%, worst "
+              f"{off['worst_regret_pct']:.1f}%, misses {off['misses_pct']:.1f}%, no plan "
+              f"{off['no_plan_where_feasible_pct']:.1f}%, stopped trials spent {off['stopped_trial_mean_spend_pct']}%; "
+              f"at deadlines nothing meets: misses {ho['misses_pct']}%, stopped spent a mean {ho['stopped_mean_spend_pct']}% "
+              f"(worst {ho['stopped_worst_spend_pct']}%)")
     rows, _ = calibration.load_rows()
     for chooser in CHOOSERS:
         mine = [t for t in trace if t["chooser"] == chooser and t["regret"] is not None]

@@ -64,11 +64,12 @@ class SpotPolicy(StrEnum):
 
 
 class AtRiskLimit(StrEnum):
-    """What the planner does when only ``maxDeadlineRisk`` stands between the job and a plan."""
+    """What the planner does when no plan meets ``maxDeadlineRisk``."""
 
     TRIAL = "Trial"
-    """Start the objective's pick of the plans that would probably meet the deadline for its correction
-    window, and keep it only if the measured P(miss) is within the limit (:mod:`gpuscaler.planner.trial`)."""
+    """Start the objective's pick of the plans whose band reaches the deadline and judge it as it is measured:
+    kept once the measured P(miss) is within the limit, stopped once it reaches one half
+    (:mod:`gpuscaler.planner.trial`)."""
     REFUSE = "Refuse"
     """Answer no plan (Infeasible), naming the binding rule."""
 
@@ -268,10 +269,11 @@ class Constraints(Model):
     at_risk_limit: AtRiskLimit = Field(
         default=AtRiskLimit.TRIAL,
         description=(
-            "When no plan meets maxDeadlineRisk but the closest one would probably meet the deadline: Trial "
-            "(default) starts the cheapest such plan for its correction window (minutes), keeps it only if its "
-            "measured P(miss) is within maxDeadlineRisk, moves to a plan that is, or else stops it at a "
-            "checkpoint (Failed, DeadlineInfeasible); Refuse fails the job at once (Infeasible)."
+            "When no plan meets maxDeadlineRisk but the deadline is inside a plan's band (P(miss) below 90%): "
+            "Trial (default) starts the cheapest such plan and measures it within minutes; it is kept once its "
+            "measured P(miss) is within maxDeadlineRisk, moves to a plan that is, runs on while the deadline "
+            "would probably be met, or else stops at a checkpoint (Failed, DeadlineInfeasible); Refuse fails "
+            "the job at once (Infeasible)."
         ),
     )
 

@@ -24,12 +24,13 @@ Running job. The observer:
    Hysteresis: the factor changes only beyond the divergence threshold, a move for cost must save
    more than the margin after paying for the restart, and no move comes within ``min_interval_s``
    of the last plan change;
-5. a trial plan (``status.plan.trial``, :mod:`gpuscaler.planner.trial`) gets its verdict at the first
-   corrected estimate instead, with no ``min_interval_s`` wait: kept when the corrected P(miss) is
-   within the limit; a move for the deadline when the corrected planner has a plan that meets it;
-   else ``stopPending``: a checkpoint is asked for at once and, once it is reported, the loop stops
-   the job (``stop``: Failed, DeadlineInfeasible). One whose workers report no progress is said to
-   be unmeasured, once.
+5. a trial plan (``status.plan.trial``, :mod:`gpuscaler.planner.trial`) gets a verdict at every
+   corrected estimate instead, with no ``min_interval_s`` wait (:func:`gpuscaler.planner.trial.verdict`):
+   kept when the corrected P(miss) is within the limit; a move for the deadline when the corrected
+   planner has a plan that meets it; continued while the P(miss) is below one half; else
+   ``stopPending``: a checkpoint is asked for at once and, once it is reported, the loop stops the job
+   (``stop``: Failed, DeadlineInfeasible). One whose workers report no progress is said to be
+   unmeasured, once.
 
 The decisions are the pure functions of :mod:`gpuscaler.planner.correction`, the ones the
 simulator's simulated operator calls. Everything the observer decides is in ``status.observed``
@@ -59,7 +60,7 @@ from gpuscaler.observe.assess import (
 )
 from gpuscaler.observe.prometheus import PrometheusError
 from gpuscaler.perfmodel.uncertainty import base_log_sigma
-from gpuscaler.planner import PlanResult
+from gpuscaler.planner import PlanResult, trial
 from gpuscaler.planner.binding import PROBABLY_MEETS
 from gpuscaler.planner.correction import (
     MEASURED_LOG_SIGMA_FLOOR,
@@ -361,6 +362,9 @@ class Observer:
             obs.deadline_miss_probability = None
             return None
         throughput = p.throughput / p.efficiency_factor * obs.efficiency_factor
+        if p.trial and obs.corrected_throughput:
+            # a trial is judged by what it measured, not by the factor the hysteresis holds for re-planning
+            throughput = obs.corrected_throughput
         rate = 0.0
         if p.capacity_type == CapacityType.SPOT.value and self.catalog is not None:
             try:
@@ -524,31 +528,40 @@ class Observer:
         look.out.events.append(Event("Warning", EventReason.TRIAL_UNMEASURED, why))
 
     def _end_trial(self, look: _Look, miss: float) -> None:
-        """The trial's verdict once its speed is measured (:mod:`gpuscaler.planner.trial`): kept when the
-        corrected P(miss) of the rest is within the limit; a move for the deadline (from a checkpoint asked
-        for at once) when the corrected planner has a plan that meets it; else the job stops."""
+        """The trial's verdict at each corrected estimate (:func:`gpuscaler.planner.trial.verdict`): kept when
+        the corrected P(miss) of the rest is within the limit; a move for the deadline (from a checkpoint
+        asked for at once) when the corrected planner has a plan that meets it; continued while the
+        deadline would probably be met; else the job stops."""
         plan, obs = look.st.plan, look.obs
         assert plan is not None
-        rate = plan.throughput / plan.efficiency_factor * obs.efficiency_factor
+        rate = obs.corrected_throughput or plan.throughput / plan.efficiency_factor * obs.efficiency_factor
         measured = f"measured {rate:,.1f}/s"
-        if not over_risk(miss, look.max_risk):
+        decision = None
+        if over_risk(miss, look.max_risk):
+            decision, result = self._decide(look, miss)
+        can_move = decision is not None and decision.replan and not decision.fallback and result.chosen is not None
+        said = trial.verdict(miss, look.max_risk, can_move)
+        if said is trial.Verdict.KEEP:
             plan.trial = False
             obs.replan_reason = f"trial kept: {measured}, P(miss) {miss:.1%} <= maxDeadlineRisk {look.max_risk:.1%}"
             look.out.events.append(Event("Normal", EventReason.TRIAL_KEPT, obs.replan_reason))
             set_condition(look.st, ConditionType.PLANNED, True, "TrialKept", f"{plan.summary}: {obs.replan_reason}",
                           look.now, look.generation)  # fmt: skip
             return
-        decision, result = self._decide(look, miss)
-        if decision.replan and not decision.fallback and result.chosen is not None:
+        if said is trial.Verdict.MOVE:
+            assert decision is not None
             self._pend(look, decision)  # no min_interval_s wait: the trial's verdict is due now
+            return
+        if said is trial.Verdict.CONTINUE:
+            self._continue_trial(look, miss, measured)
             return
         need = max(plan.total_samples - look.st.progress.samples, 0.0) / rate / 3600.0 if rate > 0 else math.inf
         left = f", {look.hours_left:.2f} h are left" if look.hours_left is not None else ""
-        fix = f"extend the deadline or allow {miss:.1%}" if miss < PROBABLY_MEETS else "extend the deadline"
         why = (
-            f"trial ended: {measured}, at which the rest takes {need:.2f} h{left}: P(miss) {miss:.1%} > "
-            f"maxDeadlineRisk {look.max_risk:.1%}, and no plan meets it under the corrected model. To go on, "
-            f"{fix} and create the job again on the same checkpoint directory: it resumes from there"
+            f"trial ended: {measured}, at which the rest takes {need:.2f} h{left}: P(miss) {miss:.1%} >= "
+            f"{PROBABLY_MEETS:.0%} (the deadline would probably be missed; maxDeadlineRisk {look.max_risk:.1%}), "
+            "and no plan meets the limit under the corrected model. To go on, extend the deadline and create the "
+            "job again on the same checkpoint directory: it resumes from there"
         )
         # stop from a checkpoint asked for now (the first one when none was reported yet), as a move for the
         # deadline does: the trial's window is shorter than any periodic interval
@@ -557,6 +570,23 @@ class Observer:
         obs.replan_after_checkpoint_step = look.checkpoint_step
         look.out.checkpoint_now = True
         obs.message = f"{why}; stopping at the checkpoint asked for now"
+
+    def _continue_trial(self, look: _Look, miss: float, measured: str) -> None:
+        """A measured trial that would probably meet the deadline, not yet within the limit: it runs on, judged
+        again at each corrected estimate. Said once in the Planned condition (reason ``TrialContinued``) and an
+        Event; the current figure is in ``status.observed``."""
+        plan, st = look.st.plan, look.st
+        assert plan is not None
+        why = (f"trial measuring on: {measured}, P(miss) {miss:.1%} > maxDeadlineRisk {look.max_risk:.1%} but "
+               f"< {PROBABLY_MEETS:.0%}; kept once within the limit, stopped at a checkpoint if it reaches "
+               f"{PROBABLY_MEETS:.0%}")  # fmt: skip
+        look.obs.replan_reason = why
+        planned = next((c for c in st.conditions if c.type == ConditionType.PLANNED), None)
+        if planned is not None and planned.reason == "TrialContinued":
+            return
+        set_condition(st, ConditionType.PLANNED, True, "TrialContinued", f"{plan.summary}: {why}", look.now,
+                      look.generation)  # fmt: skip
+        look.out.events.append(Event("Normal", EventReason.TRIAL_CONTINUED, why))
 
     def _checkpoint_reached(self, obs: ObservedStatus, checkpoint_step: int | None) -> bool:
         if checkpoint_step is None:

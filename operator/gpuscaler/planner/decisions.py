@@ -74,7 +74,6 @@ from gpuscaler.catalog import CapacityType, Catalog, InstanceType, load_catalog
 from gpuscaler.perfmodel import calibration, estimate
 from gpuscaler.perfmodel.uncertainty import throughput_band
 from gpuscaler.planner import trial
-from gpuscaler.planner.binding import PROBABLY_MEETS
 from gpuscaler.planner.candidate import Candidate
 from gpuscaler.planner.contingency import ALTERNATE_COST_FACTOR, Recourse, fallback, with_fallback
 from gpuscaler.planner.correction import (
@@ -98,6 +97,12 @@ PROFILED_AT = datetime(2026, 1, 1, tzinfo=UTC)
 """When the profiled run of :func:`profiled_predictions` finished (no profile expires within the scores)."""
 RESTART_S = 300.0
 """``checkpoint.restartSeconds`` of the decisions (the API's default)."""
+TRIAL_STEP_S = 600.0
+"""How often the scores judge a continued trial again (the observer does at every corrected estimate,
+minutes apart; the verdict moves slowly, so a coarser step changes only when a stop is seen)."""
+HOPELESS = (0.8, 0.95)
+"""Deadlines (x the measured fastest option's hours) that no measured option meets: what trials cost
+where the job cannot be done (``hopeless`` in :func:`scores`)."""
 CHOOSERS = ("planner", "argmin", "spec-sheet")
 NO_PLAN_TARGET_PCT = 5.0
 """Issue 35's targets: "no plan" where a measured option meets the deadline, at most this share of
@@ -348,6 +353,50 @@ class Tally:
         }
 
 
+@dataclass
+class Hopeless:
+    """The planner at deadlines no measured option meets (:data:`HOPELESS`): what trying costs where the job
+    cannot be done. A plan there (kept or moved trial, or a plan the model found feasible) misses."""
+
+    decisions: int = 0
+    refused: int = 0
+    """Answered "no plan" at once."""
+    stopped: int = 0
+    misses: int = 0
+    spend: list[float] = field(default_factory=list)
+    """What each stopped trial spent, over the cheapest measured run of the whole job."""
+
+    def decide(self, opts: Sequence[Option], by_index: dict[int, Option], predicted: dict[int, float], samples: float,
+               t_fast: float, trials: bool, trial_read: float) -> None:  # fmt: skip
+        """The planner's decisions of one group at each deadline of :data:`HOPELESS`, counted."""
+        cheapest = min(measured(o, samples).cost for o in opts)
+        for k in HOPELESS:
+            out, _ = _planned(opts, by_index, predicted, samples, k * t_fast, trials=trials, trial_read=trial_read)
+            self.add(out, cheapest)
+
+    def add(self, out: Outcome, cheapest: float) -> None:
+        self.decisions += 1
+        if out.chosen is not None:
+            self.misses += 1
+        elif out.trial:
+            self.stopped += 1
+            self.spend.append(out.cost / cheapest)
+        else:
+            self.refused += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        n = self.decisions
+        return {
+            "deadlines_x_fastest_measured": list(HOPELESS),
+            "decisions": n,
+            "refused_pct": round(100.0 * self.refused / n, 2) if n else None,
+            "trials_stopped_pct": round(100.0 * self.stopped / n, 2) if n else None,
+            "misses_pct": round(100.0 * self.misses / n, 2) if n else None,
+            "stopped_mean_spend_pct": round(100.0 * statistics.fmean(self.spend), 2) if self.spend else None,
+            "stopped_worst_spend_pct": round(100.0 * max(self.spend), 2) if self.spend else None,
+        }
+
+
 def scores(
     catalog: Catalog | None = None, folds: dict[str, Any] | None = None, trace: list[dict[str, Any]] | None = None,
     trials: bool = True,
@@ -394,6 +443,7 @@ def scores(
     refused: list[tuple[bool, float, float]] = []  # the planner's "no plan": its closest plan at measured speed
     profiled = Tally([])  # leave one workload out, after one profiled run of the team's code
     profiled_refused: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per tightness: [no plan, decisions]
+    hopeless = Hopeless()
     decisions = 0
     for fold in data["folds"]:
         scheme, held = fold["scheme"], set(fold["held_out"])
@@ -443,6 +493,7 @@ def scores(
                     if deadline is not None:
                         profiled_refused[f"{k:g}x"][0] += out.chosen is None
                         profiled_refused[f"{k:g}x"][1] += 1
+            hopeless.decide(opts, by_index, predicted, samples, t_fast, trials, trial_read)
     pooled = {c: t.to_dict() for c, t in tallies.pop("pooled").items()}
     by_tightness = {key.split(" ", 1)[1]: {c: t.to_dict() for c, t in tallies.pop(key).items()}
                     for key in [key for key in tallies if key.startswith("deadline ")]}  # fmt: skip
@@ -465,6 +516,7 @@ def scores(
             if floor[key][1]
         },
         "no_plan_closest": _closest_summary(refused),
+        "hopeless": hopeless.to_dict(),
         "profiled": {
             "design": "leave_one_workload_out, after the team ran its code once: the planner's choice without a "
                       "deadline, measured, kept as a performance profile (planner.profiles); every option planned "
@@ -538,8 +590,8 @@ def _planned(opts: Sequence[Option], by_index: dict[int, Option], predicted: dic
 
 def trial_of(cands: dict[int, Candidate]) -> int | None:
     """The option a refused decision tries (:func:`gpuscaler.planner.trial.offer` on the options): the
-    cheapest (then sooner) whose P(miss) is below ``PROBABLY_MEETS``, or None."""
-    near = [(i, c) for i, c in cands.items() if c.outlook.deadline_miss_probability < PROBABLY_MEETS]
+    cheapest (then sooner) whose P(miss) is below :data:`~gpuscaler.planner.trial.PLAUSIBLY_MEETS`, or None."""
+    near = [(i, c) for i, c in cands.items() if c.outlook.deadline_miss_probability < trial.PLAUSIBLY_MEETS]
     best = min(near, key=lambda kv: (kv[1].expected_cost_usd, kv[1].expected_hours), default=None)
     return None if best is None else best[0]
 
@@ -550,38 +602,47 @@ def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option
 
     The option runs its window (start-up, warm-up, the least measuring window) and is measured: the
     observer's posterior (:func:`~gpuscaler.planner.correction.posterior`, the measurement at the
-    measured throughput times ``exp(read)``, with the floor's sigma). Kept when the rest's P(miss) is within the limit;
-    else the corrected planner (every option on the measured GPU type at the posterior factor and
-    sigma, as the operator's efficiency factor moves them; no trial) plans the rest in the time left
-    after the move's checkpoint write and restart: moved to its plan, or stopped when it has none.
+    measured throughput times ``exp(read)`` at every estimate, with the floor's sigma). From then on it
+    is judged every :data:`TRIAL_STEP_S` by :func:`gpuscaler.planner.trial.verdict` on the rest's P(miss)
+    in the time left: kept; moved to the corrected planner's plan for the rest (every option on the
+    measured GPU type at the posterior factor and sigma, as the operator's efficiency factor moves
+    them; no trial) in the time left after the move's checkpoint write and restart; continued; or
+    stopped, a "no plan" that paid what it ran. One that finishes while continued counts as kept.
     """
     o, c = by_index[index], cands[index]
     cfg = CorrectionConfig()
     interval = float(Policy().max_checkpoint_interval_s)
-    window_h = trial.window_s(STARTUP_S, cfg) / 3600.0
-    spend = window_h * o.usd_per_hour
-    done = min(o.row.measured * (cfg.warmup_s + cfg.min_window_s), samples)
-    seen = o.row.measured * math.exp(read)  # what the window reads; the run goes at the measured throughput
+    spent_h = trial.window_s(STARTUP_S, cfg) / 3600.0
+    trained_s = cfg.warmup_s + cfg.min_window_s
+    seen = o.row.measured * math.exp(read)  # what the estimates read; the run goes at the measured throughput
     factor, s_post = posterior(1.0, c.outlook.log_sigma, seen / predicted[index], MEASURED_LOG_SIGMA_FLOOR)
-    left = deadline_h - window_h
-    p = remaining_miss_probability(samples - done, predicted[index] * factor, s_post, left, interval_s=interval,
-                                   restart_s=RESTART_S, write_s=o.write_s)  # fmt: skip
-    whole = measured(o, samples)
-    if not over_risk(p, MAX_RISK):
-        return replace(whole, trial="kept")
     gpu = o.row.gpu.id
     again = {i: v * factor if by_index[i].row.gpu.id == gpu else v for i, v in predicted.items() if i in by_index}
     spread = {i: s_post if by_index[i].row.gpu.id == gpu else cands[i].outlook.log_sigma for i in again}
     move_h = (o.write_s + RESTART_S) / 3600.0
-    chosen, rest = plan_options(opts, again, samples - done, left - move_h, spread)
-    if chosen is None:
-        return Outcome(None, cost=spend, trial="stopped")
-    j = next(i for i, x in rest.items() if x is chosen)
-    if j == index:
-        return replace(whole, trial="kept")
-    t = by_index[j]
-    rest_h = t.hours(t.row.measured, samples - done) + move_h
-    return Outcome(j, window_h + rest_h, spend + rest_h * t.usd_per_hour, moved=True, trial="moved")
+    whole = measured(o, samples)
+    while (done := o.row.measured * trained_s) < samples:
+        left = deadline_h - spent_h
+        p = remaining_miss_probability(samples - done, predicted[index] * factor, s_post, left, interval_s=interval,
+                                       restart_s=RESTART_S, write_s=o.write_s)  # fmt: skip
+        j = None
+        if over_risk(p, MAX_RISK):
+            chosen, rest = plan_options(opts, again, samples - done, left - move_h, spread)
+            j = None if chosen is None else next(i for i, x in rest.items() if x is chosen)
+        said = trial.verdict(p, MAX_RISK, j is not None and j != index)
+        if said is trial.Verdict.KEEP:
+            break
+        if said is trial.Verdict.STOP:
+            return Outcome(None, cost=spent_h * o.usd_per_hour, trial="stopped")
+        if said is trial.Verdict.MOVE:
+            assert j is not None
+            t = by_index[j]
+            rest_h = t.hours(t.row.measured, samples - done) + move_h
+            return Outcome(j, spent_h + rest_h, spent_h * o.usd_per_hour + rest_h * t.usd_per_hour, moved=True,
+                           trial="moved")  # fmt: skip
+        spent_h += TRIAL_STEP_S / 3600.0
+        trained_s += TRIAL_STEP_S
+    return replace(whole, trial="kept")
 
 
 def _count_one(t: Tally, deadline: float | None, best: float, out: Outcome) -> None:
@@ -723,11 +784,19 @@ def format_scores(d: dict[str, Any]) -> list[str]:
     tr = d["pooled"]["planner"]
     n = sum(tr["trials"].values())
     if n:
-        lines += ["", f"Trials (the risk limit alone binds: the cheapest plan with P(miss) below 50% runs until measured): {n}, "
-                      f"kept {tr['trials']['kept']}, moved {tr['trials']['moved']}, stopped {tr['trials']['stopped']};",
+        lines += ["", f"Trials (no plan meets the risk limit: the cheapest plan with P(miss) below 90% runs, judged as it is "
+                      f"measured): {n}, kept {tr['trials']['kept']}, moved {tr['trials']['moved']}, stopped "
+                      f"{tr['trials']['stopped']};",
                   f"  kept or moved: mean regret {pct(tr['trial_mean_regret_pct'])}%, worst {pct(tr['trial_worst_regret_pct'])}%; "
                   f"a stopped trial spent a mean {pct(tr['stopped_trial_mean_spend_pct'])}% of the best plan's cost;",
                   f"  worst regret of the decisions that were no trial: {pct(tr['worst_regret_without_trials_pct'])}%"]
+    ho = d["hopeless"]
+    if ho["decisions"]:
+        lines += ["", f"Deadlines no measured option meets ({', '.join(f'{k:g}' for k in ho['deadlines_x_fastest_measured'])} "
+                      f"x the fastest; {ho['decisions']} decisions): refused {pct(ho['refused_pct'])}%, trials stopped "
+                      f"{pct(ho['trials_stopped_pct'])}% (spent a mean {pct(ho['stopped_mean_spend_pct'])}%, worst "
+                      f"{pct(ho['stopped_worst_spend_pct'])}% of the cheapest whole run), plans that missed "
+                      f"{pct(ho['misses_pct'])}%"]
     lines += ["", "Targets (issue 35):"]
     for name, t in d["targets"].items():
         lines.append(f"  {name:<34} {t['value']!s:>8} vs {t['target']!s:<8} {'met' if t['met'] else 'NOT met'}")

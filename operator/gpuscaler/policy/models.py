@@ -107,9 +107,9 @@ class Policy(PolicyModel):
     allow_trials: bool = Field(
         default=True,
         description=(
-            "Allow trial plans: where only a job's maxDeadlineRisk binds, the planner may start a plan for its "
-            "correction window (minutes) to measure it (the job's constraints.atRiskLimit: Trial). false refuses "
-            "such jobs, whatever the job says."
+            "Allow trial plans: where no plan meets a job's maxDeadlineRisk but the deadline is inside a plan's "
+            "band, the planner may start that plan and judge it as it is measured (the job's "
+            "constraints.atRiskLimit: Trial). false refuses such jobs, whatever the job says."
         ),
     )
     checkpoint_write_gbps: float = Field(
