@@ -116,7 +116,9 @@ def test_a_finished_job_leaves_a_profile_and_the_next_run_is_planned_from_it(
     got = wait_for(lambda: profiles(custom, namespace), timeout=30, what="a PerformanceProfile")
     assert len(got) == 1
     p = got[0]["spec"]
-    assert "ProfileRecorded" in event_reasons(core, namespace, "nightly-1")
+    # kopf posts Events from a queue, after the handler wrote the profile: wait for it as for the profile
+    wait_for(lambda: "ProfileRecorded" in event_reasons(core, namespace, "nightly-1"), timeout=30,
+             what="the ProfileRecorded Event")  # fmt: skip
     assert (p["gpuType"], p["gpus"], p["nodes"], p["runs"]) == ("A10G", 1, 1, 1)
     assert (p["microBatch"], p["accumulation"], p["precision"]) == (first["microBatch"], first["accumulation"], first["precision"])
     assert p["signature"]["workload"] == "resnet50" and p["signature"]["shape"]["model"] == "resnet50"
