@@ -6,7 +6,8 @@ so the operator (``gpuscaler run``, kwok provider) starts the
 cheapest, g5.xlarge, as a trial: ``status.plan.trial``, ``Planned`` condition and Event ``Trial``.
 The training is played by :class:`spot_harness.Harness` (real processes running the runtime library,
 reporting progress on the worker pod). Measured on time, the trial is kept (``TrialKept``). Measured
-30% slow, it would probably miss the deadline and no plan meets 1% at that speed, so the job stops from a checkpoint it asks the workers for
+30% slow (pinned to g5.xlarge), it would probably miss the deadline, no plan meets 1% at that speed and
+no other GPU type is left for a next trial, so the job stops from a checkpoint it asks the workers for
 at once (``gpuscaler.io/checkpoint-requested``, which the real runtime answers): ``Failed`` with
 reason ``DeadlineInfeasible``, naming the measured speed and the checkpoint step to resume from.
 """
@@ -34,9 +35,9 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _trial(dev_cluster: E2ECluster, custom: Any, core: Any, namespace: str, name: str,
-           operator: Callable[..., OperatorProcess], tmp_path: Path) -> dict[str, Any]:  # fmt: skip
+           operator: Callable[..., OperatorProcess], tmp_path: Path, **kw: Any) -> dict[str, Any]:  # fmt: skip
     start_operator(operator, tmp_path)
-    apply(dev_cluster, namespace, job(name, 0.01))
+    apply(dev_cluster, namespace, job(name, 0.01, **kw))
     plan: dict[str, Any] = wait_for(lambda: (get_job(custom, namespace, name).get("status") or {}).get("plan"),
                                     timeout=60, what="a plan")  # fmt: skip
     assert plan["trial"] is True and plan["instanceType"] == "g5.xlarge", plan
@@ -68,7 +69,8 @@ def test_a_trial_measured_too_slow_stops_the_job_at_a_checkpoint(
     dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
     played: Callable[..., Harness], tmp_path: Path,
 ) -> None:
-    plan = _trial(dev_cluster, custom, core, namespace, "slow", operator, tmp_path)
+    # g5.xlarge only: no other GPU type for a next trial, so the job stops
+    plan = _trial(dev_cluster, custom, core, namespace, "slow", operator, tmp_path, instances=("g5.xlarge",))
     h = played("slow", SAMPLES_PER_STEP / (0.7 * plan["throughput"]) - 0.001)
     wait_phase(custom, namespace, "slow", "Running", timeout=60)
     t0 = time.monotonic()

@@ -113,12 +113,14 @@ TRIAL_RISK = 0.01
 """At 2.7 h the A10G plan's P(miss) is about 4% and the V100 plan's about 2%: nothing meets 1%."""
 
 
-def _trial_world() -> tuple[World, dict[str, Any], list[str]]:
+def _trial_world(instances: tuple[str, ...] = ()) -> tuple[World, dict[str, Any], list[str]]:
     node = {"instance_type": "g5.xlarge", "capacity_type": "on-demand", "ready": "True", "created": T0}
     w = World(planner=functools.partial(gated_plan, catalog=CATALOG), pod_phase="Running", node=node)
     w.loop.observer = Observer(None, CFG, CATALOG)
     body = SPEC.model_dump(by_alias=True, exclude_none=True)
     body["constraints"]["maxDeadlineRisk"] = TRIAL_RISK
+    if instances:
+        body["constraints"]["instanceTypes"] = list(instances)
     job = make_job(body, maxDuration="2.7h", checkpoint={"intervalSeconds": 1800, "restartSeconds": 30, "writeSeconds": 0.1})
     seen = w.run_to(job, Phase.RUNNING)
     return w, job, seen
@@ -150,14 +152,42 @@ def test_a_trial_measured_on_time_is_kept() -> None:
     assert planned.status == "True" and planned.reason == "TrialKept" and "trial kept: measured" in planned.message
 
 
-def test_a_trial_measured_too_slow_with_no_plan_that_meets_the_risk_stops_at_a_checkpoint() -> None:
+def test_a_trial_measured_too_slow_goes_on_to_a_next_trial_on_a_gpu_type_not_tried() -> None:
+    """g5.xlarge measured 30% slow would probably miss; p3.2xlarge (V100) has the deadline inside its band, so
+    the job moves there, from the checkpoint it asks for, as the next trial, rather than stopping."""
     w, job, _ = _trial_world()
+    st = w.status
+    assert st.plan is not None and st.plan.trial and st.plan.instance_type == "g5.xlarge"
+    slow = 0.7 * st.plan.throughput
+    for t in range(5, 401, 5):
+        w.annotate(**{rc.ANNOTATION_PROGRESS_SAMPLES: f"{slow * t:.0f}", rc.ANNOTATION_CHECKPOINT_STEP: "40"})
+        w.step(job, 5)
+        obs = w.status.observed
+        if obs is not None and obs.replan_pending:
+            break
+    else:
+        raise AssertionError(f"the trial never ended: {w.status.observed}")
+    assert obs.next_trial_pending and not obs.stop_pending and obs.tried_gpu_types == ["A10G"], obs
+    assert "a next trial on a GPU type not tried yet (A10G tried): 1 x p3.2xlarge" in obs.replan_reason
+    asked = [(p["metadata"].get("annotations") or {}).get(rc.ANNOTATION_CHECKPOINT_REQUESTED) for p in w.workers.pods()]
+    assert asked and all(asked), asked
+    w.annotate(**{rc.ANNOTATION_CHECKPOINT_STEP: "41"})
+    seen = w.step(job, 5)
+    assert "Replanned" in seen and "DeadlineInfeasible" not in seen, seen
+    st = w.status
+    assert st.phase is Phase.RECOVERING and st.plan is not None and st.plan.instance_type == "p3.2xlarge"
+    assert st.plan.trial, "the next plan is a trial too: judged by its own measurement"
+
+
+def test_a_trial_measured_too_slow_with_no_plan_that_meets_the_risk_stops_at_a_checkpoint() -> None:
+    w, job, _ = _trial_world(instances=("g5.xlarge",))  # no other GPU type for a next trial
     st = w.status
     assert st.plan is not None and st.plan.trial
     slow = 0.7 * st.plan.throughput
     for t in range(5, 401, 5):
         w.annotate(**{rc.ANNOTATION_PROGRESS_SAMPLES: f"{slow * t:.0f}", rc.ANNOTATION_CHECKPOINT_STEP: "40"})
         assert "DeadlineInfeasible" not in w.step(job, 5)
+        assert w.status.observed is None or not w.status.observed.next_trial_pending
         if w.status.observed is not None and w.status.observed.stop_pending:
             break
     else:
@@ -220,6 +250,9 @@ def test_trials_answer_refused_decisions_with_no_more_misses() -> None:
     p = d["pooled"]["planner"]
     tried = p["trials"]
     assert sum(tried.values()) > 0 and tried["kept"] > 0
+    # a trial that would miss goes on to a next trial on a GPU type not tried yet, and some of those make it
+    assert tried["next"] > 0 and tried["next"] > tried["stopped"]
+    assert p["no_plan_where_feasible_pct"] <= decisions.NO_PLAN_TARGET_PCT
     # the refusals fall well below the floor any planner that refuses at the risk limit has
     assert p["no_plan_where_feasible_pct"] < d["no_plan_floor"]["pooled"] / 1.5
     assert p["misses_pct"] <= decisions.MISSES_TARGET_PCT

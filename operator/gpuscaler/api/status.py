@@ -239,6 +239,8 @@ class ObservedStatus(StatusModel):
     replan_pending: bool = Field(default=False, description="A re-plan was decided; the move waits for a checkpoint (for the deadline, one the operator asks the workers for at once; for cost, the next periodic one).")
     replan_reason: str = Field(default="", description="Why a re-plan is pending (or why the last one was made).")
     stop_pending: bool = Field(default=False, description="A trial ended with no plan that meets maxDeadlineRisk at the measured speed: the job stops (Failed, DeadlineInfeasible) at the checkpoint the operator asked the workers for (replanAfterCheckpointStep).")
+    next_trial_pending: bool = Field(default=False, description="A trial would probably miss the deadline and a plan on a GPU type not tried yet has the deadline inside its band: the job moves there as the next trial at the checkpoint the operator asked the workers for (or stops when there is none then).")
+    tried_gpu_types: list[str] = Field(default_factory=list, description="GPU types this job ran trials on that would probably have missed the deadline: a next trial is on another type.")
     replan_after_checkpoint_step: int | None = Field(default=None, ge=0, description="Move when a checkpoint newer than this step is reported.")
     last_replan: datetime | None = Field(default=None, description="When the job last moved to a plan found by observation.")
     replans: int = Field(default=0, ge=0, description="Moves to a plan found by observation so far.")

@@ -41,7 +41,7 @@ in ``status.observed.message``, never fails the job, and the progress annotation
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
@@ -79,9 +79,14 @@ from gpuscaler.settings import Settings
 BOTTLENECKS = ("InputBound", "MemoryBound", "CommunicationBound", "AMPInactive", "MemoryNearFull")
 """Condition types the observer owns."""
 
-PlanWith = Callable[[Mapping[str, float]], PlanResult]
-"""Plan the rest of the job (samples, hours and budget left; policy, back-offs bound) with these
-efficiency factors per GPU id."""
+class PlanWith(Protocol):
+    """Plan the rest of the job (samples, hours and budget left; policy, back-offs bound) with these
+    efficiency factors per GPU id; ``without``: offerings left out as well (``(instance type, capacity
+    type)``); ``trials``: the job's own ``atRiskLimit`` instead of ``Refuse`` (a next trial)."""
+
+    def __call__(
+        self, efficiency: Mapping[str, float], without: frozenset[tuple[str, ...]] = ..., trials: bool = ...
+    ) -> PlanResult: ...
 MAX_POINTS = 60
 """Progress readings kept in the status (the newest; one is added only when the samples moved)."""
 POINTS_PER_WINDOW = 20
@@ -231,14 +236,8 @@ class Observer:
         if since is not None:
             self._record_progress(obs, ctx.progress_samples, since, now)
         look = _Look(st, obs, checkpoint_step, now, plan_with, out, ctx.max_deadline_risk, ctx.hours_left, generation)
-        if obs.replan_pending and self._checkpoint_reached(obs, checkpoint_step):
-            if obs.stop_pending:  # a trial that ended: the checkpoint it asked for is there
-                obs.replan_pending = obs.stop_pending = False
-                out.stop = f"{obs.replan_reason}; stopped at checkpoint step {checkpoint_step}"
-                return out
-            self._act_on_pending(look)
-            if out.replan is not None:
-                return out
+        if obs.replan_pending and self._checkpoint_reached(obs, checkpoint_step) and self._at_checkpoint(look):
+            return out
         due = obs.last_assessed is None or (now - obs.last_assessed).total_seconds() >= self.config.interval_s
         if not due or since is None:
             return out
@@ -563,13 +562,52 @@ class Observer:
             "and no plan meets the limit under the corrected model. To go on, extend the deadline and create the "
             "job again on the same checkpoint directory: it resumes from there"
         )
-        # stop from a checkpoint asked for now (the first one when none was reported yet), as a move for the
-        # deadline does: the trial's window is shorter than any periodic interval
-        obs.replan_pending = obs.stop_pending = True
-        obs.replan_reason = why
+        # stop (or go on to the next trial) from a checkpoint asked for now (the first one when none was reported
+        # yet), as a move for the deadline does: the trial's window is shorter than any periodic interval
+        obs.tried_gpu_types = sorted({*obs.tried_gpu_types, plan.gpu_type})
+        obs.replan_pending = True
         obs.replan_after_checkpoint_step = look.checkpoint_step
         look.out.checkpoint_now = True
+        nxt = self._next_trial(look)
+        if nxt is not None and nxt.chosen is not None:
+            obs.next_trial_pending = True
+            obs.replan_reason = (f"{why.split('. To go on', 1)[0]}; a next trial on a GPU type not tried yet "
+                                 f"({', '.join(obs.tried_gpu_types)} tried): {nxt.chosen.label}")  # fmt: skip
+            obs.message = f"{obs.replan_reason}; moving from the checkpoint asked for now"
+            look.out.events.append(Event("Normal", EventReason.REPLAN_PENDING, obs.message))
+            return
+        obs.stop_pending = True
+        obs.replan_reason = why
         obs.message = f"{why}; stopping at the checkpoint asked for now"
+
+    def _next_trial(self, look: _Look) -> PlanResult | None:
+        """The rest planned as the next trial: with the job's ``atRiskLimit``, every offering of the GPU types
+        tried so far left out (:func:`gpuscaler.planner.trial.offer` picks on the others); None when it plans
+        nothing or cannot tell the offerings of a GPU type (no catalog)."""
+        if self.catalog is None:
+            return None
+        tried = set(look.obs.tried_gpu_types)
+        without = frozenset((i.name, cap.value) for i in self.catalog.instances if i.gpu_id in tried
+                            for cap in CapacityType)  # fmt: skip
+        result = look.plan_with(dict(look.obs.efficiency_by_gpu), without, True)
+        return result if result.chosen is not None else None
+
+    def _start_next_trial(self, look: _Look) -> None:
+        """At the checkpoint a next trial waited for: plan it again from there and move (``replan``), or stop
+        when there is none now (``stopPending``, acted on at once)."""
+        obs = look.obs
+        result = self._next_trial(look)
+        if result is None or result.chosen is None:
+            obs.stop_pending = True
+            obs.replan_reason = f"{obs.replan_reason}; no next trial at the checkpoint"
+            return
+        obs.replan_pending = False
+        obs.replan_after_checkpoint_step = None
+        obs.last_replan = look.now
+        obs.replans += 1
+        look.out.replan = result
+        look.out.events.append(Event("Normal", EventReason.REPLANNED,
+                                     f"at checkpoint step {look.checkpoint_step}: {obs.replan_reason}"))  # fmt: skip
 
     def _continue_trial(self, look: _Look, miss: float, measured: str) -> None:
         """A measured trial that would probably meet the deadline, not yet within the limit: it runs on, judged
@@ -587,6 +625,22 @@ class Observer:
         set_condition(st, ConditionType.PLANNED, True, "TrialContinued", f"{plan.summary}: {why}", look.now,
                       look.generation)  # fmt: skip
         look.out.events.append(Event("Normal", EventReason.TRIAL_CONTINUED, why))
+
+    def _at_checkpoint(self, look: _Look) -> bool:
+        """The checkpoint a pending decision waited for is there: the next trial, the trial's stop or the move.
+        True when the step ends here (a stop or a move)."""
+        obs, out = look.obs, look.out
+        if obs.next_trial_pending:  # a trial that would miss: the next one, planned again from this checkpoint
+            obs.next_trial_pending = False
+            self._start_next_trial(look)
+            if out.replan is not None:
+                return True
+        if obs.stop_pending:  # a trial that ended: the checkpoint it asked for is there
+            obs.replan_pending = obs.stop_pending = False
+            out.stop = f"{obs.replan_reason}; stopped at checkpoint step {look.checkpoint_step}"
+            return True
+        self._act_on_pending(look)
+        return out.replan is not None
 
     def _checkpoint_reached(self, obs: ObservedStatus, checkpoint_step: int | None) -> bool:
         if checkpoint_step is None:

@@ -31,9 +31,10 @@ only the fastest few).
   :data:`MAX_RISK`, the cheapest (then sooner) feasible one. It is scored as the operator runs it:
   when the measured speed is below the contingency's threshold, the job moves to the fallback at
   the contingency's hour and finishes there at the fallback's measured speed, paying both. Where
-  nothing is feasible but an option's P(miss) is below one half, the cheapest such option is a
-  trial (:mod:`gpuscaler.planner.trial`, :func:`realise_trial`): kept, moved or stopped once its
-  window is measured; a stopped trial is a "no plan" that paid its window.
+  nothing is feasible but an option's P(miss) is below 90%, the cheapest such option is a trial
+  (:mod:`gpuscaler.planner.trial`, :func:`realise_trial`): kept, moved, continued or, when it would
+  probably miss, followed by the next trial on a GPU type not tried (:func:`next_trial`); one with no
+  next trial is a "no plan" that paid what it ran.
 * ``argmin``: the model's plain cheapest option whose predicted hours fit the deadline (no band,
   no recourse).
 * ``spec-sheet``: no model: one measured GPU type (the fold's training GPU for GPU transfer, else
@@ -317,8 +318,9 @@ class Tally:
     misses: int = 0
     no_plan: int = 0
     moves: int = 0
-    trials: dict[str, int] = field(default_factory=lambda: {"kept": 0, "moved": 0, "stopped": 0})
-    """Trials (:mod:`gpuscaler.planner.trial`) by how they ended."""
+    trials: dict[str, int] = field(default_factory=lambda: {"kept": 0, "moved": 0, "next": 0, "stopped": 0})
+    """Trials (:mod:`gpuscaler.planner.trial`) by how they ended ("next": stopped, and a next trial on another
+    GPU type ended with a plan)."""
     trial_regrets: list[float] = field(default_factory=list)
     """Regrets of the kept and moved trials (in ``regrets`` too)."""
     untried_regrets: list[float] = field(default_factory=list)
@@ -597,7 +599,8 @@ def trial_of(cands: dict[int, Candidate]) -> int | None:
 
 
 def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option], cands: dict[int, Candidate],
-                  predicted: dict[int, float], samples: float, deadline_h: float, read: float = 0.0) -> Outcome:  # fmt: skip
+                  predicted: dict[int, float], samples: float, deadline_h: float, read: float = 0.0,
+                  tried: frozenset[str] = frozenset()) -> Outcome:  # fmt: skip
     """A trial as the operator runs it on the measured speeds (:mod:`gpuscaler.planner.trial`).
 
     The option runs its window (start-up, warm-up, the least measuring window) and is measured: the
@@ -607,7 +610,9 @@ def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option
     in the time left: kept; moved to the corrected planner's plan for the rest (every option on the
     measured GPU type at the posterior factor and sigma, as the operator's efficiency factor moves
     them; no trial) in the time left after the move's checkpoint write and restart; continued; or
-    stopped, a "no plan" that paid what it ran. One that finishes while continued counts as kept.
+    stopped. A stopped trial goes on to the next trial (:func:`next_trial`: the cheapest plausible option
+    on a GPU type not ``tried`` yet, for the rest in the time left after the move), else it is a "no plan"
+    that paid what it ran. One that finishes while continued counts as kept.
     """
     o, c = by_index[index], cands[index]
     cfg = CorrectionConfig()
@@ -633,7 +638,8 @@ def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option
         if said is trial.Verdict.KEEP:
             break
         if said is trial.Verdict.STOP:
-            return Outcome(None, cost=spent_h * o.usd_per_hour, trial="stopped")
+            stopped = Outcome(None, cost=spent_h * o.usd_per_hour, trial="stopped")
+            return next_trial(stopped, opts, predicted, samples - done, left - move_h, read, tried | {gpu}, spent_h + move_h)
         if said is trial.Verdict.MOVE:
             assert j is not None
             t = by_index[j]
@@ -643,6 +649,27 @@ def realise_trial(index: int, opts: Sequence[Option], by_index: dict[int, Option
         spent_h += TRIAL_STEP_S / 3600.0
         trained_s += TRIAL_STEP_S
     return replace(whole, trial="kept")
+
+
+def next_trial(stopped: Outcome, opts: Sequence[Option], predicted: dict[int, float], samples: float, left_h: float,
+               read: float, tried: frozenset[str], spent_h: float) -> Outcome:  # fmt: skip
+    """What a stopped trial does next (the observer's :meth:`~gpuscaler.observe.controller.Observer._end_trial`):
+    the next trial, the objective's pick (:func:`trial_of`) of the options on GPU types not ``tried``
+    planned for the rest in ``left_h``, run as a trial (``trial`` "next" when it ends with a plan);
+    ``stopped`` when there is none or it stops too, having paid both."""
+    others = [o for o in opts if o.row.gpu.id not in tried]
+    if not others or left_h <= 0:
+        return stopped
+    by_index = {o.index: o for o in others}
+    mine = {i: predicted[i] for i in by_index}
+    _, cands = plan_options(others, mine, samples, left_h)
+    j = trial_of(cands)
+    if j is None:
+        return stopped
+    then = realise_trial(j, others, by_index, cands, mine, samples, left_h, read, tried)
+    if then.chosen is None:
+        return replace(stopped, cost=stopped.cost + then.cost)
+    return Outcome(then.chosen, spent_h + then.hours, stopped.cost + then.cost, moved=True, trial="next")
 
 
 def _count_one(t: Tally, deadline: float | None, best: float, out: Outcome) -> None:
@@ -785,8 +812,8 @@ def format_scores(d: dict[str, Any]) -> list[str]:
     n = sum(tr["trials"].values())
     if n:
         lines += ["", f"Trials (no plan meets the risk limit: the cheapest plan with P(miss) below 90% runs, judged as it is "
-                      f"measured): {n}, kept {tr['trials']['kept']}, moved {tr['trials']['moved']}, stopped "
-                      f"{tr['trials']['stopped']};",
+                      f"measured): {n}, kept {tr['trials']['kept']}, moved {tr['trials']['moved']}, stopped and "
+                      f"kept or moved on a next trial {tr['trials']['next']}, stopped {tr['trials']['stopped']};",
                   f"  kept or moved: mean regret {pct(tr['trial_mean_regret_pct'])}%, worst {pct(tr['trial_worst_regret_pct'])}%; "
                   f"a stopped trial spent a mean {pct(tr['stopped_trial_mean_spend_pct'])}% of the best plan's cost;",
                   f"  worst regret of the decisions that were no trial: {pct(tr['worst_regret_without_trials_pct'])}%"]

@@ -146,6 +146,7 @@ def remaining_spec(
     *,
     on_demand_only: bool = False,
     budget_usd: float | bool | None = False,
+    trials: bool = False,
 ) -> TrainingJobSpec:
     """The spec of what is left: ``total - done`` samples (at least one step).
 
@@ -155,13 +156,17 @@ def remaining_spec(
         done_samples: Samples in the checkpoint the job resumes from.
         on_demand_only: Plan on-demand capacity only.
         budget_usd: The budget for the rest (None: none; False: keep the spec's).
+        trials: Keep the spec's ``atRiskLimit`` (the next trial of a trial that would miss, on a GPU type
+            not tried yet: :mod:`gpuscaler.planner.trial`).
 
     Returns:
-        A copy of ``spec`` with ``training.samples`` set to the remainder and ``atRiskLimit: Refuse``.
+        A copy of ``spec`` with ``training.samples`` set to the remainder and ``atRiskLimit: Refuse``
+        unless ``trials``.
     """
     left = max(total_samples - done_samples, float(spec.global_batch))
-    # the rest of a running job never starts a trial (gpuscaler.planner.trial): its speed is measured
-    constraints: dict[str, object] = {"at_risk_limit": AtRiskLimit.REFUSE}
+    # the rest of a running job starts no trial (gpuscaler.planner.trial), its speed being measured, but for
+    # the next trial of one that would miss
+    constraints: dict[str, object] = {} if trials else {"at_risk_limit": AtRiskLimit.REFUSE}
     if on_demand_only:
         constraints["spot"] = SpotPolicy.NEVER
     update: dict[str, object] = {"training": TrainingAmount(samples=left),

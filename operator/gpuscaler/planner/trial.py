@@ -22,9 +22,13 @@ meets the deadline), the one the objective picks (the cheapest for ``cheapest``,
      floor (:data:`~gpuscaler.planner.correction.MEASURED_LOG_SIGMA_FLOOR`) is a share of the time
      the rest takes, so a plan on time gets within the limit as its rest shortens, and one that is late
      falls behind and crosses one half;
-   * *stopped* otherwise: at a checkpoint it asks for, ``Failed`` with reason ``DeadlineInfeasible``,
-     naming the measured speed and how late it would finish. The checkpoint stays; a job created with
-     a later deadline (or a higher ``maxDeadlineRisk``) on the same checkpoint directory resumes from it.
+   * otherwise, from a checkpoint it asks for, it goes on to the **next trial**: the rest planned with
+     every GPU type tried so far left out (``status.observed.triedGpuTypes``), offered by the same rule
+     (the deadline inside a plan's band) in the time left. A trial measures one GPU type, and the
+     model's errors differ between types (:data:`~gpuscaler.perfmodel.uncertainty.ERROR_CORRELATION_OTHER_GPU`);
+   * *stopped* when there is no next trial: ``Failed`` with reason ``DeadlineInfeasible``, naming the
+     measured speed and how late it would finish. The checkpoint stays; a job created with a later
+     deadline (or a higher ``maxDeadlineRisk``) on the same checkpoint directory resumes from it.
 
 Stopping a plan that would probably meet the deadline would make the miss certain to save the rest of
 its cost, so a trial stops only when it would probably miss. The cheapest plausible plan, not the

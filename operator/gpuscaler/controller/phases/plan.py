@@ -156,6 +156,7 @@ def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState], nodes: li
     # the corrected planner plans the rest: samples after the progress made, the budget left
     budget = None if job.spec.budget_usd is None else max(job.spec.budget_usd - st.cost_usd, 0.0)
     rest = replace(job, spec=remaining_spec(job.spec, total, st.progress.samples, budget_usd=budget))
+    rest_tried = replace(job, spec=remaining_spec(job.spec, total, st.progress.samples, budget_usd=budget, trials=True))
     context = JobContext(
         progress_samples=report.samples,
         hours_left=hours_left,
@@ -169,7 +170,9 @@ def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState], nodes: li
         st,
         ckpt,
         now,
-        lambda eff: self._call_planner(ctx, rest, unavailable, eff),
+        lambda eff, without=frozenset(), trials=False: self._call_planner(
+            ctx, rest_tried if trials else rest, unavailable | without, eff
+        ),
         context,
     )
     ctx.out.events.extend(res.events)
