@@ -51,11 +51,12 @@ def start_operator(operator: Callable[..., OperatorProcess], tmp_path: Path) -> 
 
 @pytest.fixture
 def played(core: Any, namespace: str, tmp_path: Path, dev_cluster: E2ECluster) -> Iterator[Callable[..., Harness]]:
-    """Starts the played training of a job: ``played(name, step_sleep)``; every harness stops after the test."""
+    """Starts the played training of a job: ``played(name, step_sleep)`` (``resumed_step_sleep=``: the pace of a
+    gang that resumes from a checkpoint); every harness stops after the test."""
     made = Harnesses(core, namespace, tmp_path, str(dev_cluster.kubeconfig))
 
-    def start(name: str, step_sleep: float) -> Harness:
-        return made(name, STEPS, step_sleep=step_sleep, samples_per_step=SAMPLES_PER_STEP)
+    def start(name: str, step_sleep: float, **kw: Any) -> Harness:
+        return made(name, STEPS, step_sleep=step_sleep, samples_per_step=SAMPLES_PER_STEP, **kw)
 
     yield start
     made.stop_all()

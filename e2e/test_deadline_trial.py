@@ -31,7 +31,7 @@ from spot_harness import Harness
 
 __all__ = ["played"]  # the fixture, used by name
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 
 def _trial(dev_cluster: E2ECluster, custom: Any, core: Any, namespace: str, name: str,
@@ -89,3 +89,31 @@ def test_a_trial_measured_too_slow_stops_the_job_at_a_checkpoint(
     wait_for(lambda: all(not p.alive for p in h.played.values()) or None, timeout=60, interval=0.2,
              what="the workers to stop")  # fmt: skip
     print(f"\ntrial e2e: stopped {stopped_after:.1f} s after Running at checkpoint step {at}: {failed['message']}")
+
+
+def test_a_trial_measured_too_slow_goes_on_to_a_next_trial_on_another_gpu_type(
+    dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
+    played: Callable[..., Harness], tmp_path: Path,
+) -> None:
+    """g5.xlarge plays 30% slow: it would probably miss, and p3.2xlarge (V100) has the deadline inside its band,
+    so the job moves there from the checkpoint it asks for, as the next trial; played on time there, it is kept."""
+    plan = _trial(dev_cluster, custom, core, namespace, "next", operator, tmp_path)
+    # the resumed gang (on p3.2xlarge, predicted about 1.24x g5.xlarge) plays 1.4x g5.xlarge's prediction
+    h = played("next", SAMPLES_PER_STEP / (0.7 * plan["throughput"]) - 0.001,
+               resumed_step_sleep=SAMPLES_PER_STEP / (1.4 * plan["throughput"]))  # fmt: skip
+    wait_phase(custom, namespace, "next", "Running", timeout=60)
+    t0 = time.monotonic()
+    moved = wait_for(lambda: events(core, namespace, "next", "Replanned"), timeout=120, interval=0.2,
+                     what="the move to the next trial")  # fmt: skip
+    assert "a next trial on a GPU type not tried yet (A10G tried): 1 x p3.2xlarge" in moved[-1], moved
+    st = get_job(custom, namespace, "next")["status"]
+    assert st["plan"]["instanceType"] == "p3.2xlarge" and st["plan"]["trial"] is True, st["plan"]
+    assert st["observed"]["triedGpuTypes"] == ["A10G"], st["observed"]
+    moved_after = time.monotonic() - t0
+    kept = wait_for(lambda: events(core, namespace, "next", "TrialKept"), timeout=150, interval=0.2,
+                    what="the next trial kept")  # fmt: skip
+    st = get_job(custom, namespace, "next")["status"]
+    assert st["plan"]["instanceType"] == "p3.2xlarge" and st["plan"]["trial"] is False and st["phase"] == "Running", st
+    assert "DeadlineInfeasible" not in event_reasons(core, namespace, "next")
+    assert any(h.ckpt_dir.glob("step-*")), "the move resumed from the checkpoint the first trial wrote on request"
+    print(f"\ntrial e2e: next trial after {moved_after:.1f} s, kept {time.monotonic() - t0:.1f} s after Running: {kept[-1]}")
