@@ -49,16 +49,26 @@ def _trial(dev_cluster: E2ECluster, custom: Any, core: Any, namespace: str, name
     return plan
 
 
+def _running(custom: Any, namespace: str, name: str) -> float:
+    """Waits for the job to run; the clock then."""
+    wait_phase(custom, namespace, name, "Running", timeout=60)
+    return time.monotonic()
+
+
+def _event(core: Any, namespace: str, name: str, reason: str, timeout: float) -> list[str]:
+    """The messages of the job's Events of ``reason`` once there is one."""
+    return wait_for(lambda: events(core, namespace, name, reason), timeout=timeout, interval=0.2,
+                    what=f"the {reason} event of {name}")  # fmt: skip
+
+
 def test_a_trial_measured_on_time_is_kept(
     dev_cluster: E2ECluster, core: Any, custom: Any, namespace: str, operator: Callable[..., OperatorProcess],
     played: Callable[..., Harness], tmp_path: Path,
 ) -> None:
     plan = _trial(dev_cluster, custom, core, namespace, "kept", operator, tmp_path)
     played("kept", SAMPLES_PER_STEP / plan["throughput"] - 0.001)
-    wait_phase(custom, namespace, "kept", "Running", timeout=60)
-    t0 = time.monotonic()
-    kept = wait_for(lambda: events(core, namespace, "kept", "TrialKept"), timeout=90, interval=0.2,
-                    what="the TrialKept event")  # fmt: skip
+    t0 = _running(custom, namespace, "kept")
+    kept = _event(core, namespace, "kept", "TrialKept", 90)
     assert "<= maxDeadlineRisk 1.0%" in kept[-1], kept
     st = get_job(custom, namespace, "kept")["status"]
     assert st["plan"]["trial"] is False and st["plan"]["instanceType"] == "g5.xlarge" and st["phase"] == "Running", st
@@ -72,8 +82,7 @@ def test_a_trial_measured_too_slow_stops_the_job_at_a_checkpoint(
     # g5.xlarge only: no other GPU type for a next trial, so the job stops
     plan = _trial(dev_cluster, custom, core, namespace, "slow", operator, tmp_path, instances=("g5.xlarge",))
     h = played("slow", SAMPLES_PER_STEP / (0.7 * plan["throughput"]) - 0.001)
-    wait_phase(custom, namespace, "slow", "Running", timeout=60)
-    t0 = time.monotonic()
+    t0 = _running(custom, namespace, "slow")
     wait_phase(custom, namespace, "slow", "Failed", timeout=120)
     stopped_after = time.monotonic() - t0
     st = get_job(custom, namespace, "slow")["status"]
@@ -101,17 +110,14 @@ def test_a_trial_measured_too_slow_goes_on_to_a_next_trial_on_another_gpu_type(
     # the resumed gang (on p3.2xlarge, predicted about 1.24x g5.xlarge) plays 1.4x g5.xlarge's prediction
     h = played("next", SAMPLES_PER_STEP / (0.7 * plan["throughput"]) - 0.001,
                resumed_step_sleep=SAMPLES_PER_STEP / (1.4 * plan["throughput"]))  # fmt: skip
-    wait_phase(custom, namespace, "next", "Running", timeout=60)
-    t0 = time.monotonic()
-    moved = wait_for(lambda: events(core, namespace, "next", "Replanned"), timeout=120, interval=0.2,
-                     what="the move to the next trial")  # fmt: skip
+    t0 = _running(custom, namespace, "next")
+    moved = _event(core, namespace, "next", "Replanned", 120)
     assert "a next trial on a GPU type not tried yet (A10G tried): 1 x p3.2xlarge" in moved[-1], moved
     st = get_job(custom, namespace, "next")["status"]
     assert st["plan"]["instanceType"] == "p3.2xlarge" and st["plan"]["trial"] is True, st["plan"]
     assert st["observed"]["triedGpuTypes"] == ["A10G"], st["observed"]
     moved_after = time.monotonic() - t0
-    kept = wait_for(lambda: events(core, namespace, "next", "TrialKept"), timeout=150, interval=0.2,
-                    what="the next trial kept")  # fmt: skip
+    kept = _event(core, namespace, "next", "TrialKept", 150)
     st = get_job(custom, namespace, "next")["status"]
     assert st["plan"]["instanceType"] == "p3.2xlarge" and st["plan"]["trial"] is False and st["phase"] == "Running", st
     assert "DeadlineInfeasible" not in event_reasons(core, namespace, "next")
