@@ -87,6 +87,8 @@ class PlanWith(Protocol):
     def __call__(
         self, efficiency: Mapping[str, float], without: frozenset[tuple[str, ...]] = ..., trials: bool = ...
     ) -> PlanResult: ...
+
+
 MAX_POINTS = 60
 """Progress readings kept in the status (the newest; one is added only when the samples moved)."""
 POINTS_PER_WINDOW = 20
@@ -556,11 +558,10 @@ class Observer:
             return
         need = max(plan.total_samples - look.st.progress.samples, 0.0) / rate / 3600.0 if rate > 0 else math.inf
         left = f", {look.hours_left:.2f} h are left" if look.hours_left is not None else ""
-        why = (
+        ended = (
             f"trial ended: {measured}, at which the rest takes {need:.2f} h{left}: P(miss) {miss:.1%} >= "
             f"{PROBABLY_MEETS:.0%} (the deadline would probably be missed; maxDeadlineRisk {look.max_risk:.1%}), "
-            "and no plan meets the limit under the corrected model. To go on, extend the deadline and create the "
-            "job again on the same checkpoint directory: it resumes from there"
+            "and no plan meets the limit under the corrected model"
         )
         # stop (or go on to the next trial) from a checkpoint asked for now (the first one when none was reported
         # yet), as a move for the deadline does: the trial's window is shorter than any periodic interval
@@ -571,14 +572,15 @@ class Observer:
         nxt = self._next_trial(look)
         if nxt is not None and nxt.chosen is not None:
             obs.next_trial_pending = True
-            obs.replan_reason = (f"{why.split('. To go on', 1)[0]}; a next trial on a GPU type not tried yet "
+            obs.replan_reason = (f"{ended}; a next trial on a GPU type not tried yet "
                                  f"({', '.join(obs.tried_gpu_types)} tried): {nxt.chosen.label}")  # fmt: skip
             obs.message = f"{obs.replan_reason}; moving from the checkpoint asked for now"
             look.out.events.append(Event("Normal", EventReason.REPLAN_PENDING, obs.message))
             return
         obs.stop_pending = True
-        obs.replan_reason = why
-        obs.message = f"{why}; stopping at the checkpoint asked for now"
+        obs.replan_reason = (f"{ended}. To go on, extend the deadline and create the job again on the same "
+                             "checkpoint directory: it resumes from there")  # fmt: skip
+        obs.message = f"{obs.replan_reason}; stopping at the checkpoint asked for now"
 
     def _next_trial(self, look: _Look) -> PlanResult | None:
         """The rest planned as the next trial: with the job's ``atRiskLimit``, every offering of the GPU types
@@ -595,19 +597,12 @@ class Observer:
     def _start_next_trial(self, look: _Look) -> None:
         """At the checkpoint a next trial waited for: plan it again from there and move (``replan``), or stop
         when there is none now (``stopPending``, acted on at once)."""
-        obs = look.obs
         result = self._next_trial(look)
-        if result is None or result.chosen is None:
-            obs.stop_pending = True
-            obs.replan_reason = f"{obs.replan_reason}; no next trial at the checkpoint"
+        if result is None:
+            look.obs.stop_pending = True
+            look.obs.replan_reason = f"{look.obs.replan_reason}; no next trial at the checkpoint"
             return
-        obs.replan_pending = False
-        obs.replan_after_checkpoint_step = None
-        obs.last_replan = look.now
-        obs.replans += 1
-        look.out.replan = result
-        look.out.events.append(Event("Normal", EventReason.REPLANNED,
-                                     f"at checkpoint step {look.checkpoint_step}: {obs.replan_reason}"))  # fmt: skip
+        self._move(look, result)
 
     def _continue_trial(self, look: _Look, miss: float, measured: str) -> None:
         """A measured trial that would probably meet the deadline, not yet within the limit: it runs on, judged
@@ -650,17 +645,26 @@ class Observer:
     def _act_on_pending(self, look: _Look) -> None:
         obs = look.obs
         decision, result = self._decide(look, obs.deadline_miss_probability or 0.0)
-        obs.replan_pending = False
-        obs.replan_after_checkpoint_step = None
         obs.replan_reason = decision.reason
-        said = f"at checkpoint step {look.checkpoint_step}: {decision.reason}"
         if not decision.replan or result.chosen is None:
+            obs.replan_pending = False
+            obs.replan_after_checkpoint_step = None
+            said = f"at checkpoint step {look.checkpoint_step}: {decision.reason}"
             look.out.events.append(Event("Normal", EventReason.REPLAN_CANCELLED, said))
             return
+        self._move(look, result)
+
+    def _move(self, look: _Look, result: PlanResult) -> None:
+        """At the checkpoint a pending move waited for: the loop moves the gang to ``result`` (Event
+        ``Replanned``, with ``replanReason``)."""
+        obs = look.obs
+        obs.replan_pending = False
+        obs.replan_after_checkpoint_step = None
         obs.last_replan = look.now
         obs.replans += 1
         look.out.replan = result
-        look.out.events.append(Event("Normal", EventReason.REPLANNED, said))
+        look.out.events.append(Event("Normal", EventReason.REPLANNED,
+                                     f"at checkpoint step {look.checkpoint_step}: {obs.replan_reason}"))  # fmt: skip
 
 
 def from_settings(settings: Settings, catalog: Catalog | None = None) -> Observer:

@@ -35,8 +35,9 @@ its cost, so a trial stops only when it would probably miss. The cheapest plausi
 likeliest (the lowest P(miss)), is tried: the measurement guards the deadline either way, and on the
 project's decisions the likeliest cost a mean 8 points of regret more, and trying only plans that
 probably meet (P(miss) below one half) left the model's cross-type errors in the choice (worst regret
-219%; ``benchmarks/decision_scores.py``, ``docs/decision-scores.md``). Re-plans of a running job never
-start a trial (the rest is planned with ``Refuse``): what a trial would measure is measured.
+219%; ``benchmarks/decision_scores.py``, ``docs/decision-scores.md``). Other re-plans of a running job
+never start a trial (the rest is planned with ``Refuse``): what a trial would measure is measured; only
+the next trial of one that would miss does, on the GPU types not yet measured.
 ``atRiskLimit: Refuse`` keeps the refusal, as does a policy with ``allowTrials: false``. A stopped
 trial costs what it ran at the plan's price (at least :func:`window_cost_usd`, which the plan's ``why``
 states) and the minute or so its checkpoint takes.
@@ -123,6 +124,6 @@ def why(c: Candidate, spec: TrainingJobSpec, startup_s: float, config: Correctio
         f"{PLAUSIBLY_MEETS:.0%} (the deadline inside its band). It runs about {minutes:.0f} min "
         f"(${window_cost_usd(c, startup_s, config):,.2f}) to measure its speed; it is kept once the measured "
         f"P(miss) is within {max_risk:.1%}, moves to a plan that is, goes on measuring while the deadline "
-        f"would probably be met, and stops at a checkpoint once the measured P(miss) reaches "
-        f"{PROBABLY_MEETS:.0%} (atRiskLimit: Refuse answers no plan instead)"
+        f"would probably be met, and once the measured P(miss) reaches {PROBABLY_MEETS:.0%} goes on to a trial on a "
+        "GPU type not tried yet, or stops at a checkpoint (atRiskLimit: Refuse answers no plan instead)"
     )

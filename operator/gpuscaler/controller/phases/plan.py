@@ -156,7 +156,15 @@ def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState], nodes: li
     # the corrected planner plans the rest: samples after the progress made, the budget left
     budget = None if job.spec.budget_usd is None else max(job.spec.budget_usd - st.cost_usd, 0.0)
     rest = replace(job, spec=remaining_spec(job.spec, total, st.progress.samples, budget_usd=budget))
-    rest_tried = replace(job, spec=remaining_spec(job.spec, total, st.progress.samples, budget_usd=budget, trials=True))
+
+    def plan_rest(efficiency: Mapping[str, float], without: frozenset[tuple[str, ...]] = frozenset(),
+                  trials: bool = False) -> PlanResult:  # fmt: skip
+        """The corrected planner on the rest; ``trials``: with the job's atRiskLimit (a next trial, rare: its
+        spec is built then, not on every tick)."""
+        whose = (replace(job, spec=remaining_spec(job.spec, total, st.progress.samples, budget_usd=budget, trials=True))
+                 if trials else rest)  # fmt: skip
+        return self._call_planner(ctx, whose, unavailable | without, efficiency)
+
     context = JobContext(
         progress_samples=report.samples,
         hours_left=hours_left,
@@ -170,9 +178,7 @@ def _observe(self: Reconciler, ctx: StepContext, pods: list[PodState], nodes: li
         st,
         ckpt,
         now,
-        lambda eff, without=frozenset(), trials=False: self._call_planner(
-            ctx, rest_tried if trials else rest, unavailable | without, eff
-        ),
+        plan_rest,
         context,
     )
     ctx.out.events.extend(res.events)
